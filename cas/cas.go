@@ -1,0 +1,382 @@
+// Package cas is a directory of blobs addressed by digest, laid out as an OCI image layout's blobs/ tree.
+//
+// Every byte enters through Ingest or Write: a streaming write into a private temporary file that checks size and
+// digest as it goes, an fsync, then an atomic rename to blobs/<alg>/<hex>. A blob under its final name is therefore
+// always complete and correct; partial ingests live under ingest/ and are never read as content. Ingests of the same
+// digest are coalesced within a process (singleflight) and serialised across processes (a file lock), and a partial
+// ingest left by a crash or a dropped connection resumes where it stopped.
+package cas
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/gofrs/flock"
+	digest "github.com/opencontainers/go-digest"
+	"golang.org/x/sync/singleflight"
+)
+
+// Errors callers can test with errors.Is.
+var (
+	ErrNotFound       = errors.New("blob not found")
+	ErrSizeMismatch   = errors.New("size mismatch")
+	ErrDigestMismatch = errors.New("digest mismatch")
+)
+
+// Store is a content-addressed blob directory rooted at Root.
+type Store struct {
+	root   string
+	flight singleflight.Group
+}
+
+// Open opens (creating if needed) a store rooted at root.
+func Open(root string) (*Store, error) {
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range []string{filepath.Join(abs, "blobs", "sha256"), filepath.Join(abs, "ingest")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("create blob store: %w", err)
+		}
+	}
+	return &Store{root: abs}, nil
+}
+
+// Root is the store's directory.
+func (s *Store) Root() string { return s.root }
+
+// Path is where the blob with digest d lives (whether or not it exists).
+func (s *Store) Path(d digest.Digest) string {
+	return filepath.Join(s.root, "blobs", d.Algorithm().String(), d.Encoded())
+}
+
+// Stat returns the size of a committed blob, or ErrNotFound.
+func (s *Store) Stat(d digest.Digest) (int64, error) {
+	if err := d.Validate(); err != nil {
+		return 0, err
+	}
+	fi, err := os.Stat(s.Path(d))
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, fmt.Errorf("%s: %w", d, ErrNotFound)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return fi.Size(), nil
+}
+
+// Exists reports whether a committed blob of digest d and the given size is present.
+func (s *Store) Exists(d digest.Digest, size int64) (bool, error) {
+	n, err := s.Stat(d)
+	if errors.Is(err, ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return n == size, nil
+}
+
+// Open opens a committed blob for reading.
+func (s *Store) Open(d digest.Digest) (*os.File, error) {
+	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	f, err := os.Open(s.Path(d))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%s: %w", d, ErrNotFound)
+	}
+	return f, err
+}
+
+// Delete removes a committed blob. Deleting an absent blob is not an error.
+func (s *Store) Delete(d digest.Digest) error {
+	if err := d.Validate(); err != nil {
+		return err
+	}
+	if err := os.Remove(s.Path(d)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// Walk calls fn for every committed blob.
+func (s *Store) Walk(fn func(d digest.Digest, size int64) error) error {
+	algs, err := os.ReadDir(filepath.Join(s.root, "blobs"))
+	if err != nil {
+		return err
+	}
+	for _, alg := range algs {
+		entries, err := os.ReadDir(filepath.Join(s.root, "blobs", alg.Name()))
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			d := digest.NewDigestFromEncoded(digest.Algorithm(alg.Name()), e.Name())
+			if d.Validate() != nil {
+				continue
+			}
+			info, err := e.Info()
+			if err != nil {
+				if errors.Is(err, fs.ErrNotExist) {
+					continue
+				}
+				return err
+			}
+			if err := fn(d, info.Size()); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Verify re-hashes a committed blob and reports ErrDigestMismatch if its bytes no longer match its name.
+func (s *Store) Verify(d digest.Digest) error {
+	f, err := s.Open(d)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	v := d.Verifier()
+	if _, err := io.Copy(v, f); err != nil {
+		return err
+	}
+	if !v.Verified() {
+		return fmt.Errorf("%s: %w", d, ErrDigestMismatch)
+	}
+	return nil
+}
+
+// OpenFunc opens the source of a blob at offset. It returns the offset its reader really starts at: offset when the
+// source can seek (an HTTP Range request), 0 when it can only start over.
+type OpenFunc func(ctx context.Context, offset int64) (rc io.ReadCloser, start int64, err error)
+
+// Ingest commits the blob d of the given size from open, unless it is already present. Concurrent calls for one
+// digest, in this process or others, result in one transfer. A partial ingest from an earlier attempt is resumed.
+// On a size or digest mismatch the bytes are dropped and nothing is committed.
+func (s *Store) Ingest(ctx context.Context, d digest.Digest, size int64, open OpenFunc) error {
+	if err := d.Validate(); err != nil {
+		return fmt.Errorf("invalid digest %q: %w", d, err)
+	}
+	if size < 0 {
+		return fmt.Errorf("invalid size %d for %s", size, d)
+	}
+	_, err, _ := s.flight.Do(d.String(), func() (any, error) {
+		return nil, s.ingest(ctx, d, size, open)
+	})
+	return err
+}
+
+func (s *Store) ingest(ctx context.Context, d digest.Digest, size int64, open OpenFunc) error {
+	if ok, err := s.Exists(d, size); err != nil || ok {
+		return err
+	}
+	base := filepath.Join(s.root, "ingest", d.Algorithm().String()+"-"+d.Encoded())
+	lock := flock.New(base + ".lock")
+	if _, err := lock.TryLockContext(ctx, lockRetry); err != nil {
+		return fmt.Errorf("lock ingest of %s: %w", d, err)
+	}
+	defer lock.Unlock()
+	// Another process may have committed it while we waited for the lock.
+	if ok, err := s.Exists(d, size); err != nil || ok {
+		return err
+	}
+	partial := base + ".partial"
+	f, err := os.OpenFile(partial, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	// A partial that fails verification is removed below; one cut short (cancellation, a dropped connection)
+	// is kept so the next attempt resumes it.
+	defer f.Close()
+	h := d.Algorithm().Hash()
+	offset, err := rehash(f, h, size)
+	if err != nil {
+		return err
+	}
+	rc, start, err := open(ctx, offset)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	if start != offset {
+		if start != 0 {
+			return fmt.Errorf("source of %s resumed at %d, want %d or 0", d, start, offset)
+		}
+		if err := f.Truncate(0); err != nil {
+			return err
+		}
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+		h.Reset()
+		offset = 0
+	}
+	// Read one byte more than expected so an oversized source is caught rather than truncated.
+	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(ctxReader{ctx, rc}, size-offset+1))
+	if err != nil {
+		return fmt.Errorf("fetch %s: %w", d, err)
+	}
+	got := offset + n
+	if got != size {
+		if got > size {
+			os.Remove(partial)
+		}
+		if got < size && ctx.Err() == nil {
+			return fmt.Errorf("%s: %w: got %d bytes, want %d (incomplete transfer, will resume)", d, ErrSizeMismatch, got, size)
+		}
+		return fmt.Errorf("%s: %w: got %d bytes, want %d", d, ErrSizeMismatch, got, size)
+	}
+	if actual := digest.NewDigest(d.Algorithm(), h); actual != d {
+		os.Remove(partial)
+		return fmt.Errorf("%w: want %s, got %s; the bytes were dropped", ErrDigestMismatch, d, actual)
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	return s.commit(partial, d)
+}
+
+// rehash feeds the bytes already in a partial file into h and leaves f positioned after them. A partial longer
+// than the blob is discarded.
+func rehash(f *os.File, h io.Writer, size int64) (int64, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	if fi.Size() > size {
+		if err := f.Truncate(0); err != nil {
+			return 0, err
+		}
+		return 0, nil
+	}
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// Write commits a blob whose digest is not known in advance, hashing and writing it in one pass.
+func (s *Store) Write(ctx context.Context, r io.Reader) (digest.Digest, int64, error) {
+	f, err := os.CreateTemp(filepath.Join(s.root, "ingest"), "write-*.partial")
+	if err != nil {
+		return "", 0, err
+	}
+	tmp := f.Name()
+	ok := false
+	defer func() {
+		f.Close()
+		if !ok {
+			os.Remove(tmp)
+		}
+	}()
+	digester := digest.Canonical.Digester()
+	n, err := io.Copy(io.MultiWriter(f, digester.Hash()), ctxReader{ctx, r})
+	if err != nil {
+		return "", 0, err
+	}
+	if err := f.Sync(); err != nil {
+		return "", 0, err
+	}
+	d := digester.Digest()
+	if exists, err := s.Exists(d, n); err != nil {
+		return "", 0, err
+	} else if exists {
+		return d, n, nil
+	}
+	if err := s.commit(tmp, d); err != nil {
+		return "", 0, err
+	}
+	ok = true
+	return d, n, nil
+}
+
+func (s *Store) commit(tmp string, d digest.Digest) error {
+	dst := s.Path(d)
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	if err := os.Chmod(tmp, 0o444); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(dst))
+}
+
+// Recover deletes the temporaries of interrupted Writes, which cannot resume. Resumable partials are kept.
+// Call it at start-up, before any Write.
+func (s *Store) Recover() error {
+	dir := filepath.Join(s.root, "ingest")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if strings.HasPrefix(name, "write-") {
+			os.Remove(filepath.Join(dir, name))
+		}
+	}
+	return nil
+}
+
+// Partials reports the bytes held by resumable partial ingests.
+func (s *Store) Partials() (map[digest.Digest]int64, error) {
+	dir := filepath.Join(s.root, "ingest")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	out := map[digest.Digest]int64{}
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), ".partial")
+		if !ok || strings.HasPrefix(name, "write-") {
+			continue
+		}
+		alg, hex, ok := strings.Cut(name, "-")
+		if !ok {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil {
+			continue
+		}
+		out[digest.NewDigestFromEncoded(digest.Algorithm(alg), hex)] = info.Size()
+	}
+	return out, nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
+}
+
+const lockRetry = 20 * time.Millisecond

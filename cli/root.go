@@ -1,0 +1,122 @@
+// Package cli is the modelpack command tree. It parses flags and prints results; the work happens in the
+// packages it calls.
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+)
+
+// Version is set at build time with -ldflags "-X github.com/modelpack/modelpack/cli.Version=…".
+var Version = "dev"
+
+// Each command file registers its constructor in init, so command files stay independent of each other.
+var commands []func(*Globals) *cobra.Command
+
+func register(c func(*Globals) *cobra.Command) { commands = append(commands, c) }
+
+// Globals are the flags every command shares.
+type Globals struct {
+	Home   string // local store root ($MODELPACK_HOME)
+	Output string // table or json
+	Quiet  bool
+}
+
+// NewRoot builds the command tree.
+func NewRoot() *cobra.Command {
+	g := &Globals{}
+	root := &cobra.Command{
+		Use:           "modelpack",
+		Short:         "Pack, sign, move and mount AI models as OCI artifacts (CNCF ModelPack)",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			return validateOutput(g.Output)
+		},
+	}
+	root.PersistentFlags().StringVar(&g.Home, "home", defaultHome(), "local store directory (env MODELPACK_HOME)")
+	root.PersistentFlags().StringVarP(&g.Output, "output", "o", "table", "output format: table or json")
+	root.PersistentFlags().BoolVarP(&g.Quiet, "quiet", "q", false, "print no progress")
+	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json"}, cobra.ShellCompDirectiveNoFileComp))
+	for _, c := range commands {
+		root.AddCommand(c(g))
+	}
+	return root
+}
+
+// Main runs the CLI and returns the process exit code.
+func Main() int {
+	if err := NewRoot().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "Error:", err)
+		return 1
+	}
+	return 0
+}
+
+func validateOutput(o string) error {
+	switch o {
+	case "table", "json":
+		return nil
+	}
+	return fmt.Errorf("invalid --output %q (valid: table, json)", o)
+}
+
+func defaultHome() string {
+	if h := os.Getenv("MODELPACK_HOME"); h != "" {
+		return h
+	}
+	if x := os.Getenv("XDG_DATA_HOME"); x != "" {
+		return filepath.Join(x, "modelpack")
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return ".modelpack"
+	}
+	return filepath.Join(home, ".local", "share", "modelpack")
+}
+
+// IsJSON reports whether -o json was asked for.
+func (g *Globals) IsJSON() bool { return g.Output == "json" }
+
+// PrintJSON writes v as indented JSON.
+func PrintJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// ShowProgress reports whether progress bars belong on stderr: a TTY and not --quiet.
+func (g *Globals) ShowProgress() bool {
+	return !g.Quiet && term.IsTerminal(int(os.Stderr.Fd()))
+}
+
+func init() {
+	register(func(g *Globals) *cobra.Command {
+		return &cobra.Command{
+			Use:   "version",
+			Short: "Print the modelpack version",
+			Args:  cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				v := struct {
+					Version string `json:"version"`
+					Go      string `json:"go"`
+				}{Version: Version}
+				if bi, ok := debug.ReadBuildInfo(); ok {
+					v.Go = bi.GoVersion
+				}
+				if g.IsJSON() {
+					return PrintJSON(cmd.OutOrStdout(), v)
+				}
+				_, err := fmt.Fprintf(cmd.OutOrStdout(), "modelpack %s (%s)\n", v.Version, v.Go)
+				return err
+			},
+		}
+	})
+}
