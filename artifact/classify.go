@@ -1,0 +1,43 @@
+package artifact
+
+import (
+	"path"
+	"strings"
+)
+
+// weightExts are file extensions that hold tensors. They get raw, uncompressed layers of their own: weights do not
+// compress, and a raw layer can be used in place on the node.
+var weightExts = map[string]bool{
+	".safetensors": true, ".gguf": true, ".ggml": true, ".bin": true, ".pt": true, ".pth": true, ".onnx": true,
+	".onnx_data": true, ".h5": true, ".hdf5": true, ".msgpack": true, ".ckpt": true, ".pb": true, ".tflite": true,
+	".keras": true, ".mlmodel": true, ".npz": true, ".npy": true, ".engine": true, ".plan": true, ".nemo": true,
+	".llamafile": true, ".mar": true, ".pdparams": true, ".joblib": true, ".pkl": true, ".params": true,
+}
+
+var codeExts = map[string]bool{
+	".py": true, ".ipynb": true, ".sh": true, ".js": true, ".ts": true, ".go": true, ".rs": true, ".c": true,
+	".cc": true, ".cpp": true, ".h": true, ".hpp": true, ".cu": true, ".java": true, ".rb": true, ".jinja": true,
+}
+
+var docExts = map[string]bool{".md": true, ".rst": true, ".txt": true, ".pdf": true, ".html": true}
+
+var datasetExts = map[string]bool{".parquet": true, ".arrow": true, ".csv": true, ".tsv": true, ".jsonl": true}
+
+// KindOf guesses what a file in a model directory holds from its name. Anything not recognisably weights, code,
+// docs or data is treated as configuration (config.json, tokenizer files, vocabularies, templates).
+func KindOf(p string) Kind {
+	base := strings.ToLower(path.Base(p))
+	ext := path.Ext(base)
+	switch {
+	case weightExts[ext]:
+		return KindWeight
+	case strings.HasPrefix(base, "readme"), strings.HasPrefix(base, "license"), strings.HasPrefix(base, "licence"),
+		strings.HasPrefix(base, "notice"), strings.HasPrefix(base, "copying"), docExts[ext]:
+		return KindDoc
+	case codeExts[ext]:
+		return KindCode
+	case datasetExts[ext]:
+		return KindDataset
+	}
+	return KindWeightConfig
+}
