@@ -1,0 +1,218 @@
+package remote
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"syscall"
+
+	"github.com/modelpack/modelpack/cas"
+	"oras.land/oras-go/v2/content"
+	"oras.land/oras-go/v2/errdef"
+	"oras.land/oras-go/v2/registry/remote/errcode"
+)
+
+// Causes of a failed transfer. Every error returned by this package wraps at most one of them, so callers (the CSI
+// driver maps them to gRPC codes) can test with errors.Is or switch on Classify.
+var (
+	ErrUnauthorized   = errors.New("unauthorized")
+	ErrForbidden      = errors.New("access denied")
+	ErrNotFound       = errors.New("not found")
+	ErrUnavailable    = errors.New("registry unavailable")
+	ErrDigestMismatch = errors.New("digest mismatch")
+	ErrNoSpace        = errors.New("no space left on device")
+	ErrNotOCI         = errors.New("not an OCI registry")
+	// ErrTLS is a certificate the client does not trust, or TLS spoken to a plain-HTTP server.
+	ErrTLS = errors.New("TLS failure")
+)
+
+var sentinels = []error{ErrUnauthorized, ErrForbidden, ErrNotFound, ErrNoSpace, ErrDigestMismatch, ErrNotOCI, ErrTLS, ErrUnavailable}
+
+// Classify returns the sentinel that describes err, or err itself when it is none of the known causes (and nil for
+// nil). Context cancellation is returned as is.
+func Classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	for _, s := range sentinels {
+		if errors.Is(err, s) {
+			return s
+		}
+	}
+	if k := kindOf(err); k != nil {
+		return k
+	}
+	return err
+}
+
+// kindOf inspects the errors of the layers below (net/http, oras-go, cas, the OS) for a known cause.
+func kindOf(err error) error {
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return ErrNoSpace
+	}
+	if errors.Is(err, cas.ErrSizeMismatch) && strings.Contains(err.Error(), "will resume") {
+		// cas reports a transfer cut short as a size mismatch; it is an interruption, not bad content.
+		return ErrUnavailable
+	}
+	if errors.Is(err, cas.ErrDigestMismatch) || errors.Is(err, content.ErrMismatchedDigest) ||
+		errors.Is(err, cas.ErrSizeMismatch) || errors.Is(err, content.ErrTrailingData) {
+		return ErrDigestMismatch
+	}
+	var resp *errcode.ErrorResponse
+	if errors.As(err, &resp) {
+		switch resp.StatusCode {
+		case http.StatusUnauthorized:
+			return ErrUnauthorized
+		case http.StatusForbidden:
+			return ErrForbidden
+		case http.StatusNotFound:
+			return ErrNotFound
+		case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout,
+			http.StatusRequestTimeout, http.StatusInternalServerError:
+			return ErrUnavailable
+		}
+		for _, e := range resp.Errors {
+			switch e.Code {
+			case errcode.ErrorCodeDigestInvalid, errcode.ErrorCodeSizeInvalid:
+				return ErrDigestMismatch
+			case errcode.ErrorCodeDenied:
+				return ErrForbidden
+			case errcode.ErrorCodeUnauthorized:
+				return ErrUnauthorized
+			}
+		}
+		return nil
+	}
+	if errors.Is(err, errdef.ErrNotFound) {
+		return ErrNotFound
+	}
+	var certErr *tls.CertificateVerificationError
+	var unknownAuth x509.UnknownAuthorityError
+	var hostErr x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	var recordErr tls.RecordHeaderError
+	if errors.As(err, &certErr) || errors.As(err, &unknownAuth) || errors.As(err, &hostErr) || errors.As(err, &invalid) ||
+		errors.As(err, &recordErr) || strings.Contains(err.Error(), "server gave HTTP response to HTTPS client") {
+		return ErrTLS
+	}
+	var dnsErr *net.DNSError
+	var opErr *net.OpError
+	if errors.As(err, &dnsErr) || errors.As(err, &opErr) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, context.DeadlineExceeded) {
+		return ErrUnavailable
+	}
+	return nil
+}
+
+// Error is a failed registry operation: what was attempted, where, and why.
+type Error struct {
+	Op         string // pull, push, fetch, copy, resolve, login
+	Registry   string // host[:port]
+	Repository string
+	Subject    string // the manifest reference or blob (digest and file name), if any
+	Kind       error  // one of the sentinels, or nil
+	Err        error  // the underlying error
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString(e.Op)
+	b.WriteString(" ")
+	b.WriteString(e.Registry)
+	if e.Repository != "" {
+		b.WriteString("/")
+		b.WriteString(e.Repository)
+	}
+	if e.Subject != "" {
+		b.WriteString(" (")
+		b.WriteString(e.Subject)
+		b.WriteString(")")
+	}
+	b.WriteString(": ")
+	b.WriteString(e.describe())
+	return b.String()
+}
+
+// describe explains the cause in words a user can act on, keeping the underlying detail.
+func (e *Error) describe() string {
+	cause := e.Err.Error()
+	var dnsErr *net.DNSError
+	switch {
+	case errors.As(e.Err, &dnsErr) && dnsErr.IsNotFound:
+		return fmt.Sprintf("unknown host %q: %v", dnsErr.Name, e.Err)
+	case e.Kind == ErrUnauthorized:
+		return fmt.Sprintf("authentication required or credentials rejected (run `modelpack login %s`): %s", e.Registry, cause)
+	case e.Kind == ErrForbidden:
+		return fmt.Sprintf("access denied: the credentials lack permission for this repository (check `modelpack login %s`): %s", e.Registry, cause)
+	case e.Kind == ErrNotFound:
+		return "not found: " + cause
+	case e.Kind == ErrDigestMismatch:
+		return "digest mismatch, the received bytes were dropped: " + cause
+	case e.Kind == ErrNoSpace:
+		return "disk full: " + cause
+	case e.Kind == ErrNotOCI:
+		return "the server does not speak the OCI distribution API: " + cause
+	case e.Kind == ErrTLS && strings.Contains(cause, "HTTP response to HTTPS client"):
+		return "the registry serves plain HTTP (use --plain-http): " + cause
+	case e.Kind == ErrTLS:
+		return "TLS verification failed (pass --ca-file with the registry's CA, or --insecure to skip verification): " + cause
+	case e.Kind == ErrUnavailable && (errors.Is(e.Err, syscall.ECONNREFUSED)):
+		return "connection refused: " + cause
+	case e.Kind == ErrUnavailable:
+		return "registry unavailable: " + cause
+	}
+	return cause
+}
+
+// Unwrap exposes both the sentinel and the underlying error to errors.Is/As.
+func (e *Error) Unwrap() []error {
+	if e.Kind == nil {
+		return []error{e.Err}
+	}
+	return []error{e.Kind, e.Err}
+}
+
+// wrapErr names the registry, repository and subject of err, unless it already does.
+func wrapErr(op, registry, repository, subject string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return err
+	}
+	if errors.Is(err, context.Canceled) {
+		return err
+	}
+	return &Error{Op: op, Registry: registry, Repository: repository, Subject: subject, Kind: kindOf(err), Err: err}
+}
+
+// retryable reports whether another attempt may succeed: network and server trouble yes; answers that will not
+// change (auth, not found, bad digest, full disk, TLS) no.
+func retryable(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return false
+	}
+	switch kindOf(err) {
+	case ErrUnauthorized, ErrForbidden, ErrNotFound, ErrDigestMismatch, ErrNoSpace, ErrTLS, ErrNotOCI:
+		return false
+	}
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) && dnsErr.IsNotFound {
+		return false
+	}
+	var resp *errcode.ErrorResponse
+	if errors.As(err, &resp) && resp.StatusCode < 500 && resp.StatusCode != http.StatusTooManyRequests &&
+		resp.StatusCode != http.StatusRequestTimeout {
+		return false
+	}
+	return true
+}

@@ -1,0 +1,430 @@
+package remote
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/artifact/archive"
+	digest "github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/content"
+)
+
+// FetchOptions tune Fetch.
+type FetchOptions struct {
+	// Concurrency is how many layers are written at once; 0 takes the repository's Options.Concurrency.
+	Concurrency int
+	// Reporter, if set, receives per-layer progress.
+	Reporter Reporter
+	// Select, if set, picks the layers to write; nil writes them all.
+	Select func(artifact.Layer) bool
+	// Archive tunes the extraction of tar layers (limits); ReadOnly and KeepWhiteouts are honoured.
+	Archive archive.Options
+}
+
+// Fetch writes the files of the model src names straight into dir, with no copy in a local store. Every byte is
+// hashed as it arrives: a raw layer goes to a temporary file renamed to its final name only when its digest
+// matches, a tar layer is extracted into a staging directory moved into place only when its digest matches.
+// Container-image layers are applied in order (whiteouts included) and moved into place together. Downloads
+// resume with HTTP Range after a dropped connection. On failure nothing is left under a final name by the failed
+// layer; layers already verified stay.
+func Fetch(ctx context.Context, src *Repository, dir string, opts FetchOptions) (*Result, error) {
+	res, err := fetch(ctx, src, dir, opts)
+	if err != nil {
+		return nil, withOp("fetch", src, err)
+	}
+	res.Reference = src.Reference.String()
+	return res, nil
+}
+
+func fetch(ctx context.Context, src *Repository, dir string, opts FetchOptions) (*Result, error) {
+	if src.Reference.Reference == "" {
+		return nil, fmt.Errorf("the reference needs a tag or digest")
+	}
+	t := newTracker(opts.Reporter)
+	root, manifest, err := resolveManifest(ctx, src, src.Reference.Reference)
+	if err != nil {
+		return nil, err
+	}
+	layers, err := artifact.Layers(manifest)
+	if err != nil {
+		return nil, src.wrap("manifest "+root.Digest.String(), err)
+	}
+	var model, image []artifact.Layer
+	for _, l := range layers {
+		if opts.Select != nil && !opts.Select(l) {
+			continue
+		}
+		if l.Image {
+			image = append(image, l)
+		} else {
+			model = append(model, l)
+		}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	staging, err := os.MkdirTemp(dir, ".modelpack-fetch-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(staging)
+
+	f := &fetcher{src: src, dir: dir, staging: staging, opts: opts, t: t}
+	conc := opts.Concurrency
+	if conc <= 0 {
+		conc = src.opts.concurrency()
+	}
+	// Model layers have disjoint paths: write them concurrently. A layer that fails does not stop the others,
+	// which land and stay.
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, conc)
+	errs := make([]error, len(model))
+	files := make([][]string, len(model))
+	for i, l := range model {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				errs[i] = ctx.Err()
+				return
+			}
+			defer func() { <-sem }()
+			files[i], errs[i] = f.layer(ctx, l)
+		}()
+	}
+	// Image layers stack, so they go one after the other into one staging tree, moved into place at the end.
+	var imageFiles []string
+	var imageErr error
+	if len(image) > 0 {
+		imageFiles, imageErr = f.imageLayers(ctx, image)
+	}
+	wg.Wait()
+	if err := errors.Join(append(errs, imageErr)...); err != nil {
+		return nil, err
+	}
+	res := t.result("", root)
+	for _, fs := range files {
+		res.Files = append(res.Files, fs...)
+	}
+	res.Files = append(res.Files, imageFiles...)
+	sort.Strings(res.Files)
+	return res, nil
+}
+
+// resolveManifest resolves reference to an image manifest, choosing this platform's manifest from an index.
+func resolveManifest(ctx context.Context, src *Repository, reference string) (ocispec.Descriptor, ocispec.Manifest, error) {
+	desc, rc, err := src.FetchReference(ctx, reference)
+	if err != nil {
+		return desc, ocispec.Manifest{}, err
+	}
+	b, err := readManifest(rc, desc)
+	if err != nil {
+		return desc, ocispec.Manifest{}, src.wrap("manifest "+reference, err)
+	}
+	switch desc.MediaType {
+	case ocispec.MediaTypeImageIndex, "application/vnd.docker.distribution.manifest.list.v2+json":
+		var idx ocispec.Index
+		if err := json.Unmarshal(b, &idx); err != nil {
+			return desc, ocispec.Manifest{}, src.wrap("index "+reference, err)
+		}
+		child, err := pickPlatform(idx)
+		if err != nil {
+			return desc, ocispec.Manifest{}, src.wrap("index "+reference, err)
+		}
+		rc, err := src.Fetch(ctx, child)
+		if err != nil {
+			return desc, ocispec.Manifest{}, err
+		}
+		if b, err = readManifest(rc, child); err != nil {
+			return desc, ocispec.Manifest{}, src.wrap("manifest "+child.Digest.String(), err)
+		}
+		desc = child
+	case ocispec.MediaTypeImageManifest, "application/vnd.docker.distribution.manifest.v2+json":
+	default:
+		return desc, ocispec.Manifest{}, src.wrap("manifest "+reference, fmt.Errorf("unsupported manifest media type %q", desc.MediaType))
+	}
+	var m ocispec.Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return desc, m, src.wrap("manifest "+reference, err)
+	}
+	return desc, m, nil
+}
+
+const maxManifestBytes = 4 << 20
+
+func readManifest(rc io.ReadCloser, desc ocispec.Descriptor) ([]byte, error) {
+	defer rc.Close()
+	if desc.Size > maxManifestBytes {
+		return nil, fmt.Errorf("manifest of %d bytes exceeds the %d byte limit", desc.Size, maxManifestBytes)
+	}
+	return content.ReadAll(rc, desc)
+}
+
+func pickPlatform(idx ocispec.Index) (ocispec.Descriptor, error) {
+	var fallback []ocispec.Descriptor
+	for _, m := range idx.Manifests {
+		if !isManifest(m) {
+			continue
+		}
+		p := m.Platform
+		if p != nil && p.OS == runtime.GOOS && p.Architecture == runtime.GOARCH {
+			return m, nil
+		}
+		if p == nil || p.OS == "" || p.OS == "unknown" {
+			continue
+		}
+		fallback = append(fallback, m)
+	}
+	if len(fallback) == 1 && len(idx.Manifests) == 1 {
+		return fallback[0], nil
+	}
+	return ocispec.Descriptor{}, fmt.Errorf("the index has no manifest for %s/%s", runtime.GOOS, runtime.GOARCH)
+}
+
+type fetcher struct {
+	src     *Repository
+	dir     string
+	staging string
+	opts    FetchOptions
+	t       *tracker
+}
+
+// verifiedStream reads a layer through a hash. finish drains what the consumer left (tar padding after the end
+// marker) and checks size and digest.
+type verifiedStream struct {
+	rr   *resumableReader
+	h    hash.Hash
+	n    int64
+	desc ocispec.Descriptor
+}
+
+func (v *verifiedStream) Read(p []byte) (int, error) {
+	n, err := v.rr.Read(p)
+	if n > 0 {
+		v.h.Write(p[:n])
+		v.n += int64(n)
+	}
+	return n, err
+}
+
+func (v *verifiedStream) finish() error {
+	if _, err := io.Copy(io.Discard, v); err != nil {
+		return err
+	}
+	if v.n != v.desc.Size {
+		return fmt.Errorf("%w: got %d bytes, want %d", ErrDigestMismatch, v.n, v.desc.Size)
+	}
+	if actual := digest.NewDigest(v.desc.Digest.Algorithm(), v.h); actual != v.desc.Digest {
+		return fmt.Errorf("%w: want %s, got %s; the bytes were dropped", ErrDigestMismatch, v.desc.Digest, actual)
+	}
+	return nil
+}
+
+func (f *fetcher) open(ctx context.Context, desc ocispec.Descriptor) (*verifiedStream, *meter, error) {
+	if err := desc.Digest.Validate(); err != nil {
+		return nil, nil, err
+	}
+	m := f.t.meter(desc, 0)
+	rr := newResumableReader(ctx, desc, 0, f.src.openBlob, m.add)
+	if err := rr.connect(); err != nil {
+		return nil, nil, err
+	}
+	return &verifiedStream{rr: rr, h: desc.Digest.Algorithm().Hash(), desc: desc}, m, nil
+}
+
+// layer writes one model layer and returns the paths it wrote.
+func (f *fetcher) layer(ctx context.Context, l artifact.Layer) ([]string, error) {
+	files, err := f.writeLayer(ctx, l)
+	if err != nil {
+		f.t.finish(l.Descriptor, StatusFailed, err)
+		return nil, f.src.wrap(subjectOf(l.Descriptor), err)
+	}
+	f.t.finish(l.Descriptor, StatusTransferred, nil)
+	return files, nil
+}
+
+func (f *fetcher) writeLayer(ctx context.Context, l artifact.Layer) ([]string, error) {
+	v, _, err := f.open(ctx, l.Descriptor)
+	if err != nil {
+		return nil, err
+	}
+	defer v.rr.Close()
+	if l.Format == artifact.FormatRaw {
+		return f.rawFile(v, l)
+	}
+	stage, err := os.MkdirTemp(f.staging, "layer-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(stage)
+	aopts := f.opts.Archive
+	aopts.KeepWhiteouts = false
+	if err := archive.Extract(v, l.Format, stage, aopts); err != nil {
+		return nil, err
+	}
+	if err := v.finish(); err != nil {
+		return nil, err
+	}
+	return mergeInto(stage, f.dir)
+}
+
+// rawFile streams a raw layer to a temporary file and renames it to its path once the digest matches.
+func (f *fetcher) rawFile(v *verifiedStream, l artifact.Layer) ([]string, error) {
+	rel, err := archive.CleanPath(l.Path)
+	if err != nil {
+		return nil, err
+	}
+	dst := filepath.Join(f.dir, filepath.FromSlash(rel))
+	tmp, err := os.CreateTemp(f.staging, "file-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(tmp.Name())
+	buf := make([]byte, ioBufferSize)
+	_, err = io.CopyBuffer(onlyWriter{tmp}, v, buf)
+	if err == nil {
+		err = v.finish()
+	}
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	mode, mtime := fileMeta(l.Annotations)
+	if f.opts.Archive.ReadOnly {
+		mode &^= 0o222
+	}
+	if err := os.Chmod(tmp.Name(), mode); err != nil {
+		return nil, err
+	}
+	if !mtime.IsZero() {
+		_ = os.Chtimes(tmp.Name(), mtime, mtime)
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return nil, err
+	}
+	if fi, err := os.Lstat(dst); err == nil && fi.IsDir() {
+		if err := os.RemoveAll(dst); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.Rename(tmp.Name(), dst); err != nil {
+		return nil, err
+	}
+	return []string{rel}, nil
+}
+
+// onlyWriter hides *os.File's ReadFrom so io.CopyBuffer uses our large buffer instead of the file's 32 KiB path.
+type onlyWriter struct{ io.Writer }
+
+// fileMeta reads a raw layer's mode and mtime from its file-metadata annotation (current or legacy name).
+func fileMeta(ann map[string]string) (fs.FileMode, time.Time) {
+	raw := ann[artifact.AnnotationFileMetadata]
+	if raw == "" {
+		raw = ann[artifact.LegacyAnnotationFileMetadata]
+	}
+	var md artifact.FileMetadata
+	if raw == "" || json.Unmarshal([]byte(raw), &md) != nil || md.Mode == 0 {
+		return 0o644, time.Time{}
+	}
+	return fs.FileMode(md.Mode) & 0o777, md.ModTime
+}
+
+// imageLayers applies container-image layers in order into one staging tree, each verified before the next, and
+// moves the result into place.
+func (f *fetcher) imageLayers(ctx context.Context, layers []artifact.Layer) ([]string, error) {
+	stage, err := os.MkdirTemp(f.staging, "image-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(stage)
+	aopts := f.opts.Archive
+	aopts.AbsoluteSymlinks = true
+	for _, l := range layers {
+		err := func() error {
+			v, _, err := f.open(ctx, l.Descriptor)
+			if err != nil {
+				return err
+			}
+			defer v.rr.Close()
+			if err := archive.Extract(v, l.Format, stage, aopts); err != nil {
+				return err
+			}
+			return v.finish()
+		}()
+		if err != nil {
+			f.t.finish(l.Descriptor, StatusFailed, err)
+			return nil, f.src.wrap(subjectOf(l.Descriptor), err)
+		}
+		f.t.finish(l.Descriptor, StatusTransferred, nil)
+	}
+	return mergeInto(stage, f.dir)
+}
+
+// mergeInto moves the tree under src into dst with renames, replacing what is in the way (directories merge),
+// and returns the regular files moved, relative to dst.
+func mergeInto(src, dst string) ([]string, error) {
+	var files []string
+	var walk func(rel string) error
+	walk = func(rel string) error {
+		entries, err := os.ReadDir(filepath.Join(src, rel))
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			r := filepath.Join(rel, e.Name())
+			from, to := filepath.Join(src, r), filepath.Join(dst, r)
+			fi, err := os.Lstat(to)
+			switch {
+			case err == nil && fi.IsDir() && e.IsDir():
+				if err := walk(r); err != nil {
+					return err
+				}
+				continue
+			case err == nil:
+				if err := os.RemoveAll(to); err != nil {
+					return err
+				}
+			case !errors.Is(err, fs.ErrNotExist):
+				return err
+			}
+			if err := os.Rename(from, to); err != nil {
+				return err
+			}
+			if e.IsDir() {
+				if err := filepath.WalkDir(to, func(p string, d fs.DirEntry, err error) error {
+					if err == nil && d.Type().IsRegular() {
+						rp, _ := filepath.Rel(dst, p)
+						files = append(files, filepath.ToSlash(rp))
+					}
+					return err
+				}); err != nil {
+					return err
+				}
+			} else if e.Type().IsRegular() {
+				files = append(files, filepath.ToSlash(r))
+			}
+		}
+		return nil
+	}
+	return files, walk("")
+}

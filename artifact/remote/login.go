@@ -1,0 +1,60 @@
+package remote
+
+import (
+	"context"
+	"fmt"
+
+	"oras.land/oras-go/v2/registry/remote"
+	"oras.land/oras-go/v2/registry/remote/auth"
+	"oras.land/oras-go/v2/registry/remote/credentials"
+)
+
+// Login checks cred against the registry (host[:port]) and saves it in the docker config named by
+// opts.RegistryConfig — in its credential helper or credsStore when one is configured, as docker does.
+func Login(ctx context.Context, host string, cred auth.Credential, opts Options) error {
+	store, err := NewCredentialStore(opts.RegistryConfig)
+	if err != nil {
+		return fmt.Errorf("registry config: %w", err)
+	}
+	reg, err := newRegistry(host, opts)
+	if err != nil {
+		return err
+	}
+	if err := credentials.Login(ctx, store, reg, cred); err != nil {
+		return wrapErr("login", host, "", "", err)
+	}
+	return nil
+}
+
+// Logout removes the registry's credential from the docker config (or its helper).
+func Logout(ctx context.Context, host string, opts Options) error {
+	store, err := NewCredentialStore(opts.RegistryConfig)
+	if err != nil {
+		return fmt.Errorf("registry config: %w", err)
+	}
+	if err := credentials.Logout(ctx, store, host); err != nil {
+		return wrapErr("logout", host, "", "", err)
+	}
+	return nil
+}
+
+// newRegistry returns an oras-go registry client for host configured like the origin endpoint of a Repository.
+func newRegistry(host string, opts Options) (*remote.Registry, error) {
+	reg, err := remote.NewRegistry(host)
+	if err != nil {
+		return nil, fmt.Errorf("invalid registry %q: %w", host, err)
+	}
+	eps, err := loadEndpoints(Options{PlainHTTP: opts.PlainHTTP, Insecure: opts.Insecure, CAFile: opts.CAFile,
+		CertFile: opts.CertFile, KeyFile: opts.KeyFile}, host)
+	if err != nil {
+		return nil, err
+	}
+	origin := eps[len(eps)-1]
+	hc, err := httpClient(origin, host, 1)
+	if err != nil {
+		return nil, err
+	}
+	reg.PlainHTTP = opts.PlainHTTP
+	reg.Client = authClient(hc, nil, auth.NewCache(), opts.UserAgent)
+	return reg, nil
+}

@@ -1,0 +1,189 @@
+// Package remote moves model artifacts between registries, the local store and plain directories. It is built on
+// oras-go: the registry protocol, token dance, referrers API (with the referrers-tag fallback) and credential helpers
+// are oras-go's; this package adds what a model transport needs on top of them — mirrors with fallback to the
+// origin, blob reads that resume with HTTP Range, per-layer retries with size-scaled time limits, HEAD-skipping of
+// blobs the registry already has, cross-repository mounts, and errors that name the registry, repository and cause.
+package remote
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"runtime"
+	"time"
+
+	"oras.land/oras-go/v2/registry/remote/auth"
+	"oras.land/oras-go/v2/registry/remote/credentials"
+	"oras.land/oras-go/v2/registry/remote/retry"
+)
+
+// Options configure how registries are reached. The zero value verifies TLS, reads credentials from the docker
+// config (and its credential helpers) and uses no mirrors.
+type Options struct {
+	// RegistryConfig is a docker config.json holding credentials; empty means docker's default
+	// ($DOCKER_CONFIG/config.json or ~/.docker/config.json).
+	RegistryConfig string
+	// CAFile adds a PEM CA bundle to the system roots for the origin registry.
+	CAFile string
+	// CertFile and KeyFile are a client certificate for mutual TLS with the origin registry.
+	CertFile, KeyFile string
+	// Insecure skips TLS verification of the origin registry.
+	Insecure bool
+	// PlainHTTP talks HTTP instead of HTTPS to the origin registry.
+	PlainHTTP bool
+	// HostsDir is a containerd-style hosts directory configuring mirrors (see hosts.go).
+	HostsDir string
+	// Concurrency is how many blobs move at once; 0 means DefaultConcurrency().
+	Concurrency int
+	// Credential, if set, is asked first (e.g. credentials from a Kubernetes dockerconfigjson Secret); the docker
+	// config is the fallback when it returns no credential.
+	Credential auth.CredentialFunc
+	// UserAgent is sent with every request.
+	UserAgent string
+}
+
+// DefaultConcurrency is the number of blobs moved at once when Options.Concurrency is 0. Model layers are few and
+// large and the work is mostly waiting on the network and disk, so it is more than the core count; hashing is the
+// CPU part and scales with cores.
+func DefaultConcurrency() int {
+	n := 2 * runtime.NumCPU()
+	return min(max(n, 4), 16)
+}
+
+func (o Options) concurrency() int {
+	if o.Concurrency > 0 {
+		return o.Concurrency
+	}
+	return DefaultConcurrency()
+}
+
+const defaultUserAgent = "modelpack"
+
+// NewCredentialStore opens the docker config at path (docker's default when empty), including its credential
+// helpers and credsStore. Credentials saved by Login are stored in plain text only when no helper is configured,
+// as docker does.
+func NewCredentialStore(path string) (credentials.Store, error) {
+	opts := credentials.StoreOptions{AllowPlaintextPut: true, DetectDefaultNativeStore: true}
+	if path == "" {
+		return credentials.NewStoreFromDocker(opts)
+	}
+	return credentials.NewStore(path, opts)
+}
+
+// CredentialsFromDockerConfigJSON reads the content of a docker config.json (a kubernetes.io/dockerconfigjson
+// Secret's .dockerconfigjson key) into a credential function.
+func CredentialsFromDockerConfigJSON(b []byte) (auth.CredentialFunc, error) {
+	store, err := credentials.NewMemoryStoreFromDockerConfig(b)
+	if err != nil {
+		return nil, fmt.Errorf("parse docker config: %w", err)
+	}
+	return credentials.Credential(store), nil
+}
+
+// credentialFunc chains the explicit credential and the docker config.
+func (o Options) credentialFunc() (auth.CredentialFunc, error) {
+	store, err := NewCredentialStore(o.RegistryConfig)
+	if err != nil {
+		return nil, fmt.Errorf("registry config: %w", err)
+	}
+	fromConfig := credentials.Credential(store)
+	if o.Credential == nil {
+		return fromConfig, nil
+	}
+	explicit := o.Credential
+	return func(ctx context.Context, hostport string) (auth.Credential, error) {
+		c, err := explicit(ctx, hostport)
+		if err != nil || c != auth.EmptyCredential {
+			return c, err
+		}
+		return fromConfig(ctx, hostport)
+	}, nil
+}
+
+// tlsConfig builds the client TLS settings of an endpoint: system roots plus its CA files, its client certificates,
+// and verification unless skipVerify.
+func tlsConfig(ep endpoint) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: ep.skipVerify}
+	if len(ep.caFiles) > 0 {
+		pool, err := x509.SystemCertPool()
+		if err != nil || pool == nil {
+			pool = x509.NewCertPool()
+		}
+		for _, f := range ep.caFiles {
+			pem, err := os.ReadFile(f)
+			if err != nil {
+				return nil, fmt.Errorf("CA file: %w", err)
+			}
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("CA file %s: no PEM certificate in it", f)
+			}
+		}
+		cfg.RootCAs = pool
+	}
+	for _, p := range ep.clientPairs {
+		cert, err := tls.LoadX509KeyPair(p[0], p[1])
+		if err != nil {
+			return nil, fmt.Errorf("client certificate %s: %w", p[0], err)
+		}
+		cfg.Certificates = append(cfg.Certificates, cert)
+	}
+	return cfg, nil
+}
+
+// Buffer sizes of the HTTP transport: model layers are hundreds of MiB, and net/http's 4 KiB default costs a
+// syscall per page.
+const ioBufferSize = 256 << 10
+
+// httpClient builds the HTTP client of one endpoint. Requests are retried by oras-go's retry transport (5xx, 429,
+// resets, with exponential backoff); whole-blob retries and resumption are layered above it.
+func httpClient(ep endpoint, origin string, conns int) (*http.Client, error) {
+	tc, err := tlsConfig(ep)
+	if err != nil {
+		return nil, err
+	}
+	base := &http.Transport{
+		Proxy: http.ProxyFromEnvironment,
+		DialContext: (&net.Dialer{
+			Timeout:   30 * time.Second,
+			KeepAlive: 30 * time.Second,
+		}).DialContext,
+		ForceAttemptHTTP2:     true,
+		TLSClientConfig:       tc,
+		TLSHandshakeTimeout:   15 * time.Second,
+		ResponseHeaderTimeout: 2 * time.Minute,
+		ExpectContinueTimeout: time.Second,
+		IdleConnTimeout:       90 * time.Second,
+		MaxIdleConns:          100,
+		MaxIdleConnsPerHost:   conns + 4,
+		// Blobs are already compressed or incompressible; asking for gzip would also defeat Range requests.
+		DisableCompression: true,
+		ReadBufferSize:     ioBufferSize,
+		WriteBufferSize:    ioBufferSize,
+	}
+	var rt http.RoundTripper = base
+	ns := ""
+	if ep.mirror {
+		ns = origin
+	}
+	if ep.path != "" || ep.overridePath || ns != "" || len(ep.header) > 0 {
+		rt = &rewriteTransport{base: base, ep: ep, ns: ns}
+	}
+	return &http.Client{Transport: retry.NewTransport(rt)}, nil
+}
+
+// authClient wraps an endpoint's HTTP client with oras-go's auth client (basic and bearer token flows).
+func authClient(hc *http.Client, cred auth.CredentialFunc, cache auth.Cache, userAgent string) *auth.Client {
+	c := &auth.Client{Client: hc, Credential: cred, Cache: cache}
+	if userAgent == "" {
+		userAgent = defaultUserAgent
+	}
+	c.SetUserAgent(userAgent)
+	return c
+}
+
+var errNoEndpoint = errors.New("no endpoint with the needed capability")

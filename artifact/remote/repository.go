@@ -1,0 +1,329 @@
+package remote
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/errdef"
+	"oras.land/oras-go/v2/registry"
+	"oras.land/oras-go/v2/registry/remote"
+	"oras.land/oras-go/v2/registry/remote/auth"
+	"oras.land/oras-go/v2/registry/remote/errcode"
+)
+
+// Repository is a repository on a registry, reached directly or through mirrors. It is an oras.Target (and a
+// ReferenceFetcher, ReferencePusher, Mounter, PredecessorFinder and TagLister), so oras-go's copy functions use
+// it like a remote.Repository: reads (Resolve, Fetch) try the mirrors with the needed capability first and fall back
+// to the origin; writes, existence checks and referrers always go to the origin.
+type Repository struct {
+	// Reference names the origin registry and repository (its Reference field is the tag or digest asked for).
+	Reference registry.Reference
+	origin    *endpointRepo
+	endpoints []*endpointRepo // mirrors in order, then the origin
+	opts      Options
+
+	pingOnce sync.Once
+	isOCI    bool
+}
+
+type endpointRepo struct {
+	endpoint
+	repo *remote.Repository
+	hc   *http.Client // without auth, for the API-version ping
+}
+
+// NewRepository parses ref (registry/repository[:tag|@digest]) and returns the repository and the parsed reference.
+func NewRepository(ref string, opts Options) (*Repository, registry.Reference, error) {
+	parsed, err := registry.ParseReference(ref)
+	if err != nil {
+		return nil, registry.Reference{}, fmt.Errorf("invalid reference %q: %w", ref, err)
+	}
+	eps, err := loadEndpoints(opts, parsed.Registry)
+	if err != nil {
+		return nil, registry.Reference{}, err
+	}
+	cred, err := opts.credentialFunc()
+	if err != nil {
+		return nil, registry.Reference{}, err
+	}
+	r := &Repository{Reference: parsed, opts: opts}
+	cache := auth.NewCache()
+	for _, ep := range eps {
+		hc, err := httpClient(ep, parsed.Registry, opts.concurrency())
+		if err != nil {
+			return nil, registry.Reference{}, fmt.Errorf("%s: %w", ep.host, err)
+		}
+		epRef := parsed
+		epRef.Registry = ep.host
+		epRef.Reference = ""
+		er := &endpointRepo{
+			endpoint: ep,
+			hc:       hc,
+			repo: &remote.Repository{
+				Client:    authClient(hc, cred, cache, opts.UserAgent),
+				Reference: epRef,
+				PlainHTTP: ep.scheme == "http",
+			},
+		}
+		r.endpoints = append(r.endpoints, er)
+	}
+	r.origin = r.endpoints[len(r.endpoints)-1]
+	return r, parsed, nil
+}
+
+// Origin is the oras-go repository of the origin registry, for operations this type does not wrap.
+func (r *Repository) Origin() *remote.Repository { return r.origin.repo }
+
+func (r *Repository) String() string { return r.Reference.Registry + "/" + r.Reference.Repository }
+
+// wrap names the origin registry and repository in err.
+func (r *Repository) wrap(subject string, err error) error {
+	return wrapErr("", r.Reference.Registry, r.Reference.Repository, subject, err)
+}
+
+// readers returns the endpoints that may serve a read of the given capability, in order.
+func (r *Repository) readers(resolve bool) []*endpointRepo {
+	var out []*endpointRepo
+	for _, ep := range r.endpoints {
+		if (resolve && ep.resolve) || (!resolve && ep.pull) || ep == r.origin {
+			out = append(out, ep)
+		}
+	}
+	return out
+}
+
+// firstOf runs fn on each endpoint in turn until one succeeds. The origin's error is the one returned, since a
+// mirror's failure is expected (a cache miss) and only the origin's answer is authoritative.
+func firstOf[T any](ctx context.Context, eps []*endpointRepo, fn func(*endpointRepo) (T, error)) (T, error) {
+	var zero T
+	var last error = errNoEndpoint
+	for _, ep := range eps {
+		v, err := fn(ep)
+		if err == nil {
+			return v, nil
+		}
+		last = err
+		if ctx.Err() != nil {
+			return zero, err
+		}
+	}
+	return zero, last
+}
+
+// Resolve resolves a tag or digest to the manifest descriptor.
+func (r *Repository) Resolve(ctx context.Context, reference string) (ocispec.Descriptor, error) {
+	d, err := firstOf(ctx, r.readers(true), func(ep *endpointRepo) (ocispec.Descriptor, error) {
+		return ep.repo.Resolve(ctx, reference)
+	})
+	return d, r.manifestErr(ctx, reference, err)
+}
+
+type fetched struct {
+	desc ocispec.Descriptor
+	rc   io.ReadCloser
+}
+
+// FetchReference resolves and fetches a manifest in one request.
+func (r *Repository) FetchReference(ctx context.Context, reference string) (ocispec.Descriptor, io.ReadCloser, error) {
+	f, err := firstOf(ctx, r.readers(true), func(ep *endpointRepo) (fetched, error) {
+		d, rc, err := ep.repo.FetchReference(ctx, reference)
+		return fetched{d, rc}, err
+	})
+	return f.desc, f.rc, r.manifestErr(ctx, reference, err)
+}
+
+// Fetch fetches a manifest or blob. Blob reads resume after a dropped connection (see openBlob).
+func (r *Repository) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
+	if isManifest(desc) {
+		rc, err := firstOf(ctx, r.readers(false), func(ep *endpointRepo) (io.ReadCloser, error) {
+			return ep.repo.Fetch(ctx, desc)
+		})
+		return rc, r.manifestErr(ctx, desc.Digest.String(), err)
+	}
+	return newResumableReader(ctx, desc, 0, r.openBlob, nil), nil
+}
+
+// Exists asks the origin (HEAD) whether it has the manifest or blob.
+func (r *Repository) Exists(ctx context.Context, desc ocispec.Descriptor) (bool, error) {
+	ok, err := r.origin.repo.Exists(ctx, desc)
+	return ok, r.wrap(subjectOf(desc), err)
+}
+
+// Push uploads a manifest or blob to the origin.
+func (r *Repository) Push(ctx context.Context, desc ocispec.Descriptor, content io.Reader) error {
+	return r.wrap(subjectOf(desc), r.origin.repo.Push(ctx, desc, content))
+}
+
+// PushReference uploads a manifest and tags it in one request.
+func (r *Repository) PushReference(ctx context.Context, desc ocispec.Descriptor, content io.Reader, reference string) error {
+	return r.wrap(reference, r.origin.repo.PushReference(ctx, desc, content, reference))
+}
+
+// Tag tags a manifest already in the origin.
+func (r *Repository) Tag(ctx context.Context, desc ocispec.Descriptor, reference string) error {
+	return r.wrap(reference, r.origin.repo.Tag(ctx, desc, reference))
+}
+
+// Mount makes a blob of another repository of the same registry available in this one without transferring it,
+// falling back to an upload from getContent where the registry cannot mount.
+func (r *Repository) Mount(ctx context.Context, desc ocispec.Descriptor, fromRepo string, getContent func() (io.ReadCloser, error)) error {
+	return r.origin.repo.Mount(ctx, desc, fromRepo, getContent)
+}
+
+// Delete deletes a manifest or blob from the origin.
+func (r *Repository) Delete(ctx context.Context, desc ocispec.Descriptor) error {
+	return r.wrap(subjectOf(desc), r.origin.repo.Delete(ctx, desc))
+}
+
+// Predecessors lists the manifests referring to desc (OCI 1.1 referrers API, or the referrers tag where the
+// registry lacks it).
+func (r *Repository) Predecessors(ctx context.Context, desc ocispec.Descriptor) ([]ocispec.Descriptor, error) {
+	d, err := r.origin.repo.Predecessors(ctx, desc)
+	return d, r.wrap(subjectOf(desc), err)
+}
+
+// Referrers lists the referrers of desc, optionally only those of artifactType.
+func (r *Repository) Referrers(ctx context.Context, desc ocispec.Descriptor, artifactType string, fn func([]ocispec.Descriptor) error) error {
+	return r.wrap(subjectOf(desc), r.origin.repo.Referrers(ctx, desc, artifactType, fn))
+}
+
+// Tags lists the repository's tags.
+func (r *Repository) Tags(ctx context.Context, last string, fn func(tags []string) error) error {
+	return r.wrap("", r.origin.repo.Tags(ctx, last, fn))
+}
+
+// openBlob opens a blob at offset, from the first endpoint that serves it. It is a cas.OpenFunc: start is offset
+// when the server honoured the Range request, 0 when it sent the whole blob.
+func (r *Repository) openBlob(ctx context.Context, desc ocispec.Descriptor, offset int64) (io.ReadCloser, int64, error) {
+	type opened struct {
+		rc    io.ReadCloser
+		start int64
+	}
+	o, err := firstOf(ctx, r.readers(false), func(ep *endpointRepo) (opened, error) {
+		if offset == 0 {
+			rc, err := ep.repo.Blobs().Fetch(ctx, desc)
+			return opened{rc, 0}, err
+		}
+		rc, start, err := ep.rangeGet(ctx, desc, offset)
+		return opened{rc, start}, err
+	})
+	if err != nil {
+		return nil, 0, r.blobErr(ctx, desc, err)
+	}
+	return o.rc, o.start, nil
+}
+
+// rangeGet asks for a blob from offset on. oras-go's Fetch always starts at 0 (its seeker opens a second request),
+// which would send bytes already held; this issues the one Range request directly, through the same auth client.
+func (ep *endpointRepo) rangeGet(ctx context.Context, desc ocispec.Descriptor, offset int64) (io.ReadCloser, int64, error) {
+	ref := ep.repo.Reference
+	ref.Reference = desc.Digest.String()
+	ctx = auth.AppendRepositoryScope(ctx, ref, auth.ActionPull)
+	url := fmt.Sprintf("%s://%s/v2/%s/blobs/%s", ep.scheme, ref.Host(), ref.Repository, desc.Digest)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, 0, err
+	}
+	req.Header.Set("Range", fmt.Sprintf("bytes=%d-", offset))
+	resp, err := ep.repo.Client.Do(req)
+	if err != nil {
+		return nil, 0, err
+	}
+	switch resp.StatusCode {
+	case http.StatusPartialContent:
+		start, ok := contentRangeStart(resp.Header.Get("Content-Range"))
+		if !ok || start != offset {
+			resp.Body.Close()
+			return nil, 0, fmt.Errorf("GET %s: Content-Range %q does not start at %d", url, resp.Header.Get("Content-Range"), offset)
+		}
+		return resp.Body, offset, nil
+	case http.StatusOK:
+		// The server ignores Range: take the whole blob.
+		return resp.Body, 0, nil
+	case http.StatusNotFound:
+		resp.Body.Close()
+		return nil, 0, fmt.Errorf("%s: %w", desc.Digest, errdef.ErrNotFound)
+	default:
+		defer resp.Body.Close()
+		return nil, 0, &errcode.ErrorResponse{Method: req.Method, URL: req.URL, StatusCode: resp.StatusCode}
+	}
+}
+
+func contentRangeStart(h string) (int64, bool) {
+	rest, ok := strings.CutPrefix(h, "bytes ")
+	if !ok {
+		return 0, false
+	}
+	first, _, ok := strings.Cut(rest, "-")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(first, 10, 64)
+	return n, err == nil
+}
+
+// manifestErr names a failed manifest read, telling a missing manifest from a server that is no registry at all.
+func (r *Repository) manifestErr(ctx context.Context, reference string, err error) error {
+	if err == nil {
+		return nil
+	}
+	subject := "manifest " + reference
+	if errors.Is(err, errdef.ErrNotFound) && !r.speaksOCI(ctx) {
+		return &Error{Registry: r.Reference.Registry, Repository: r.Reference.Repository, Subject: subject, Kind: ErrNotOCI,
+			Err: fmt.Errorf("GET /v2/ does not answer as the distribution API does: %w", err)}
+	}
+	return r.wrap(subject, err)
+}
+
+func (r *Repository) blobErr(ctx context.Context, desc ocispec.Descriptor, err error) error {
+	if errors.Is(err, errdef.ErrNotFound) && !r.speaksOCI(ctx) {
+		return &Error{Registry: r.Reference.Registry, Repository: r.Reference.Repository, Subject: subjectOf(desc), Kind: ErrNotOCI,
+			Err: fmt.Errorf("GET /v2/ does not answer as the distribution API does: %w", err)}
+	}
+	return r.wrap(subjectOf(desc), err)
+}
+
+// speaksOCI pings the origin's /v2/: a registry answers 200 or 401; a web server that is no registry answers 404.
+func (r *Repository) speaksOCI(ctx context.Context) bool {
+	r.pingOnce.Do(func() {
+		r.isOCI = true
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet,
+			fmt.Sprintf("%s://%s/v2/", r.origin.scheme, r.origin.repo.Reference.Host()), nil)
+		if err != nil {
+			return
+		}
+		resp, err := r.origin.hc.Do(req)
+		if err != nil {
+			return
+		}
+		resp.Body.Close()
+		switch resp.StatusCode {
+		case http.StatusOK, http.StatusUnauthorized, http.StatusForbidden:
+		default:
+			r.isOCI = resp.Header.Get("Docker-Distribution-Api-Version") != ""
+		}
+	})
+	return r.isOCI
+}
+
+// subjectOf names a descriptor in errors and progress: its file path if it has one, then its digest.
+func subjectOf(desc ocispec.Descriptor) string {
+	if desc.Digest == "" {
+		return ""
+	}
+	kind := "blob"
+	if isManifest(desc) {
+		kind = "manifest"
+	}
+	if name := descName(desc); name != "" {
+		return fmt.Sprintf("%s %s %s", kind, desc.Digest, name)
+	}
+	return fmt.Sprintf("%s %s", kind, desc.Digest)
+}

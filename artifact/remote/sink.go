@@ -1,0 +1,103 @@
+package remote
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"strings"
+
+	digest "github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/registry"
+)
+
+// Sink receives a pack straight into a registry (`pack --push`), with no local copy: each blob is read once to
+// learn its digest, skipped if the registry has it, and read again to upload. It implements pack.Sink and is safe
+// for concurrent use.
+type Sink struct {
+	repo *Repository
+	t    *tracker
+	root ocispec.Descriptor
+	ref  string
+}
+
+// PackSink returns a sink pushing into repo, tagging the manifest with repo's reference unless Commit names a tag.
+func PackSink(repo *Repository, rep Reporter) *Sink {
+	return &Sink{repo: repo, t: newTracker(rep)}
+}
+
+// AddBlob hashes the blob, then uploads it unless the registry already has it.
+func (s *Sink) AddBlob(ctx context.Context, mediaType string, open func() (io.ReadCloser, error)) (ocispec.Descriptor, error) {
+	d, n, err := hashBlob(open)
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	desc := ocispec.Descriptor{MediaType: mediaType, Digest: d, Size: n}
+	ok, err := s.repo.Exists(ctx, desc)
+	if err != nil {
+		return ocispec.Descriptor{}, withOp("push", s.repo, err)
+	}
+	if ok {
+		s.t.finish(desc, StatusExists, nil)
+		return desc, nil
+	}
+	m := s.t.meter(desc, 0)
+	err = pushBlob(ctx, s.repo, desc, func(context.Context) (io.ReadCloser, error) { return open() }, m)
+	if err != nil {
+		s.t.finish(desc, StatusFailed, err)
+		return ocispec.Descriptor{}, withOp("push", s.repo, err)
+	}
+	s.t.finish(desc, StatusTransferred, nil)
+	return desc, nil
+}
+
+func hashBlob(open func() (io.ReadCloser, error)) (digest.Digest, int64, error) {
+	rc, err := open()
+	if err != nil {
+		return "", 0, err
+	}
+	defer rc.Close()
+	dg := digest.Canonical.Digester()
+	n, err := io.CopyBuffer(dg.Hash(), rc, make([]byte, ioBufferSize))
+	if err != nil {
+		return "", 0, err
+	}
+	return dg.Digest(), n, nil
+}
+
+// Commit uploads the manifest and tags it: with tag's tag part (tag may be a full reference), else the
+// repository's reference. Blobs are all in the registry by then, so the tag never points at missing content.
+func (s *Sink) Commit(ctx context.Context, manifest ocispec.Descriptor, manifestBytes []byte, tag string) error {
+	ref := s.repo.Reference.Reference
+	if tag != "" {
+		ref = tag
+		if strings.ContainsAny(tag, "/@") {
+			parsed, err := registry.ParseReference(tag)
+			if err != nil {
+				return fmt.Errorf("invalid tag %q: %w", tag, err)
+			}
+			ref = parsed.Reference
+		}
+	}
+	var err error
+	if ref == "" {
+		err = s.repo.Push(ctx, manifest, bytes.NewReader(manifestBytes))
+	} else {
+		err = s.repo.PushReference(ctx, manifest, bytes.NewReader(manifestBytes), ref)
+	}
+	if err != nil {
+		return withOp("push", s.repo, err)
+	}
+	s.root, s.ref = manifest, ref
+	return nil
+}
+
+// Result summarises what the sink sent.
+func (s *Sink) Result() *Result {
+	r := s.t.result("", s.root)
+	ref := s.repo.Reference
+	ref.Reference = s.ref
+	r.Reference = ref.String()
+	return r
+}

@@ -1,0 +1,249 @@
+package remote
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"time"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/content"
+	"oras.land/oras-go/v2/errdef"
+)
+
+// Time limits grow with layer size: a fixed limit either cuts off a 50 GiB shard on a slow link or leaves a hung
+// small request waiting for many minutes.
+const (
+	baseTimeout = 2 * time.Minute
+	minRate     = 1 << 20 // bytes per second below which an attempt is abandoned
+	// stallTimeout abandons a read that delivered nothing for this long; the transfer then resumes on a new
+	// connection from where it stopped.
+	stallTimeout = time.Minute
+	// maxFailures is how many consecutive attempts may fail without a byte of progress before giving up; with
+	// the backoff below they span about half a minute, enough for a registry restart or a connection blip.
+	maxFailures = 8
+	// maxResumes bounds the reconnections of one blob read, so a flapping link fails instead of looping.
+	maxResumes = 100
+	// maxPushAttempts is how many times an upload that cannot resume is started.
+	maxPushAttempts = 5
+)
+
+// attemptTimeout is the time limit of one attempt to move n bytes.
+func attemptTimeout(n int64) time.Duration {
+	return baseTimeout + time.Duration(n/minRate)*time.Second
+}
+
+// backoff is the wait before retry number n (1-based): exponential from 250 ms, capped at 8 s, with ±10% jitter so
+// concurrent layers do not retry in lockstep.
+func backoff(n int) time.Duration {
+	d := 250 * time.Millisecond << min(n-1, 5)
+	d = min(d, 8*time.Second)
+	jitter := time.Duration(rand.Int64N(int64(d)/5+1)) - d/10
+	return d + jitter
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// blobOpener opens a blob at offset and says where its stream really starts (offset, or 0 when the source cannot
+// seek).
+type blobOpener func(ctx context.Context, desc ocispec.Descriptor, offset int64) (io.ReadCloser, int64, error)
+
+// openerFor returns how to open blobs of src: with Range requests and mirror fallback for a Repository, by seeking
+// where the source can, from the start otherwise.
+func openerFor(src content.Fetcher) blobOpener {
+	if r, ok := src.(*Repository); ok {
+		return r.openBlob
+	}
+	return func(ctx context.Context, desc ocispec.Descriptor, offset int64) (io.ReadCloser, int64, error) {
+		rc, err := src.Fetch(ctx, desc)
+		if err != nil {
+			return nil, 0, err
+		}
+		if offset > 0 {
+			if s, ok := rc.(io.Seeker); ok {
+				if _, err := s.Seek(offset, io.SeekStart); err == nil {
+					return rc, offset, nil
+				}
+			}
+		}
+		return rc, 0, nil
+	}
+}
+
+// resumableReader reads a blob, reconnecting after a dropped connection, a server restart or a stall and continuing
+// from the byte it stopped at (HTTP Range), so neither the bytes already read nor the consumer's state (a hash, a
+// tar extraction) are lost. It delivers exactly desc.Size bytes; checking them is the consumer's job.
+type resumableReader struct {
+	ctx    context.Context
+	desc   ocispec.Descriptor
+	open   blobOpener
+	onRead func(int64) // network bytes, for progress and accounting
+
+	offset   int64
+	rc       io.ReadCloser
+	cancel   context.CancelFunc
+	watchdog *time.Timer
+	failures int
+	resumes  int
+	err      error
+}
+
+func newResumableReader(ctx context.Context, desc ocispec.Descriptor, offset int64, open blobOpener, onRead func(int64)) *resumableReader {
+	if onRead == nil {
+		onRead = func(int64) {}
+	}
+	return &resumableReader{ctx: ctx, desc: desc, open: open, onRead: onRead, offset: offset}
+}
+
+// connect opens the blob at the current offset, retrying with backoff while the failures look transient.
+func (r *resumableReader) connect() error {
+	for {
+		if err := r.ctx.Err(); err != nil {
+			return err
+		}
+		actx, cancel := context.WithTimeout(r.ctx, attemptTimeout(r.desc.Size-r.offset))
+		rc, start, err := r.open(actx, r.desc, r.offset)
+		if err == nil && start != r.offset {
+			// The server ignored the Range request: skip what is already held.
+			if start > r.offset {
+				err = fmt.Errorf("source of %s started at %d, past %d", r.desc.Digest, start, r.offset)
+			} else {
+				_, err = io.CopyN(io.Discard, rc, r.offset-start)
+			}
+			if err != nil {
+				rc.Close()
+			}
+		}
+		if err == nil {
+			r.rc, r.cancel = rc, cancel
+			r.watchdog = time.AfterFunc(stallTimeout, cancel)
+			return nil
+		}
+		cancel()
+		r.failures++
+		if !retryable(err) || r.failures >= maxFailures {
+			return err
+		}
+		if err := sleep(r.ctx, backoff(r.failures)); err != nil {
+			return err
+		}
+	}
+}
+
+func (r *resumableReader) disconnect() {
+	if r.rc != nil {
+		r.watchdog.Stop()
+		r.rc.Close()
+		r.cancel()
+		r.rc = nil
+	}
+}
+
+func (r *resumableReader) Read(p []byte) (int, error) {
+	for {
+		if r.err != nil {
+			return 0, r.err
+		}
+		rem := r.desc.Size - r.offset
+		if rem <= 0 {
+			return 0, io.EOF
+		}
+		if int64(len(p)) > rem {
+			p = p[:rem]
+		}
+		if r.rc == nil {
+			if err := r.connect(); err != nil {
+				r.err = err
+				return 0, err
+			}
+		}
+		n, err := r.rc.Read(p)
+		if n > 0 {
+			r.offset += int64(n)
+			r.failures = 0
+			r.watchdog.Reset(stallTimeout)
+			r.onRead(int64(n))
+		}
+		if err == nil || (err == io.EOF && r.offset == r.desc.Size) {
+			return n, nil
+		}
+		// The stream ended early or broke: reconnect at the next Read. Any error of the body (not of the
+		// caller's context) is a transport failure worth resuming, including our own stall or time limit.
+		r.disconnect()
+		if cerr := r.ctx.Err(); cerr != nil {
+			r.err = cerr
+			return n, cerr
+		}
+		r.resumes++
+		if r.resumes > maxResumes {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			r.err = fmt.Errorf("%s: gave up after %d reconnections: %w", r.desc.Digest, maxResumes, err)
+			return n, r.err
+		}
+		if n > 0 {
+			return n, nil
+		}
+	}
+}
+
+func (r *resumableReader) Close() error {
+	r.disconnect()
+	if r.err == nil {
+		r.err = errors.New("read after close")
+	}
+	return nil
+}
+
+// pushBlob uploads a blob, starting over with a fresh reader from open when an attempt fails (an upload cannot
+// resume), with backoff between attempts.
+func pushBlob(ctx context.Context, dst content.Pusher, desc ocispec.Descriptor, open func(ctx context.Context) (io.ReadCloser, error), m *meter) error {
+	for attempt := 1; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, attemptTimeout(desc.Size))
+		rc, err := open(actx)
+		if err == nil {
+			m.rewind()
+			err = dst.Push(actx, desc, &countingReader{r: rc, fn: m.add})
+			rc.Close()
+		}
+		cancel()
+		if err == nil || errors.Is(err, errdef.ErrAlreadyExists) {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if !retryable(err) || attempt >= maxPushAttempts {
+			return err
+		}
+		if err := sleep(ctx, backoff(attempt)); err != nil {
+			return err
+		}
+	}
+}
+
+// countingReader reports every chunk read.
+type countingReader struct {
+	r  io.Reader
+	fn func(int64)
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	if n > 0 {
+		c.fn(int64(n))
+	}
+	return n, err
+}
