@@ -1,0 +1,77 @@
+package csidriver
+
+import (
+	"context"
+	"errors"
+
+	digest "github.com/opencontainers/go-digest"
+)
+
+// Backend is what the node server needs from the node cache and the registry transport. The driver decides
+// when to ask the registry and when to pull (Kubernetes' pullPolicy semantics, joining pulls, deadlines); the
+// backend does the work.
+type Backend interface {
+	// Ready returns nil once the cache is open and usable; Probe reports ready only then.
+	Ready() error
+	// Resolve asks the registry what ref (a parsed reference: host/repository[:tag|@digest]) points to now and
+	// returns the digest of the top-level manifest or index.
+	Resolve(ctx context.Context, ref string, creds Credentials) (digest.Digest, error)
+	// Has reports whether a manifest and everything it references are complete in the cache.
+	Has(manifest digest.Digest) bool
+	// Pull makes the content of dgst complete in the cache and returns the manifest to mount: dgst itself, or,
+	// for an index, the manifest matching platform ("" meaning the node's). It reports progress as it goes.
+	Pull(ctx context.Context, ref string, dgst digest.Digest, platform string, creds Credentials, progress func(Progress)) (digest.Digest, error)
+	// Acquire returns a read-only directory showing the selected part of a pulled manifest, held for owner until
+	// Release. Owners of the same manifest and selector share one view. Acquiring again for the same owner returns
+	// the same view.
+	Acquire(owner string, manifest digest.Digest, sel Selector) (string, error)
+	// Release drops owner's hold on its view. Releasing an unknown owner is not an error.
+	Release(owner string) error
+	// Stats reports the cache's size for the metrics.
+	Stats() Stats
+}
+
+// Credentials authenticate to registries for one request. The zero value means "the node's own credentials".
+type Credentials struct {
+	// DockerConfigJSON is the content of a kubernetes.io/dockerconfigjson secret.
+	DockerConfigJSON []byte
+}
+
+// String keeps credentials out of logs and error messages.
+func (Credentials) String() string { return "[credentials redacted]" }
+
+// GoString keeps credentials out of %#v.
+func (c Credentials) GoString() string { return c.String() }
+
+// Selector picks a partial view of a model.
+type Selector struct {
+	// Kinds are ModelPack layer kinds (weight, weight.config, doc, code, dataset); empty means all.
+	Kinds []string
+	// Include are globs over paths inside the model; empty means all.
+	Include []string
+}
+
+// Progress of a pull.
+type Progress struct {
+	DoneBytes, TotalBytes int64
+	// DoneLayers and TotalLayers count blobs; zero totals mean not yet known.
+	DoneLayers, TotalLayers int
+}
+
+// Stats are cache figures for the metrics.
+type Stats struct {
+	CacheBytes int64
+	Views      int
+}
+
+// Errors a Backend wraps so the driver can return the CSI code the spec asks for.
+var (
+	ErrUnauthorized     = errors.New("unauthorized")
+	ErrForbidden        = errors.New("forbidden")
+	ErrNotFound         = errors.New("not found")
+	ErrUnavailable      = errors.New("registry unavailable")
+	ErrNoSpace          = errors.New("no space left in the node cache")
+	ErrInvalidReference = errors.New("invalid reference")
+	// ErrDenied is a policy refusal (an unsigned or untrusted artifact).
+	ErrDenied = errors.New("denied by policy")
+)

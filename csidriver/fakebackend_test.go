@@ -1,0 +1,118 @@
+package csidriver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	digest "github.com/opencontainers/go-digest"
+)
+
+// fakeBackend stands in for the cache and the registry in the package's own tests: references resolve from a
+// map, a pull writes a few files, and views are real directories so the mounts are real.
+type fakeBackend struct {
+	root string
+
+	mu      sync.Mutex
+	tags    map[string]digest.Digest // reference → digest ("registry" side)
+	pulled  map[digest.Digest]bool
+	owners  map[string]string // owner → view dir
+	pullErr error
+	// gate, if set, blocks pulls until closed.
+	gate  chan struct{}
+	pulls atomic.Int32
+}
+
+func newFakeBackend(root string) *fakeBackend {
+	return &fakeBackend{root: root, tags: map[string]digest.Digest{}, pulled: map[digest.Digest]bool{}, owners: map[string]string{}}
+}
+
+func (f *fakeBackend) push(ref, content string) digest.Digest {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d := digest.FromString(content)
+	f.tags[ref] = d
+	return d
+}
+
+func (f *fakeBackend) Ready() error { return nil }
+
+func (f *fakeBackend) Resolve(ctx context.Context, ref string, creds Credentials) (digest.Digest, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if i := strings.LastIndex(ref, "@"); i >= 0 {
+		return digest.Parse(ref[i+1:])
+	}
+	d, ok := f.tags[ref]
+	if !ok {
+		return "", fmt.Errorf("manifest %s: %w", ref, ErrNotFound)
+	}
+	return d, nil
+}
+
+func (f *fakeBackend) Has(d digest.Digest) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.pulled[d]
+}
+
+func (f *fakeBackend) Pull(ctx context.Context, ref string, d digest.Digest, platform string, creds Credentials, progress func(Progress)) (digest.Digest, error) {
+	f.pulls.Add(1)
+	progress(Progress{DoneBytes: 0, TotalBytes: 100, TotalLayers: 1})
+	if f.gate != nil {
+		select {
+		case <-f.gate:
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.pullErr != nil {
+		return "", f.pullErr
+	}
+	dir := filepath.Join(f.root, "content", d.Encoded())
+	if err := os.MkdirAll(filepath.Join(dir, "sub"), 0o755); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "model.safetensors"), []byte(ref), 0o644); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "sub", "config.json"), []byte("{}"), 0o644); err != nil {
+		return "", err
+	}
+	f.pulled[d] = true
+	progress(Progress{DoneBytes: 100, TotalBytes: 100, DoneLayers: 1, TotalLayers: 1})
+	return d, nil
+}
+
+func (f *fakeBackend) Acquire(owner string, d digest.Digest, sel Selector) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.pulled[d] {
+		return "", fmt.Errorf("%s: %w", d, ErrNotFound)
+	}
+	view := filepath.Join(f.root, "content", d.Encoded())
+	f.owners[owner] = view
+	return view, nil
+}
+
+func (f *fakeBackend) Release(owner string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.owners, owner)
+	return nil
+}
+
+func (f *fakeBackend) Stats() Stats {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return Stats{Views: len(f.owners)}
+}
+
+var errFake = errors.New("fake failure")

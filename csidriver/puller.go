@@ -1,0 +1,200 @@
+package csidriver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	digest "github.com/opencontainers/go-digest"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// pullJob is one pull running under the driver's lifetime. Every publish that needs the same content waits on
+// the same job, so a kubelet retry after ABORTED joins the pull instead of starting over.
+type pullJob struct {
+	key      string
+	ref      string
+	digest   digest.Digest
+	platform string
+	started  time.Time
+	done     chan struct{}
+	progress atomic.Pointer[Progress]
+	// manifest and err are set before done is closed.
+	manifest digest.Digest
+	err      error
+}
+
+func (j *pullJob) describe() string {
+	p := j.progress.Load()
+	elapsed := time.Since(j.started).Round(time.Second)
+	if p == nil || p.TotalBytes == 0 {
+		return fmt.Sprintf("pull of %s (%s) in progress for %s", j.ref, j.digest, elapsed)
+	}
+	return fmt.Sprintf("pull of %s (%s) in progress for %s: %s of %s (%.0f%%), %d/%d layers",
+		j.ref, j.digest, elapsed, humanBytes(p.DoneBytes), humanBytes(p.TotalBytes),
+		100*float64(p.DoneBytes)/float64(p.TotalBytes), p.DoneLayers, p.TotalLayers)
+}
+
+// puller runs and joins pulls.
+type puller struct {
+	ctx     context.Context
+	backend Backend
+	log     *slog.Logger
+	m       *metrics
+	// started and finished persist the pull so a restarted driver resumes it and records the image it produced.
+	started  func(j *pullJob)
+	finished func(j *pullJob)
+
+	mu   sync.Mutex
+	jobs map[string]*pullJob
+	wg   sync.WaitGroup
+}
+
+func pullKey(dgst digest.Digest, platform string) string { return dgst.String() + "|" + platform }
+
+// start returns the running pull of dgst for platform, starting one if there is none; joined tells which.
+func (p *puller) start(ref string, dgst digest.Digest, platform string, creds Credentials) (job *pullJob, joined bool) {
+	key := pullKey(dgst, platform)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if j, ok := p.jobs[key]; ok {
+		return j, true
+	}
+	j := &pullJob{key: key, ref: ref, digest: dgst, platform: platform, started: time.Now(), done: make(chan struct{})}
+	p.jobs[key] = j
+	p.wg.Add(1)
+	p.m.pullsInFlight.Inc()
+	if p.started != nil {
+		p.started(j)
+	}
+	go p.run(j, creds)
+	return j, false
+}
+
+func (p *puller) run(j *pullJob, creds Credentials) {
+	defer p.wg.Done()
+	log := p.log.With("reference", j.ref, "digest", j.digest.String(), "platform", j.platform)
+	log.Info("pull started")
+	var (
+		mu       sync.Mutex
+		lastDone int64
+	)
+	manifest, err := p.backend.Pull(p.ctx, j.ref, j.digest, j.platform, creds, func(pr Progress) {
+		mu.Lock()
+		defer mu.Unlock()
+		if d := pr.DoneBytes - lastDone; d > 0 {
+			p.m.pullBytes.Add(float64(d))
+			lastDone = pr.DoneBytes
+		}
+		j.progress.Store(&pr)
+	})
+	j.manifest, j.err = manifest, err
+	elapsed := time.Since(j.started)
+	p.m.pullDuration.Observe(elapsed.Seconds())
+	p.m.pullsInFlight.Dec()
+	if err != nil {
+		code := codeOf(err)
+		p.m.pulls.WithLabelValues(code.String()).Inc()
+		p.m.pullErrors.WithLabelValues(code.String()).Inc()
+		log.Warn("pull failed", "code", code.String(), "error", err.Error(), "duration", elapsed)
+	} else {
+		p.m.pulls.WithLabelValues("ok").Inc()
+		log.Info("pull finished", "manifest", manifest.String(), "duration", elapsed)
+	}
+	// A driver shutting down leaves the pull recorded so the next one resumes it.
+	if p.finished != nil && !(err != nil && p.ctx.Err() != nil) {
+		p.finished(j)
+	}
+	p.mu.Lock()
+	delete(p.jobs, j.key)
+	p.mu.Unlock()
+	close(j.done)
+}
+
+// wait waits for the job until ctx's deadline draws near, then gives up with ABORTED and the progress; the pull
+// goes on. A call without a deadline waits for the pull to end.
+func (p *puller) wait(ctx context.Context, j *pullJob) (digest.Digest, error) {
+	var timeout <-chan time.Time
+	if dl, ok := ctx.Deadline(); ok {
+		t := time.NewTimer(waitBudget(time.Until(dl)))
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case <-j.done:
+		return j.manifest, j.err
+	case <-timeout:
+	case <-ctx.Done():
+	}
+	return "", status.Error(codes.Aborted, j.describe()+"; the pull continues in the background and a retry will join it")
+}
+
+// waitBudget keeps a margin before the caller's deadline so the ABORTED answer reaches it in time: a quarter of
+// the time left, at most 5 s.
+func waitBudget(left time.Duration) time.Duration {
+	margin := left / 4
+	if margin > 5*time.Second {
+		margin = 5 * time.Second
+	}
+	if left-margin < 0 {
+		return 0
+	}
+	return left - margin
+}
+
+// inFlight is the number of running pulls.
+func (p *puller) inFlight() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.jobs)
+}
+
+// codeOf maps a backend error to the CSI code the spec asks for.
+func codeOf(err error) codes.Code {
+	if s, ok := status.FromError(err); ok {
+		return s.Code()
+	}
+	switch {
+	case errors.Is(err, ErrUnauthorized):
+		return codes.Unauthenticated
+	case errors.Is(err, ErrForbidden), errors.Is(err, ErrDenied):
+		return codes.PermissionDenied
+	case errors.Is(err, ErrNotFound):
+		return codes.NotFound
+	case errors.Is(err, ErrUnavailable):
+		return codes.Unavailable
+	case errors.Is(err, ErrNoSpace):
+		return codes.ResourceExhausted
+	case errors.Is(err, ErrInvalidReference):
+		return codes.InvalidArgument
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return codes.Aborted
+	}
+	return codes.Internal
+}
+
+// toStatus turns a backend error into a gRPC status error with a code the orchestrator can act on.
+func toStatus(err error, format string, args ...any) error {
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	return status.Errorf(codeOf(err), "%s: %v", fmt.Sprintf(format, args...), err)
+}
+
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

@@ -1,0 +1,108 @@
+package csidriver
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	digest "github.com/opencontainers/go-digest"
+
+	"github.com/modelpack/modelpack/csidriver/state"
+)
+
+// recover reconciles the persisted state with the node after a restart (a SIGKILL included): it finishes or undoes
+// what was half done, collects volumes whose pods vanished while the driver was down, repairs published targets
+// whose mount broke, and resumes the pulls that were running.
+func (d *Driver) recover(ctx context.Context) {
+	st := d.state.Snapshot()
+	for _, vol := range st.Volumes {
+		if !d.lockTarget(vol.TargetPath) {
+			continue
+		}
+		d.reconcile(vol, true)
+		d.unlockTarget(vol.TargetPath)
+	}
+	for _, p := range st.Pulls {
+		dgst, err := digest.Parse(p.Digest)
+		if err != nil {
+			d.log.Error("dropping unreadable pull record", "digest", p.Digest, "error", err.Error())
+			continue
+		}
+		// Secrets are never persisted: the resumed pull uses the node's credentials, and a kubelet retry that
+		// carries the pod's secret joins or restarts it.
+		d.log.Info("resuming pull interrupted by a restart", "reference", p.Reference, "digest", p.Digest)
+		d.pulls.start(p.Reference, dgst, p.Platform, Credentials{})
+	}
+	d.m.volumes.Set(float64(len(d.state.Snapshot().Volumes)))
+}
+
+// reconcile brings one recorded volume in line with the node. Repairs happen at start-up only; the periodic pass
+// only collects.
+func (d *Driver) reconcile(vol state.Volume, repair bool) {
+	log := d.log.With("volume", vol.VolumeID, "target", vol.TargetPath, "pod", vol.Pod.Name, "namespace", vol.Pod.Namespace, "podUID", vol.Pod.UID)
+	collect := func(reason string) {
+		if err := d.undo(vol); err != nil {
+			log.Error("collect volume", "reason", reason, "error", err.Error())
+			return
+		}
+		d.m.collected.WithLabelValues(reason).Inc()
+		log.Info("volume collected", "reason", reason)
+	}
+	switch {
+	case podGone(vol.TargetPath):
+		collect("pod_gone")
+	case vol.Phase != state.PhasePublished:
+		if repair {
+			collect("half_published")
+		}
+	case !exists(vol.TargetPath):
+		// Only the driver removes a target it published, so a missing one is an unpublish cut short.
+		if repair {
+			collect("unpublish_interrupted")
+		}
+	case repair:
+		if err := d.ensureMounted(vol); err != nil {
+			// Kubelet's unpublish still cleans it; health reports it meanwhile.
+			log.Error("cannot repair published volume", "error", err.Error())
+		}
+	}
+}
+
+// podGone reports whether the pod a target belongs to no longer exists. Kubelet creates the directory holding the
+// target (…/pods/<uid>/volumes/kubernetes.io~csi/<volume>/) before publishing and removes it with the pod, so its
+// absence means nobody will ever unpublish the target.
+func podGone(target string) bool {
+	_, err := os.Stat(filepath.Dir(target))
+	return errors.Is(err, fs.ErrNotExist)
+}
+
+func exists(p string) bool {
+	_, err := os.Lstat(p)
+	return !errors.Is(err, fs.ErrNotExist)
+}
+
+// gcLoop collects volumes whose pods vanished while the driver ran but kubelet never unpublished them.
+func (d *Driver) gcLoop(ctx context.Context) {
+	t := time.NewTicker(d.opts.GCInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, vol := range d.state.Snapshot().Volumes {
+			if vol.Phase != state.PhasePublished || !podGone(vol.TargetPath) || !d.lockTarget(vol.TargetPath) {
+				continue
+			}
+			// Re-read under the lock: an unpublish may have finished in between.
+			if cur, ok := d.state.Snapshot().Volumes[vol.TargetPath]; ok {
+				d.reconcile(cur, false)
+			}
+			d.unlockTarget(vol.TargetPath)
+		}
+	}
+}

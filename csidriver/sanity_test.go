@@ -1,0 +1,146 @@
+package csidriver
+
+import (
+	"context"
+	"encoding/xml"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelpack/modelpack/internal/testenv"
+)
+
+// startDriver runs a driver on a unix socket in dir until the test ends.
+func startDriver(t *testing.T, dir string, b Backend) (*Driver, string) {
+	t.Helper()
+	sock := filepath.Join(dir, "csi.sock")
+	d, err := New(Options{
+		NodeID:   "test-node",
+		Endpoint: "unix://" + sock,
+		StateDir: filepath.Join(dir, "state"),
+		Backend:  b,
+		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("driver: %v", err)
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("driver socket did not appear")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return d, sock
+}
+
+// cleanupMounts unmounts anything a failed test left below dir.
+func cleanupMounts(t *testing.T, dir string) {
+	t.Cleanup(func() {
+		b, err := os.ReadFile("/proc/self/mountinfo")
+		if err != nil {
+			return
+		}
+		var leaked []string
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) > 4 && strings.HasPrefix(f[4], dir) {
+				leaked = append(leaked, f[4])
+			}
+		}
+		for i := len(leaked) - 1; i >= 0; i-- {
+			exec.Command("umount", "-l", leaked[i]).Run()
+		}
+		if len(leaked) > 0 {
+			t.Errorf("mounts left behind: %v", leaked)
+		}
+	})
+}
+
+// TestSanity runs the real csi-sanity against the driver, with real bind mounts.
+func TestSanity(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := testenv.Tool(t, "csi-sanity")
+	dir := t.TempDir()
+	cleanupMounts(t, dir)
+	b := newFakeBackend(filepath.Join(dir, "cache"))
+	b.push("registry.example.com/models/tiny:v1", "tiny model")
+	_, sock := startDriver(t, dir, b)
+
+	params := filepath.Join(dir, "params.yaml")
+	if err := os.WriteFile(params, []byte("reference: registry.example.com/models/tiny:v1\nfilter: weights,config\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	report := filepath.Join(dir, "junit.xml")
+	cmd := exec.Command(bin,
+		"--csi.endpoint", "unix://"+sock,
+		"--csi.mountdir", filepath.Join(dir, "mnt"),
+		"--csi.stagingdir", filepath.Join(dir, "stage"),
+		"--csi.testvolumeparameters", params,
+		"--ginkgo.junit-report", report,
+		"--ginkgo.timeout", "10m",
+	)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("csi-sanity failed: %v\n%s", err, out)
+	}
+	var suites struct {
+		Suites []struct {
+			Tests    int `xml:"tests,attr"`
+			Failures int `xml:"failures,attr"`
+			Skipped  int `xml:"skipped,attr"`
+			Cases    []struct {
+				Name    string `xml:"name,attr"`
+				Skipped *struct {
+					Message string `xml:"message,attr"`
+				} `xml:"skipped"`
+			} `xml:"testcase"`
+		} `xml:"testsuite"`
+	}
+	rb, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := xml.Unmarshal(rb, &suites); err != nil {
+		t.Fatal(err)
+	}
+	ran := 0
+	for _, s := range suites.Suites {
+		if s.Failures != 0 {
+			t.Errorf("csi-sanity reports %d failures\n%s", s.Failures, out)
+		}
+		for _, c := range s.Cases {
+			if c.Skipped != nil {
+				t.Logf("skipped: %s (%s)", c.Name, c.Skipped.Message)
+				if !strings.Contains(c.Skipped.Message, "not supported") && !strings.Contains(c.Skipped.Message, "not provided") &&
+					!strings.Contains(c.Skipped.Message, "does not have") && !strings.Contains(c.Skipped.Message, "not enabled") &&
+					!strings.Contains(c.Skipped.Message, "No MaxVolumesPerNode") && !strings.Contains(c.Skipped.Message, "does not report") && c.Skipped.Message != "pending" {
+					t.Errorf("spec skipped for a reason other than an unadvertised capability: %s: %s", c.Name, c.Skipped.Message)
+				}
+				continue
+			}
+			ran++
+		}
+	}
+	t.Logf("csi-sanity: %d specs passed", ran)
+	if ran < 39 {
+		t.Errorf("only %d specs ran", ran)
+	}
+}

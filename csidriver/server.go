@@ -1,0 +1,275 @@
+// Package csidriver is a CSI node plugin that mounts models (OCI artifacts) read-only into pods with the
+// semantics of Kubernetes' native image volumes. It translates CSI calls into calls on a Backend — the node cache
+// and the registry transport — and keeps what it published in a persisted state, so it survives being killed.
+//
+// The layout follows kubernetes-csi/csi-driver-host-path: identityserver.go, nodeserver.go, controllerserver.go
+// and this file, which serves them over a unix socket; csidriver/state holds the persisted state.
+package csidriver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	mount "k8s.io/mount-utils"
+
+	"github.com/modelpack/modelpack/csidriver/state"
+)
+
+// Defaults the deployment manifests rely on.
+const (
+	DefaultDriverName  = "modelpack.csi.dev"
+	DefaultEndpoint    = "unix:///csi/csi.sock"
+	DefaultMetricsAddr = ":9808"
+)
+
+// Options configure a Driver.
+type Options struct {
+	// DriverName is the CSI driver name (DefaultDriverName).
+	DriverName string
+	// Version is reported by GetPluginInfo.
+	Version string
+	// NodeID is reported by NodeGetInfo; the Kubernetes node name.
+	NodeID string
+	// Endpoint is where the CSI services listen: unix:///path/to/csi.sock (or a plain path).
+	Endpoint string
+	// StateDir holds the persisted state (state.json).
+	StateDir string
+	// Backend is the node cache and registry transport.
+	Backend Backend
+	// MetricsAddr, if set, serves /metrics, /healthz and HTTPHandlers over HTTP.
+	MetricsAddr string
+	// Logger receives structured logs; slog.Default() if nil.
+	Logger *slog.Logger
+	// Mounter does the mounts; a mount-utils mounter without systemd if nil.
+	Mounter mount.Interface
+	// GCInterval is how often volumes whose pods vanished are looked for after start-up (5 minutes if zero).
+	GCInterval time.Duration
+	// GRPCServices register extra services on the driver's gRPC server (the seam for other node features).
+	GRPCServices []func(*grpc.Server)
+	// HTTPHandlers are extra handlers on the metrics server, by pattern.
+	HTTPHandlers map[string]http.Handler
+}
+
+// Driver is a running CSI plugin.
+type Driver struct {
+	opts    Options
+	log     *slog.Logger
+	backend Backend
+	mounter mount.Interface
+	state   *state.Store
+	m       *metrics
+	pulls   *puller
+
+	// targets serialises operations on one target path; a second concurrent call on a busy target gets ABORTED.
+	targetsMu sync.Mutex
+	targets   map[string]bool
+
+	ids *identityServer
+	ns  *nodeServer
+	cs  *controllerServer
+}
+
+// New opens the driver's state and builds its services; Run serves them.
+func New(opts Options) (*Driver, error) {
+	if opts.DriverName == "" {
+		opts.DriverName = DefaultDriverName
+	}
+	if opts.NodeID == "" {
+		return nil, errors.New("csidriver: a node id is required")
+	}
+	if opts.Backend == nil {
+		return nil, errors.New("csidriver: a backend is required")
+	}
+	if opts.StateDir == "" {
+		return nil, errors.New("csidriver: a state directory is required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Mounter == nil {
+		opts.Mounter = mount.NewWithoutSystemd("")
+	}
+	if opts.GCInterval == 0 {
+		opts.GCInterval = 5 * time.Minute
+	}
+	log := opts.Logger.With("driver", opts.DriverName, "node", opts.NodeID)
+	st, err := state.Open(filepath.Join(opts.StateDir, "state.json"))
+	var corrupt *state.CorruptError
+	if errors.As(err, &corrupt) {
+		log.Error("persisted state was unreadable and was set aside; unknown mounts are cleaned when unpublished", "error", err.Error())
+	} else if err != nil {
+		return nil, fmt.Errorf("csidriver: open state: %w", err)
+	}
+	d := &Driver{
+		opts:    opts,
+		log:     log,
+		backend: opts.Backend,
+		mounter: opts.Mounter,
+		state:   st,
+		targets: map[string]bool{},
+	}
+	d.m = newMetrics(opts.Backend, func() int { return len(st.Snapshot().Volumes) })
+	d.ids = &identityServer{d: d}
+	d.ns = &nodeServer{d: d}
+	d.cs = &controllerServer{d: d}
+	return d, nil
+}
+
+// Run recovers the state left by an earlier run, serves the CSI services until ctx ends, then stops. Pulls run
+// under ctx: they stop with it and resume, from their partial downloads, when the driver next starts.
+func (d *Driver) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	d.pulls = &puller{
+		ctx: ctx, backend: d.backend, log: d.log, m: d.m, jobs: map[string]*pullJob{},
+		started: d.recordPullStarted, finished: d.recordPullFinished,
+	}
+	d.recover(ctx)
+
+	lis, err := listen(d.opts.Endpoint)
+	if err != nil {
+		return err
+	}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(d.intercept))
+	csi.RegisterIdentityServer(srv, d.ids)
+	csi.RegisterNodeServer(srv, d.ns)
+	csi.RegisterControllerServer(srv, d.cs)
+	for _, reg := range d.opts.GRPCServices {
+		reg(srv)
+	}
+
+	errc := make(chan error, 2)
+	go func() { errc <- srv.Serve(lis) }()
+	var hsrv *http.Server
+	if d.opts.MetricsAddr != "" {
+		hl, err := net.Listen("tcp", d.opts.MetricsAddr)
+		if err != nil {
+			srv.Stop()
+			return fmt.Errorf("csidriver: metrics listener: %w", err)
+		}
+		hsrv = &http.Server{Handler: d.httpHandler(), ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			if err := hsrv.Serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("csidriver: metrics server: %w", err)
+			}
+		}()
+	}
+	go d.gcLoop(ctx)
+	d.log.Info("csi driver serving", "endpoint", d.opts.Endpoint, "metrics", d.opts.MetricsAddr, "state", d.state.Path())
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errc:
+	}
+	cancel()
+	stopped := make(chan struct{})
+	go func() { srv.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		srv.Stop()
+	}
+	if hsrv != nil {
+		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+		hsrv.Shutdown(sctx)
+		scancel()
+	}
+	d.pulls.wg.Wait()
+	d.log.Info("csi driver stopped")
+	return runErr
+}
+
+func (d *Driver) httpHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(d.m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		if err := d.backend.Ready(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	for pattern, h := range d.opts.HTTPHandlers {
+		mux.Handle(pattern, h)
+	}
+	return mux
+}
+
+// intercept logs and counts every call. Requests are never logged whole: they carry secrets.
+func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	start := time.Now()
+	resp, err := handler(ctx, req)
+	method := info.FullMethod[strings.LastIndex(info.FullMethod, "/")+1:]
+	code := status.Code(err)
+	d.m.rpcs.WithLabelValues(method, code.String()).Inc()
+	d.m.rpcDuration.WithLabelValues(method).Observe(time.Since(start).Seconds())
+	if err != nil && code != codes.Aborted {
+		d.log.Debug("csi call failed", "method", method, "code", code.String(), "error", status.Convert(err).Message())
+	}
+	return resp, err
+}
+
+// lockTarget claims a target path for one operation; false means another is running (the caller returns ABORTED).
+func (d *Driver) lockTarget(target string) bool {
+	d.targetsMu.Lock()
+	defer d.targetsMu.Unlock()
+	if d.targets[target] {
+		return false
+	}
+	d.targets[target] = true
+	return true
+}
+
+func (d *Driver) unlockTarget(target string) {
+	d.targetsMu.Lock()
+	defer d.targetsMu.Unlock()
+	delete(d.targets, target)
+}
+
+// Wait blocks until every pull the driver started has ended (for tests and orderly shutdown).
+func (d *Driver) Wait() { d.pulls.wg.Wait() }
+
+func listen(endpoint string) (net.Listener, error) {
+	path := endpoint
+	if strings.Contains(endpoint, "://") {
+		u, err := url.Parse(endpoint)
+		if err != nil {
+			return nil, fmt.Errorf("csidriver: endpoint %q: %w", endpoint, err)
+		}
+		if u.Scheme != "unix" {
+			return nil, fmt.Errorf("csidriver: endpoint %q: only unix sockets are served", endpoint)
+		}
+		path = u.Host + u.Path
+	}
+	if path == "" {
+		return nil, fmt.Errorf("csidriver: endpoint %q has no socket path", endpoint)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	// A socket left by a killed driver would make Listen fail with EADDRINUSE.
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("csidriver: remove stale socket: %w", err)
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("csidriver: listen on %s: %w", path, err)
+	}
+	return l, nil
+}
