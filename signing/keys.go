@@ -1,0 +1,159 @@
+package signing
+
+import (
+	"crypto"
+	"errors"
+	"fmt"
+	"hash"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+
+	"github.com/sigstore/cosign/v2/pkg/cosign"
+	"github.com/sigstore/sigstore/pkg/cryptoutils"
+	"github.com/sigstore/sigstore/pkg/signature"
+)
+
+// Key references: a file path, env://VAR (the PEM itself in an environment variable), or k8s://NAMESPACE/NAME,
+// a Kubernetes Secret in cosign's layout (cosign.pub, cosign.key, cosign.password) read from where it is mounted
+// below the secrets directory, so the node driver needs no API-server access.
+const (
+	envScheme = "env://"
+	k8sScheme = "k8s://"
+)
+
+// Files of a cosign key-pair Secret (cosign generate-key-pair k8s://NS/NAME writes these keys).
+const (
+	secretPublicKey  = "cosign.pub"
+	secretPrivateKey = "cosign.key"
+	secretPassword   = "cosign.password"
+)
+
+// PassFunc returns the password of an encrypted private key; confirm asks twice (when creating a key).
+type PassFunc = cosign.PassFunc
+
+var k8sName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`)
+
+func secretsDirFromEnv() string {
+	if d := os.Getenv("MODELPACK_SECRETS_DIR"); d != "" {
+		return d
+	}
+	return DefaultSecretsDir
+}
+
+// loader reads key and trust-root files for a policy and hashes what it read into the policy version.
+type loader struct {
+	secretsDir string
+	hash       hash.Hash
+}
+
+// read returns the bytes a key reference names; secretFile picks the key of a k8s:// Secret.
+func (l *loader) read(ref, secretFile string) ([]byte, error) {
+	var data []byte
+	var err error
+	switch {
+	case strings.HasPrefix(ref, envScheme):
+		name := strings.TrimPrefix(ref, envScheme)
+		v, ok := os.LookupEnv(name)
+		if name == "" || !ok || v == "" {
+			return nil, fmt.Errorf("%s: environment variable %q is not set", ref, name)
+		}
+		data = []byte(v)
+	case strings.HasPrefix(ref, k8sScheme):
+		var path string
+		if path, err = l.secretPath(ref, secretFile); err != nil {
+			return nil, err
+		}
+		if data, err = os.ReadFile(path); err != nil {
+			return nil, fmt.Errorf("%s: reading the mounted Secret: %w", ref, err)
+		}
+	case strings.Contains(ref, "://"):
+		return nil, fmt.Errorf("%s: unsupported key reference (valid: a file path, env://VAR, k8s://NAMESPACE/NAME)", ref)
+	default:
+		if data, err = os.ReadFile(ref); err != nil {
+			return nil, err
+		}
+	}
+	if l.hash != nil {
+		fmt.Fprintf(l.hash, "\x00%s\x00%d\x00", ref, len(data))
+		l.hash.Write(data)
+	}
+	return data, nil
+}
+
+func (l *loader) secretPath(ref, secretFile string) (string, error) {
+	ns, name, ok := strings.Cut(strings.TrimPrefix(ref, k8sScheme), "/")
+	if !ok || !k8sName.MatchString(ns) || !k8sName.MatchString(name) {
+		return "", fmt.Errorf("%s: want k8s://NAMESPACE/NAME", ref)
+	}
+	dir := l.secretsDir
+	if dir == "" {
+		dir = secretsDirFromEnv()
+	}
+	return filepath.Join(dir, ns, name, secretFile), nil
+}
+
+// publicKey loads a PEM public key as cosign does (SHA-256 for ECDSA and RSA).
+func (l *loader) publicKey(ref string) (signature.Verifier, error) {
+	raw, err := l.read(ref, secretPublicKey)
+	if err != nil {
+		return nil, err
+	}
+	pub, err := cryptoutils.UnmarshalPEMToPublicKey(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%s: not a PEM public key: %w", ref, err)
+	}
+	return signature.LoadVerifier(pub, crypto.SHA256)
+}
+
+// loadSigner loads a cosign-encrypted private key. A k8s:// Secret supplies its own password when it has one.
+func loadSigner(ref, secretsDir string, pass PassFunc) (signature.SignerVerifier, error) {
+	l := &loader{secretsDir: secretsDir}
+	raw, err := l.read(ref, secretPrivateKey)
+	if err != nil {
+		return nil, err
+	}
+	var pw []byte
+	if strings.HasPrefix(ref, k8sScheme) {
+		p, _ := l.secretPath(ref, secretPassword)
+		if pw, err = os.ReadFile(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("%s: %w", ref, err)
+		}
+	}
+	if pw == nil && pass != nil {
+		if pw, err = pass(false); err != nil {
+			return nil, fmt.Errorf("reading the key password: %w", err)
+		}
+	}
+	sv, err := cosign.LoadPrivateKey(raw, pw, nil)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", ref, err)
+	}
+	return sv, nil
+}
+
+// GenerateKeyPair writes a cosign key pair, PREFIX.key (encrypted with the password pass returns, mode 0600) and
+// PREFIX.pub, the files `cosign generate-key-pair` writes. It refuses to overwrite existing files unless force.
+func GenerateKeyPair(prefix string, pass PassFunc, force bool) (keyPath, pubPath string, err error) {
+	keyPath, pubPath = prefix+".key", prefix+".pub"
+	if !force {
+		for _, p := range []string{keyPath, pubPath} {
+			if _, err := os.Stat(p); err == nil {
+				return "", "", fmt.Errorf("%s exists: refusing to overwrite a key (use --force)", p)
+			}
+		}
+	}
+	kb, err := cosign.GenerateKeyPair(pass)
+	if err != nil {
+		return "", "", err
+	}
+	if err := os.WriteFile(keyPath, kb.PrivateBytes, 0o600); err != nil {
+		return "", "", err
+	}
+	if err := os.WriteFile(pubPath, kb.PublicBytes, 0o644); err != nil {
+		return "", "", err
+	}
+	return keyPath, pubPath, nil
+}

@@ -1,0 +1,327 @@
+// Package signing signs model artifacts the way cosign does and decides, from a node trust policy, whether a
+// model digest may be mounted. Signatures are cosign's: a `sha256-<hex>.sig` tag carrying simple-signing payloads,
+// and Sigstore bundles attached through the OCI 1.1 referrers API (the cosign v3 default), so the real cosign CLI
+// can produce and check everything this package does.
+package signing
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Mode says what a rule does with its verdict.
+type Mode string
+
+const (
+	// Enforce refuses what fails verification.
+	Enforce Mode = "enforce"
+	// Warn verifies, logs failures and allows anyway (to roll a policy out before enforcing it).
+	Warn Mode = "warn"
+	// Off skips verification.
+	Off Mode = "off"
+)
+
+// Check says whether an optional Sigstore check is demanded or explicitly given up.
+type Check string
+
+const (
+	// Require fails verification when the check cannot be made.
+	Require Check = "require"
+	// Waive skips the check; a policy has to say so, because offline keys have no transparency-log entry.
+	Waive Check = "waive"
+)
+
+// PolicyFile is the YAML document of a node trust policy.
+//
+//	secretsDir: /etc/modelpack/secrets   # k8s://NS/NAME key refs read NS/NAME/cosign.pub below it
+//	default: {mode: enforce, none: true}
+//	rules:
+//	- name: team-models
+//	  match: ["registry.example.com/models/**"]
+//	  mode: enforce
+//	  keys: [/etc/modelpack/keys/team.pub, k8s://ml/cosign]
+//	  transparencyLog: waive
+//	- name: releases
+//	  match: ["ghcr.io/acme/*"]
+//	  keyless:
+//	  - {issuer: https://token.actions.githubusercontent.com, subjectRegExp: "^https://github.com/acme/"}
+//	  trustRoot: {trustedRoot: /etc/modelpack/trusted_root.json}
+//
+// The first rule whose pattern matches the repository applies; Default applies when none does.
+type PolicyFile struct {
+	SecretsDir string `yaml:"secretsDir" json:"secretsDir,omitempty"`
+	Default    Rule   `yaml:"default" json:"default"`
+	Rules      []Rule `yaml:"rules" json:"rules,omitempty"`
+}
+
+// Rule maps repository patterns to a requirement: any one of Keys or Keyless identities, or None.
+type Rule struct {
+	Name string `yaml:"name" json:"name,omitempty"`
+	// Match holds registry/repository globs: * stays within a path segment, ** crosses segments, and a trailing
+	// /** also matches the prefix itself. docker.io is written docker.io, not index.docker.io.
+	Match   []string   `yaml:"match" json:"match,omitempty"`
+	Mode    Mode       `yaml:"mode" json:"mode,omitempty"`
+	None    bool       `yaml:"none" json:"none,omitempty"`
+	Keys    []string   `yaml:"keys" json:"keys,omitempty"`
+	Keyless []Identity `yaml:"keyless" json:"keyless,omitempty"`
+	// TrustRoot anchors keyless certificates and transparency-log checks.
+	TrustRoot TrustRoot `yaml:"trustRoot" json:"trustRoot,omitempty"`
+	// TransparencyLog defaults to require: a signature needs a Rekor entry verifiable with the trust root.
+	TransparencyLog Check `yaml:"transparencyLog" json:"transparencyLog,omitempty"`
+	// CertificateTransparency defaults to require for keyless identities: the certificate needs an SCT.
+	CertificateTransparency Check `yaml:"certificateTransparency" json:"certificateTransparency,omitempty"`
+}
+
+// Identity is a keyless signer: the OIDC issuer recorded in the certificate and its subject (SAN email or URI).
+// Exactly one of Issuer/IssuerRegExp and one of Subject/SubjectRegExp is set.
+type Identity struct {
+	Issuer        string `yaml:"issuer" json:"issuer,omitempty"`
+	IssuerRegExp  string `yaml:"issuerRegExp" json:"issuerRegExp,omitempty"`
+	Subject       string `yaml:"subject" json:"subject,omitempty"`
+	SubjectRegExp string `yaml:"subjectRegExp" json:"subjectRegExp,omitempty"`
+}
+
+// TrustRoot names trust-root files: a Sigstore trusted_root.json, or PEM files.
+type TrustRoot struct {
+	// TrustedRoot is a Sigstore trusted_root.json (Fulcio CAs, Rekor and CT logs).
+	TrustedRoot string `yaml:"trustedRoot" json:"trustedRoot,omitempty"`
+	// CertificateChain is a PEM file of Fulcio root certificates and optionally intermediates.
+	CertificateChain string `yaml:"certificateChain" json:"certificateChain,omitempty"`
+	// CTLogKeys are PEM public keys of certificate-transparency logs.
+	CTLogKeys []string `yaml:"ctLogKeys" json:"ctLogKeys,omitempty"`
+	// RekorKeys are PEM public keys of Rekor transparency logs.
+	RekorKeys []string `yaml:"rekorKeys" json:"rekorKeys,omitempty"`
+}
+
+// Policy is a validated trust policy with its keys and trust roots loaded.
+type Policy struct {
+	source  string
+	version string
+	def     *rule
+	rules   []*rule
+}
+
+// Version identifies the policy content, including the key and trust-root files it loaded, so a rotated key
+// makes a new version.
+func (p *Policy) Version() string { return p.version }
+
+// Source is where the policy came from.
+func (p *Policy) Source() string { return p.source }
+
+// DefaultSecretsDir holds mounted Kubernetes Secrets for k8s://NAMESPACE/NAME key references, one directory per
+// Secret at NAMESPACE/NAME with cosign's keys (cosign.pub, cosign.key, cosign.password). MODELPACK_SECRETS_DIR
+// overrides it for the CLI.
+const DefaultSecretsDir = "/etc/modelpack/secrets"
+
+// LoadPolicy reads and validates a policy file. Errors name the line or the field and the valid values.
+func LoadPolicy(path string) (*Policy, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	var f PolicyFile
+	if err := dec.Decode(&f); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("policy %s: empty document: a policy needs at least a default rule", path)
+		}
+		return nil, fmt.Errorf("policy %s: %s", path, strings.ReplaceAll(err.Error(), "yaml: unmarshal errors:\n  ", ""))
+	}
+	return newPolicy(f, path, data)
+}
+
+// NewPolicy validates an in-memory policy (the CLI builds one from flags).
+func NewPolicy(f PolicyFile) (*Policy, error) { return newPolicy(f, "flags", nil) }
+
+func newPolicy(f PolicyFile, source string, raw []byte) (*Policy, error) {
+	h := sha256.New()
+	h.Write(raw)
+	l := &loader{secretsDir: f.SecretsDir, hash: h}
+	if l.secretsDir == "" {
+		l.secretsDir = secretsDirFromEnv()
+	}
+	p := &Policy{source: source}
+	if len(f.Default.Match) > 0 {
+		return nil, policyErr(source, "default.match", "not allowed: the default rule applies to every reference no other rule matches")
+	}
+	if f.Default.Name == "" {
+		f.Default.Name = "default"
+	}
+	var err error
+	if p.def, err = l.compileRule(f.Default, "default"); err != nil {
+		return nil, policyErr(source, "", err.Error())
+	}
+	names := map[string]string{}
+	for i, r := range f.Rules {
+		path := fmt.Sprintf("rules[%d]", i)
+		if r.Name == "" {
+			r.Name = path
+		}
+		if prev, dup := names[r.Name]; dup {
+			return nil, policyErr(source, path+".name", fmt.Sprintf("%q is already the name of %s: names must be unique so denials say which rule applied", r.Name, prev))
+		}
+		names[r.Name] = path
+		if len(r.Match) == 0 {
+			return nil, policyErr(source, path+".match", "required: at least one registry/repository pattern")
+		}
+		cr, err := l.compileRule(r, path)
+		if err != nil {
+			return nil, policyErr(source, "", err.Error())
+		}
+		p.rules = append(p.rules, cr)
+	}
+	p.version = hex.EncodeToString(h.Sum(nil))[:16]
+	return p, nil
+}
+
+func policyErr(source, field, msg string) error {
+	if field == "" {
+		return fmt.Errorf("policy %s: %s", source, msg)
+	}
+	return fmt.Errorf("policy %s: %s: %s", source, field, msg)
+}
+
+// ruleFor returns the rule governing a repository ("registry/path").
+func (p *Policy) ruleFor(repo string) *rule {
+	for _, r := range p.rules {
+		for _, m := range r.match {
+			if m.MatchString(repo) {
+				return r
+			}
+		}
+	}
+	return p.def
+}
+
+// rule is a compiled Rule.
+type rule struct {
+	name        string
+	match       []*regexp.Regexp
+	mode        Mode
+	none        bool
+	authorities []*authority
+}
+
+func (l *loader) compileRule(r Rule, path string) (*rule, error) {
+	cr := &rule{name: r.Name, mode: r.Mode, none: r.None}
+	if r.Name != path {
+		path = fmt.Sprintf("%s (%q)", path, r.Name)
+	}
+	switch cr.mode {
+	case "":
+		cr.mode = Enforce
+	case Enforce, Warn, Off:
+	default:
+		return nil, fmt.Errorf("%s.mode: %q is not valid (valid: enforce, warn, off)", path, r.Mode)
+	}
+	for i, m := range r.Match {
+		re, err := compileGlob(m)
+		if err != nil {
+			return nil, fmt.Errorf("%s.match[%d]: %v", path, i, err)
+		}
+		cr.match = append(cr.match, re)
+	}
+	tlog, err := checkValue(r.TransparencyLog, path+".transparencyLog")
+	if err != nil {
+		return nil, err
+	}
+	sct, err := checkValue(r.CertificateTransparency, path+".certificateTransparency")
+	if err != nil {
+		return nil, err
+	}
+	hasReq := len(r.Keys) > 0 || len(r.Keyless) > 0
+	switch {
+	case r.None && hasReq:
+		return nil, fmt.Errorf("%s: none: true cannot be combined with keys or keyless", path)
+	case r.None || cr.mode == Off && !hasReq:
+		if r.TrustRoot.TrustedRoot != "" || r.TrustRoot.CertificateChain != "" || len(r.TrustRoot.CTLogKeys)+len(r.TrustRoot.RekorKeys) > 0 || r.TransparencyLog != "" || r.CertificateTransparency != "" {
+			return nil, fmt.Errorf("%s: trustRoot, transparencyLog and certificateTransparency only apply to keys or keyless", path)
+		}
+		return cr, nil
+	case !hasReq:
+		return nil, fmt.Errorf("%s: no requirement: set keys, keyless, or none: true (or mode: off)", path)
+	}
+	tr, err := l.trustRoot(r.TrustRoot, path+".trustRoot")
+	if err != nil {
+		return nil, err
+	}
+	if tlog == Require && !tr.hasRekor() {
+		return nil, fmt.Errorf("%s.transparencyLog: require needs Rekor keys to check entries offline: set trustRoot.rekorKeys or a trustRoot.trustedRoot with Rekor logs, or waive it with transparencyLog: waive", path)
+	}
+	for i, k := range r.Keys {
+		a, err := l.keyAuthority(k, tr, tlog)
+		if err != nil {
+			return nil, fmt.Errorf("%s.keys[%d]: %v", path, i, err)
+		}
+		cr.authorities = append(cr.authorities, a)
+	}
+	if len(r.Keyless) > 0 {
+		if !tr.hasCA() {
+			return nil, fmt.Errorf("%s.trustRoot: keyless identities need trustRoot.certificateChain (Fulcio root PEM) or trustRoot.trustedRoot", path)
+		}
+		if sct == Require && !tr.hasCTLog() {
+			return nil, fmt.Errorf("%s.certificateTransparency: require needs CT log keys: set trustRoot.ctLogKeys or a trustRoot.trustedRoot with CT logs, or waive it with certificateTransparency: waive", path)
+		}
+	}
+	for i, id := range r.Keyless {
+		a, err := keylessAuthority(id, tr, tlog, sct)
+		if err != nil {
+			return nil, fmt.Errorf("%s.keyless[%d]: %v", path, i, err)
+		}
+		cr.authorities = append(cr.authorities, a)
+	}
+	return cr, nil
+}
+
+func checkValue(c Check, path string) (Check, error) {
+	switch c {
+	case "":
+		return Require, nil
+	case Require, Waive:
+		return c, nil
+	}
+	return "", fmt.Errorf("%s: %q is not valid (valid: require, waive)", path, c)
+}
+
+// compileGlob turns a registry/repository glob into an anchored regexp.
+func compileGlob(g string) (*regexp.Regexp, error) {
+	if g == "" {
+		return nil, errors.New("empty pattern")
+	}
+	if strings.ContainsAny(g, " \t@") {
+		return nil, fmt.Errorf("%q: a pattern names registry/repository only, without spaces, tags or digests", g)
+	}
+	if strings.HasPrefix(g, "index.docker.io/") {
+		g = "docker.io/" + strings.TrimPrefix(g, "index.docker.io/")
+	}
+	var b strings.Builder
+	b.WriteString("^")
+	for i := 0; i < len(g); i++ {
+		switch c := g[i]; {
+		case strings.HasPrefix(g[i:], "/**") && i+3 == len(g):
+			b.WriteString("(/.*)?")
+			i += 2
+		case strings.HasPrefix(g[i:], "**"):
+			b.WriteString(".*")
+			i++
+		case c == '*':
+			b.WriteString("[^/]*")
+		case c == '?':
+			b.WriteString("[^/]")
+		default:
+			b.WriteString(regexp.QuoteMeta(string(c)))
+		}
+	}
+	b.WriteString("$")
+	return regexp.Compile(b.String())
+}

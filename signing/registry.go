@@ -1,0 +1,122 @@
+package signing
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net/http"
+	"os"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	ociremote "github.com/sigstore/cosign/v2/pkg/oci/remote"
+	"oras.land/oras-go/v2/registry/remote/auth"
+)
+
+// RegistryOptions say how to reach registries. They mirror the transport's flags so one set of options serves
+// pull, sign and verify.
+type RegistryOptions struct {
+	PlainHTTP bool   // speak http:// (loopback registries are spoken to in http either way)
+	Insecure  bool   // skip TLS certificate verification
+	CAFile    string // PEM bundle of extra CAs for registry TLS
+	// Credentials resolves a registry host:port to credentials, as oras-go's auth.Client does; nil is anonymous.
+	Credentials auth.CredentialFunc
+	// Transport, if set, is the base transport and the TLS fields above are ignored.
+	Transport http.RoundTripper
+}
+
+type credentialsKey struct{}
+
+// WithCredentials returns a context whose Verify and SignDigest calls use these credentials instead of the
+// RegistryOptions' ones: the driver passes each volume's pull secret this way.
+func WithCredentials(ctx context.Context, c auth.CredentialFunc) context.Context {
+	return context.WithValue(ctx, credentialsKey{}, c)
+}
+
+// client is what cosign's remote package needs for one call.
+type client struct {
+	name []name.Option
+	oci  []ociremote.Option
+}
+
+func (o RegistryOptions) transport() (http.RoundTripper, error) {
+	if o.Transport != nil {
+		return o.Transport, nil
+	}
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	if o.Insecure || o.CAFile != "" {
+		cfg := &tls.Config{InsecureSkipVerify: o.Insecure} //nolint:gosec // asked for with --insecure
+		if o.CAFile != "" {
+			pem, err := os.ReadFile(o.CAFile)
+			if err != nil {
+				return nil, fmt.Errorf("registry CA: %w", err)
+			}
+			pool, err := x509.SystemCertPool()
+			if err != nil {
+				pool = x509.NewCertPool()
+			}
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("registry CA: no PEM certificate in %s", o.CAFile)
+			}
+			cfg.RootCAs = pool
+		}
+		t.TLSClientConfig = cfg
+	}
+	return t, nil
+}
+
+func (o RegistryOptions) client(ctx context.Context, base http.RoundTripper) client {
+	creds := o.Credentials
+	if c, ok := ctx.Value(credentialsKey{}).(auth.CredentialFunc); ok {
+		creds = c
+	}
+	var kc authn.Keychain = credKeychain{ctx: ctx, f: creds}
+	if creds == nil {
+		kc = authn.NewMultiKeychain() // anonymous
+	}
+	nameOpts := o.nameOptions()
+	return client{
+		name: nameOpts,
+		oci: []ociremote.Option{
+			ociremote.WithNameOptions(nameOpts...),
+			ociremote.WithRemoteOptions(
+				remote.WithContext(ctx),
+				remote.WithTransport(base),
+				remote.WithAuthFromKeychain(kc),
+				remote.WithUserAgent("modelpack"),
+			),
+		},
+	}
+}
+
+func (o RegistryOptions) nameOptions() []name.Option {
+	if o.PlainHTTP {
+		return []name.Option{name.Insecure}
+	}
+	return nil
+}
+
+// credKeychain serves go-containerregistry from an oras-go credential function.
+type credKeychain struct {
+	ctx context.Context
+	f   auth.CredentialFunc
+}
+
+func (k credKeychain) Resolve(r authn.Resource) (authn.Authenticator, error) {
+	host := r.RegistryStr()
+	if host == name.DefaultRegistry {
+		host = "registry-1.docker.io" // the host oras-go asks credentials for
+	}
+	c, err := k.f(k.ctx, host)
+	if err != nil {
+		return nil, fmt.Errorf("credentials for %s: %w", host, err)
+	}
+	if c == auth.EmptyCredential {
+		return authn.Anonymous, nil
+	}
+	return authn.FromConfig(authn.AuthConfig{
+		Username: c.Username, Password: c.Password, IdentityToken: c.RefreshToken, RegistryToken: c.AccessToken,
+	}), nil
+}
