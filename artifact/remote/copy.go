@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
+	"sync"
 
 	"github.com/modelpack/modelpack/cas"
 	digest "github.com/opencontainers/go-digest"
@@ -18,6 +20,22 @@ import (
 // starting over.
 type Ingester interface {
 	Ingest(ctx context.Context, d digest.Digest, size int64, open cas.OpenFunc) error
+}
+
+// blobDir is a store that hands out its cas.Store for resumable ingests (layout.Store does).
+type blobDir interface {
+	Blobs() (*cas.Store, error)
+}
+
+// ingesterOf returns how dst takes resumable ingests, if it does.
+func ingesterOf(dst any) (Ingester, error) {
+	if ing, ok := dst.(Ingester); ok {
+		return ing, nil
+	}
+	if b, ok := dst.(blobDir); ok {
+		return b.Blobs()
+	}
+	return nil, nil
 }
 
 // TransferOptions tune Push, Pull and Copy.
@@ -97,59 +115,162 @@ func withOp(op string, repo *Repository, err error) error {
 	return &Error{Op: op, Registry: repo.Reference.Registry, Repository: repo.Reference.Repository, Kind: kindOf(err), Err: err}
 }
 
-// transfer copies the graph rooted at srcRef with oras-go, taking over the blobs (PreCopy) to add resumption,
-// per-blob retries, progress and accounting; manifests are left to oras-go. remote names the registry side in
-// errors.
+// transfer copies the artifact srcRef names in two phases. First every blob (configs and layers of the manifest,
+// or of each manifest of an index), concurrently and independently: a blob that fails after its retries does not
+// cancel the others, which complete and are kept, and all failures are reported together. Then oras-go copies the
+// manifests (and, with Referrers, the referring artifacts) and tags the root; it finds the blobs in place. remote
+// names the registry side in errors.
 func transfer(ctx context.Context, src oras.ReadOnlyTarget, srcRef string, dst oras.Target, dstRef string, remote *Repository, opts TransferOptions) (*Result, error) {
 	t := newTracker(opts.Reporter)
+	ing, err := ingesterOf(dst)
+	if err != nil {
+		return nil, err
+	}
 	conc := opts.Concurrency
 	if conc <= 0 {
 		conc = remote.opts.concurrency()
 	}
-	g := oras.CopyGraphOptions{Concurrency: conc}
-	g.OnCopySkipped = func(_ context.Context, desc ocispec.Descriptor) error {
-		if !isManifest(desc) {
-			t.finish(desc, StatusExists, nil)
-		}
-		return nil
+	root, err := src.Resolve(ctx, srcRef)
+	if err != nil {
+		return nil, err
 	}
+	blobs, err := collectBlobs(ctx, src, root)
+	if err != nil {
+		return nil, err
+	}
+	mountFrom := ""
+	s, srcIsRepo := src.(*Repository)
+	d, dstIsRepo := dst.(*Repository)
+	if srcIsRepo && dstIsRepo && s.Reference.Registry == d.Reference.Registry && s.Reference.Repository != d.Reference.Repository {
+		mountFrom = s.Reference.Repository
+	}
+	sem := make(chan struct{}, conc)
+	errs := make([]error, len(blobs))
+	var wg sync.WaitGroup
+	for i, desc := range blobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				errs[i] = ctx.Err()
+				return
+			}
+			defer func() { <-sem }()
+			status, err := copyBlob(ctx, src, dst, ing, desc, mountFrom, t)
+			if err != nil {
+				t.finish(desc, StatusFailed, err)
+				errs[i] = remote.wrap(subjectOf(desc), err)
+				return
+			}
+			t.finish(desc, status, nil)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+
+	g := oras.CopyGraphOptions{Concurrency: conc}
+	// Blobs outside the root's own graph (those of referrers) are moved here, the same way.
 	g.PreCopy = func(_ context.Context, desc ocispec.Descriptor) error {
 		if isManifest(desc) {
 			return nil
 		}
-		// The caller's ctx, not oras-go's group ctx: a layer that fails after its retries must not cut short the
-		// layers still in flight, whose bytes are then kept for the next attempt.
-		if err := transferBlob(ctx, src, dst, desc, t); err != nil {
+		if err := transferBlob(ctx, src, dst, ing, desc, t); err != nil {
 			t.finish(desc, StatusFailed, err)
 			return remote.wrap(subjectOf(desc), err)
 		}
 		t.finish(desc, StatusTransferred, nil)
 		return oras.SkipNode
 	}
-	s, srcIsRepo := src.(*Repository)
-	d, dstIsRepo := dst.(*Repository)
-	if srcIsRepo && dstIsRepo && s.Reference.Registry == d.Reference.Registry && s.Reference.Repository != d.Reference.Repository {
-		g.MountFrom = func(context.Context, ocispec.Descriptor) ([]string, error) {
-			return []string{s.Reference.Repository}, nil
-		}
-		g.OnMounted = func(_ context.Context, desc ocispec.Descriptor) error {
-			t.finish(desc, StatusMounted, nil)
-			return nil
-		}
-	}
-	var root ocispec.Descriptor
-	var err error
+	rootRef := root.Digest.String()
 	if gsrc, ok := src.(oras.ReadOnlyGraphTarget); ok && opts.Referrers {
-		root, err = oras.ExtendedCopy(ctx, gsrc, srcRef, dst, dstRef, oras.ExtendedCopyOptions{
+		_, err = oras.ExtendedCopy(ctx, gsrc, rootRef, dst, dstRef, oras.ExtendedCopyOptions{
 			ExtendedCopyGraphOptions: oras.ExtendedCopyGraphOptions{CopyGraphOptions: g},
 		})
 	} else {
-		root, err = oras.Copy(ctx, src, srcRef, dst, dstRef, oras.CopyOptions{CopyGraphOptions: g})
+		_, err = oras.Copy(ctx, src, rootRef, dst, dstRef, oras.CopyOptions{CopyGraphOptions: g})
 	}
 	if err != nil {
 		return nil, unwrapCopyError(err)
 	}
 	return t.result("", root), nil
+}
+
+// collectBlobs lists the blobs under root (manifests walked, foreign layers left out), each once.
+func collectBlobs(ctx context.Context, src content.Fetcher, root ocispec.Descriptor) ([]ocispec.Descriptor, error) {
+	var out []ocispec.Descriptor
+	seen := map[digest.Digest]bool{}
+	var walk func(d ocispec.Descriptor) error
+	walk = func(d ocispec.Descriptor) error {
+		if seen[d.Digest] {
+			return nil
+		}
+		seen[d.Digest] = true
+		if !isManifest(d) {
+			if !strings.Contains(d.MediaType, "foreign") {
+				out = append(out, d)
+			}
+			return nil
+		}
+		if d.Size > maxManifestBytes {
+			return fmt.Errorf("manifest %s of %d bytes exceeds the %d byte limit", d.Digest, d.Size, maxManifestBytes)
+		}
+		succ, err := content.Successors(ctx, src, d)
+		if err != nil {
+			return err
+		}
+		for _, s := range succ {
+			if err := walk(s); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return out, walk(root)
+}
+
+// copyBlob makes one blob present in dst: nothing to do if it is there, a mount within one registry, a transfer
+// otherwise.
+func copyBlob(ctx context.Context, src content.Fetcher, dst content.Storage, ing Ingester, desc ocispec.Descriptor, mountFrom string, t *tracker) (Status, error) {
+	ok, err := dst.Exists(ctx, desc)
+	if err != nil {
+		return "", err
+	}
+	if ok {
+		return StatusExists, nil
+	}
+	if mountFrom != "" {
+		if m, isMounter := dst.(*Repository); isMounter {
+			uploaded := false
+			err := m.Mount(ctx, desc, mountFrom, func() (io.ReadCloser, error) {
+				// The registry could not mount: upload, counting the bytes.
+				uploaded = true
+				mt := t.meter(desc, 0)
+				rr := newResumableReader(ctx, desc, 0, openerFor(src), mt.add)
+				if err := rr.connect(); err != nil {
+					return nil, err
+				}
+				return rr, nil
+			})
+			if err == nil {
+				if uploaded {
+					return StatusTransferred, nil
+				}
+				return StatusMounted, nil
+			}
+			if ctx.Err() != nil || !retryable(err) {
+				return "", err
+			}
+			// A failed mount-with-upload falls through to a plain upload with retries.
+		}
+	}
+	if err := transferBlob(ctx, src, dst, ing, desc, t); err != nil {
+		return "", err
+	}
+	return StatusTransferred, nil
 }
 
 // unwrapCopyError drops oras-go's CopyError wrapper, whose text ("failed to perform "Push" on destination") says
@@ -163,9 +284,9 @@ func unwrapCopyError(err error) error {
 }
 
 // transferBlob moves one blob: into an Ingester with resumption, to anything else with whole-blob retries.
-func transferBlob(ctx context.Context, src content.Fetcher, dst content.Storage, desc ocispec.Descriptor, t *tracker) error {
+func transferBlob(ctx context.Context, src content.Fetcher, dst content.Storage, ing Ingester, desc ocispec.Descriptor, t *tracker) error {
 	open := openerFor(src)
-	if ing, ok := dst.(Ingester); ok {
+	if ing != nil {
 		var m *meter
 		err := ing.Ingest(ctx, desc.Digest, desc.Size, func(ictx context.Context, offset int64) (io.ReadCloser, int64, error) {
 			m = t.meter(desc, offset)

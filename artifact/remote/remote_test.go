@@ -1,0 +1,217 @@
+package remote
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/internal/testenv"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+)
+
+func TestPushPullFetchRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	reg, opts := plainRegistry(t)
+	m := buildModel(t, 3<<20)
+	dst := repoFor(t, reg.Host+"/models/llama:v1", opts)
+
+	rec := newRecorder()
+	res, err := Push(ctx, m.store, m.ref, dst, TransferOptions{Reporter: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Descriptor.Digest != m.desc.Digest {
+		t.Fatalf("pushed root %s, want %s", res.Descriptor.Digest, m.desc.Digest)
+	}
+	if res.Transferred != m.layerBytes() {
+		t.Fatalf("first push sent %d bytes, want %d", res.Transferred, m.layerBytes())
+	}
+	for _, b := range m.blobs {
+		if rec.status[b.Digest] != StatusTransferred {
+			t.Fatalf("blob %s: status %q, want transferred", b.Digest, rec.status[b.Digest])
+		}
+	}
+
+	// A second push finds every blob with HEAD and sends none.
+	res, err = Push(ctx, m.store, m.ref, dst, TransferOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Transferred != 0 {
+		t.Fatalf("second push sent %d layer bytes, want 0", res.Transferred)
+	}
+	for _, b := range res.Blobs {
+		if b.Status != StatusExists {
+			t.Fatalf("second push: blob %s status %q, want exists", b.Digest, b.Status)
+		}
+	}
+
+	// Pull into a cas-backed store.
+	src := repoFor(t, reg.Host+"/models/llama:v1", opts)
+	local := newCASStore(t)
+	res, err = Pull(ctx, src, local, "local/llama:v1", TransferOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Descriptor.Digest != m.desc.Digest || !local.has(t, m.desc) {
+		t.Fatalf("pull: root %s, want %s stored", res.Descriptor.Digest, m.desc.Digest)
+	}
+	for _, b := range m.blobs {
+		if !local.has(t, b) {
+			t.Fatalf("pull: blob %s missing", b.Digest)
+		}
+	}
+	if d, err := local.Resolve(ctx, "local/llama:v1"); err != nil || d.Digest != m.desc.Digest {
+		t.Fatalf("pull: tag resolves to %v, %v", d.Digest, err)
+	}
+
+	// Fetch writes the files directly.
+	dir := t.TempDir()
+	res, err = Fetch(ctx, src, dir, FetchOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.checkFiles(t, dir)
+	fi, err := os.Stat(filepath.Join(dir, "config.json"))
+	if err != nil || fi.Mode().Perm() != 0o640 {
+		t.Fatalf("config.json mode %v (%v), want 0640 from the file metadata", fi.Mode(), err)
+	}
+	if len(res.Files) != len(m.files) {
+		t.Fatalf("fetch reported files %v, want %d", res.Files, len(m.files))
+	}
+	assertNoStaging(t, dir)
+
+	// Filtered fetch: weights only.
+	dir2 := t.TempDir()
+	if _, err := Fetch(ctx, src, dir2, FetchOptions{Select: func(l artifact.Layer) bool { return l.Kind == artifact.KindWeight }}); err != nil {
+		t.Fatal(err)
+	}
+	entries, _ := os.ReadDir(dir2)
+	if len(entries) != 2 {
+		t.Fatalf("weights-only fetch wrote %d entries, want 2", len(entries))
+	}
+}
+
+func assertNoStaging(t *testing.T, dir string) {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), ".modelpack-") {
+			t.Fatalf("staging left behind: %s", e.Name())
+		}
+	}
+}
+
+func TestCopyMountsWithinRegistryAndTransfersAcross(t *testing.T) {
+	ctx := context.Background()
+	reg, opts := plainRegistry(t)
+	reg2, _ := plainRegistry(t)
+	m := buildModel(t, 1<<20)
+	if _, err := Push(ctx, m.store, m.ref, repoFor(t, reg.Host+"/a/model:v1", opts), TransferOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	src := repoFor(t, reg.Host+"/a/model:v1", opts)
+	res, err := Copy(ctx, src, repoFor(t, reg.Host+"/b/model", opts), TransferOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Transferred != 0 {
+		t.Fatalf("copy within a registry transferred %d bytes, want 0 (mounts)", res.Transferred)
+	}
+	for _, b := range res.Blobs {
+		if b.Status != StatusMounted {
+			t.Fatalf("blob %s: %s, want mounted", b.Digest, b.Status)
+		}
+	}
+	if res.Reference != reg.Host+"/b/model:v1" {
+		t.Fatalf("copy reference %q", res.Reference)
+	}
+	res, err = Copy(ctx, src, repoFor(t, reg2.Host+"/c/model:v2", opts), TransferOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Transferred != m.layerBytes() {
+		t.Fatalf("cross-registry copy transferred %d, want %d", res.Transferred, m.layerBytes())
+	}
+	dir := t.TempDir()
+	if _, err := Fetch(ctx, repoFor(t, reg2.Host+"/c/model:v2", opts), dir, FetchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	m.checkFiles(t, dir)
+}
+
+func TestErrorsNameRegistryRepositoryAndCause(t *testing.T) {
+	ctx := context.Background()
+	reg, opts := plainRegistry(t)
+	_, err := Pull(ctx, repoFor(t, reg.Host+"/no/such:v1", opts), newCASStore(t), "x:v1", TransferOptions{})
+	t.Log(err)
+	if !errors.Is(err, ErrNotFound) || Classify(err) != ErrNotFound {
+		t.Fatalf("missing manifest: %v (class %v), want ErrNotFound", err, Classify(err))
+	}
+	for _, want := range []string{"pull", reg.Host + "/no/such", "manifest v1", "not found"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Fatalf("error %q does not mention %q", err, want)
+		}
+	}
+
+	// A web server that is no registry.
+	web := newNotRegistry(t)
+	_, err = Fetch(ctx, repoFor(t, web+"/x/y:v1", opts), t.TempDir(), FetchOptions{})
+	t.Log(err)
+	if Classify(err) != ErrNotOCI {
+		t.Fatalf("non-registry: %v (class %v), want ErrNotOCI", err, Classify(err))
+	}
+
+	// Nothing listening.
+	dead := testenv.FreeAddr(t)
+	_, err = Fetch(ctx, repoFor(t, dead+"/x/y:v1", opts), t.TempDir(), FetchOptions{})
+	t.Log(err)
+	if Classify(err) != ErrUnavailable || !strings.Contains(err.Error(), dead) {
+		t.Fatalf("dead registry: %v (class %v), want ErrUnavailable naming %s", err, Classify(err), dead)
+	}
+
+	// TLS spoken to a plain-HTTP registry.
+	tlsOpts := opts
+	tlsOpts.PlainHTTP = false
+	_, err = Fetch(ctx, repoFor(t, reg.Host+"/x/y:v1", tlsOpts), t.TempDir(), FetchOptions{})
+	t.Log(err)
+	if Classify(err) != ErrTLS || !strings.Contains(err.Error(), "--plain-http") {
+		t.Fatalf("https to http registry: %v (class %v), want ErrTLS suggesting --plain-http", err, Classify(err))
+	}
+}
+
+func TestOneMissingLayerDoesNotStopTheOthers(t *testing.T) {
+	ctx := context.Background()
+	reg, opts := plainRegistry(t)
+	m := buildModel(t, 1<<20)
+	if _, err := Push(ctx, m.store, m.ref, repoFor(t, reg.Host+"/m/x:v1", opts), TransferOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	victim := m.blobs[0]
+	if err := os.Remove(reg.BlobPath(victim.Digest.String())); err != nil {
+		t.Fatal(err)
+	}
+	local := newCASStore(t)
+	_, err := Pull(ctx, repoFor(t, reg.Host+"/m/x:v1", opts), local, "x:v1", TransferOptions{})
+	t.Log(err)
+	if Classify(err) != ErrNotFound || !strings.Contains(err.Error(), victim.Digest.String()) {
+		t.Fatalf("pull with a blob gone: %v, want not found naming %s", err, victim.Digest)
+	}
+	for _, b := range m.blobs[1:] {
+		if !local.has(t, b) {
+			t.Fatalf("blob %s was not kept although only %s failed", b.Digest, victim.Digest)
+		}
+	}
+	if local.has(t, m.desc) {
+		t.Fatal("the manifest was stored although a layer is missing")
+	}
+}
+
+var _ = ocispec.Descriptor{}
