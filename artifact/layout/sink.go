@@ -1,0 +1,55 @@
+package layout
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/modelpack/modelpack/artifact/pack"
+)
+
+// Sink is the pack.Sink that writes into the store.
+type Sink struct{ s *Store }
+
+var _ pack.Sink = (*Sink)(nil)
+
+// Sink returns a pack.Sink that writes into the store. Each blob is hashed and written in one pass (cas.Write);
+// the tag is written after the manifest, and every blob, is durable.
+func (s *Store) Sink() *Sink { return &Sink{s: s} }
+
+// AddBlob stores what open returns, reading it once.
+func (k *Sink) AddBlob(ctx context.Context, mediaType string, open func() (io.ReadCloser, error)) (ocispec.Descriptor, error) {
+	if err := k.s.holdWriterLock(ctx); err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	rc, err := open()
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	defer rc.Close()
+	d, n, err := k.s.blobs.Write(ctx, rc)
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	return ocispec.Descriptor{MediaType: mediaType, Digest: d, Size: n}, nil
+}
+
+// Commit stores the manifest and then tags it. cas fsyncs every blob and its directory before AddBlob returns, so
+// when the tag appears everything it reaches is on disk. An empty tag stores the manifest untagged.
+func (k *Sink) Commit(ctx context.Context, manifest ocispec.Descriptor, manifestBytes []byte, tag string) error {
+	if tag != "" {
+		if _, err := ParseReference(tag); err != nil {
+			return err
+		}
+	}
+	if err := k.s.Push(ctx, manifest, bytes.NewReader(manifestBytes)); err != nil {
+		return fmt.Errorf("store manifest: %w", err)
+	}
+	if tag == "" {
+		return nil
+	}
+	return k.s.Tag(ctx, manifest, tag)
+}

@@ -1,0 +1,121 @@
+package pack
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"path"
+	"strings"
+
+	"github.com/modelpack/modelpack/artifact"
+)
+
+// Rule assigns files or directories whose model-relative path matches Pattern (path.Match syntax, matched against
+// the whole slash-separated path, as modctl does) to a layer kind. A rule that matches a directory packs the whole
+// directory as one tar layer.
+type Rule struct {
+	Kind    artifact.Kind
+	Pattern string
+	// Source says where the rule came from, for error messages ("--dataset", "Modelfile:12").
+	Source string
+}
+
+// Modelfile is a parsed modctl-style Modelfile: metadata directives and file rules.
+//
+//	NAME llama3-8b          ARCH transformer       FAMILY llama3         FORMAT safetensors
+//	PARAMSIZE 8B            PRECISION bf16         QUANTIZATION awq
+//	MODEL *.safetensors     CONFIG config.json     DOC *.md              CODE *.py      DATASET data
+//
+// Keywords are case-insensitive; '#' starts a comment line.
+type Modelfile struct {
+	Name, Arch, Family, Format, ParamSize, Precision, Quantization string
+	Rules                                                          []Rule
+}
+
+var modelfileKinds = map[string]artifact.Kind{
+	"MODEL": artifact.KindWeight, "CONFIG": artifact.KindWeightConfig, "DOC": artifact.KindDoc,
+	"CODE": artifact.KindCode, "DATASET": artifact.KindDataset,
+}
+
+// ParseModelfile reads a Modelfile. name is used in error messages.
+func ParseModelfile(r io.Reader, name string) (*Modelfile, error) {
+	mf := &Modelfile{}
+	sc := bufio.NewScanner(r)
+	for line := 1; sc.Scan(); line++ {
+		text := strings.TrimSpace(sc.Text())
+		if text == "" || strings.HasPrefix(text, "#") {
+			continue
+		}
+		keyword, arg, _ := strings.Cut(text, " ")
+		keyword = strings.ToUpper(keyword)
+		arg = strings.TrimSpace(arg)
+		where := fmt.Sprintf("%s:%d", name, line)
+		if arg == "" {
+			return nil, fmt.Errorf("%s: %s needs an argument", where, keyword)
+		}
+		if k, ok := modelfileKinds[keyword]; ok {
+			arg = strings.TrimSuffix(arg, "/")
+			if err := checkPattern(arg); err != nil {
+				return nil, fmt.Errorf("%s: %w", where, err)
+			}
+			mf.Rules = append(mf.Rules, Rule{Kind: k, Pattern: arg, Source: where})
+			continue
+		}
+		var dst *string
+		switch keyword {
+		case "NAME":
+			dst = &mf.Name
+		case "ARCH":
+			dst = &mf.Arch
+		case "FAMILY":
+			dst = &mf.Family
+		case "FORMAT":
+			dst = &mf.Format
+		case "PARAMSIZE":
+			ps, err := ParseParamSize(arg)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", where, err)
+			}
+			arg, dst = ps, &mf.ParamSize
+		case "PRECISION":
+			dst = &mf.Precision
+		case "QUANTIZATION":
+			dst = &mf.Quantization
+		default:
+			return nil, fmt.Errorf("%s: unknown directive %q (valid: NAME, ARCH, FAMILY, FORMAT, PARAMSIZE, PRECISION, QUANTIZATION, MODEL, CONFIG, DOC, CODE, DATASET)", where, keyword)
+		}
+		*dst = arg
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return mf, nil
+}
+
+// checkPattern refuses patterns that could never match a model-relative path.
+func checkPattern(p string) error {
+	if _, err := path.Match(p, ""); err != nil {
+		return fmt.Errorf("invalid pattern %q: %w", p, err)
+	}
+	if strings.HasPrefix(p, "/") || p == ".." || strings.HasPrefix(p, "../") {
+		return fmt.Errorf("pattern %q must be relative to the model directory", p)
+	}
+	return nil
+}
+
+// ParseRule parses a KIND=PATTERN flag value.
+func ParseRule(s, source string) (Rule, error) {
+	k, p, ok := strings.Cut(s, "=")
+	if !ok {
+		return Rule{}, fmt.Errorf("%s %q: want KIND=PATTERN", source, s)
+	}
+	kind, err := artifact.ParseKind(k)
+	if err != nil {
+		return Rule{}, fmt.Errorf("%s %q: %w", source, s, err)
+	}
+	p = strings.TrimSuffix(p, "/")
+	if err := checkPattern(p); err != nil {
+		return Rule{}, fmt.Errorf("%s: %w", source, err)
+	}
+	return Rule{Kind: kind, Pattern: p, Source: source}, nil
+}

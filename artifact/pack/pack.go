@@ -1,0 +1,297 @@
+// Package pack turns a model directory into a CNCF ModelPack artifact.
+//
+// Weight files become raw layers of their own, read once: the sink hashes and stores each file in the same pass, in
+// parallel across files, so memory does not grow with the model. Other files become raw layers or reproducible tar
+// archives (tar, tar+gzip, tar+zstd). The config is inferred from the files (safetensors and GGUF headers,
+// config.json) and overridden by a Modelfile and then by options. The same input gives the same manifest digest:
+// nothing depends on timestamps, owners, walk order or the machine, unless Options.Created asks for a date.
+package pack
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"time"
+
+	digest "github.com/opencontainers/go-digest"
+	specs "github.com/opencontainers/image-spec/specs-go"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/modelpack/modelpack/artifact"
+)
+
+// Sink receives packed blobs. The local store's sink hashes and writes in one pass (cas.Write);
+// the transport engineer writes a registry sink for `pack --push` that calls open twice (hash, then upload).
+type Sink interface {
+	// AddBlob stores the bytes open returns and reports their digest and size. open may be called more than once.
+	AddBlob(ctx context.Context, mediaType string, open func() (io.ReadCloser, error)) (ocispec.Descriptor, error)
+	// Commit stores the manifest and, only after everything is durable, tags it.
+	Commit(ctx context.Context, manifest ocispec.Descriptor, manifestBytes []byte, tag string) error
+}
+
+// Progress is told how many bytes of input Pack will read and, as it goes, how many it has read. Calls may come
+// from several goroutines. A sink that reads a layer twice is counted twice.
+type Progress interface {
+	Start(total int64)
+	Add(n int64)
+}
+
+// ModelfileName is the Modelfile Pack reads from the model directory when Options.Modelfile is empty. It is
+// not packed.
+const ModelfileName = "Modelfile"
+
+// Options control Pack. The zero value packs with defaults.
+type Options struct {
+	// Tag is passed to Sink.Commit.
+	Tag string
+	// LayerFormat is the format of non-weight layers: raw (default, one layer per file), tar, tar+gzip or tar+zstd
+	// (top-level sub-directories archived whole). Weights are always raw.
+	LayerFormat artifact.Format
+	// Modelfile is the path of a modctl-style Modelfile; empty means DIR/Modelfile if it exists.
+	Modelfile string
+	// Rules classify files and directories; they override the Modelfile's rules.
+	Rules []Rule
+	// Descriptor and Config fields that are set override what was inferred and what the Modelfile says.
+	Descriptor artifact.ModelDescriptor
+	Config     artifact.ModelConfig
+	// Created, if set, is written as descriptor.createdAt, the manifest's org.opencontainers.image.created and the
+	// mtime of archived files. Unset, there is no timestamp anywhere and the digest depends only on the files.
+	Created *time.Time
+	// Concurrency bounds the layers written at once; 0 means GOMAXPROCS.
+	Concurrency int
+	Progress    Progress
+	// Warn, if set, hears about things that do not stop the pack (a weight header that cannot be parsed).
+	Warn func(msg string)
+}
+
+// epoch is the mtime of every archived file when no creation time is given.
+var epoch = time.Unix(0, 0).UTC()
+
+// Pack packs dir into sink and returns the manifest descriptor. Bad input (a missing or empty directory,
+// special files, symlinks out of the directory, unreadable files, conflicting rules) is a *UserError reported
+// before any blob is written.
+func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Descriptor, error) {
+	switch opts.LayerFormat {
+	case "":
+		opts.LayerFormat = artifact.FormatRaw
+	case artifact.FormatRaw, artifact.FormatTar, artifact.FormatTarGzip, artifact.FormatTarZstd:
+	default:
+		return ocispec.Descriptor{}, fmt.Errorf("unknown layer format %q (valid: raw, tar, tar+gzip, tar+zstd)", opts.LayerFormat)
+	}
+	mf, mfRel, err := loadModelfile(dir, opts.Modelfile)
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	nodes, err := walk(dir, map[string]bool{mfRel: mfRel != ""})
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	layers, err := plan(dir, nodes, opts.LayerFormat, opts.Rules, mf.Rules)
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	model := inferModel(dir, layers, opts.Warn)
+	applyModelfile(&model, mf)
+	applyOverrides(&model, opts)
+
+	mtime := epoch
+	if opts.Created != nil {
+		mtime = opts.Created.UTC().Truncate(time.Second)
+		model.Descriptor.CreatedAt = &mtime
+	}
+	if opts.Progress != nil {
+		var total int64
+		for _, l := range layers {
+			total += l.size
+		}
+		opts.Progress.Start(total)
+	}
+
+	descs := make([]ocispec.Descriptor, len(layers))
+	diffIDs := make([]digest.Digest, len(layers))
+	g, gctx := errgroup.WithContext(ctx)
+	limit := opts.Concurrency
+	if limit <= 0 {
+		limit = runtime.GOMAXPROCS(0)
+	}
+	g.SetLimit(limit)
+	for i := range layers {
+		g.Go(func() error {
+			l := &layers[i]
+			w := &layerWriter{plan: l, dir: dir, mtime: mtime, progress: opts.Progress}
+			d, err := sink.AddBlob(gctx, artifact.LayerMediaType(l.kind, l.format), w.open)
+			if err != nil {
+				return fmt.Errorf("%s: %w", filepath.Join(dir, filepath.FromSlash(l.path)), err)
+			}
+			diffIDs[i] = d.Digest
+			if l.format == artifact.FormatTarGzip || l.format == artifact.FormatTarZstd {
+				diffIDs[i] = w.diffID()
+			}
+			d.Annotations, err = annotations(l, mtime, diffIDs[i])
+			descs[i] = d
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return ocispec.Descriptor{}, err
+	}
+
+	model.ModelFS = artifact.ModelFS{Type: "layers", DiffIDs: diffIDs}
+	configBytes, err := json.Marshal(model)
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	configDesc, err := sink.AddBlob(ctx, artifact.MediaTypeModelConfig, bytesOpener(configBytes))
+	if err != nil {
+		return ocispec.Descriptor{}, fmt.Errorf("store config: %w", err)
+	}
+	manifest := ocispec.Manifest{
+		Versioned:    specs.Versioned{SchemaVersion: 2},
+		MediaType:    ocispec.MediaTypeImageManifest,
+		ArtifactType: artifact.ArtifactTypeModelManifest,
+		Config:       configDesc,
+		Layers:       descs,
+	}
+	if opts.Created != nil {
+		manifest.Annotations = map[string]string{ocispec.AnnotationCreated: mtime.Format(time.RFC3339)}
+	}
+	manifestBytes, err := json.Marshal(manifest)
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	desc := ocispec.Descriptor{
+		MediaType:    ocispec.MediaTypeImageManifest,
+		ArtifactType: artifact.ArtifactTypeModelManifest,
+		Digest:       digest.FromBytes(manifestBytes),
+		Size:         int64(len(manifestBytes)),
+	}
+	if err := sink.Commit(ctx, desc, manifestBytes, opts.Tag); err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	return desc, nil
+}
+
+func bytesOpener(b []byte) func() (io.ReadCloser, error) {
+	return func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
+}
+
+// loadModelfile reads the Modelfile named by the options, or DIR/Modelfile if present. It returns the
+// model-relative path of a Modelfile inside dir, which is not packed.
+func loadModelfile(dir, name string) (*Modelfile, string, error) {
+	explicit := name != ""
+	if !explicit {
+		name = filepath.Join(dir, ModelfileName)
+	}
+	f, err := os.Open(name)
+	if err != nil {
+		if !explicit && errors.Is(err, os.ErrNotExist) {
+			return &Modelfile{}, "", nil
+		}
+		return nil, "", badInput(name, "cannot read Modelfile: %v", unwrapPathError(err))
+	}
+	defer f.Close()
+	mf, err := ParseModelfile(f, name)
+	if err != nil {
+		return nil, "", err
+	}
+	rel := ""
+	if absDir, err1 := filepath.Abs(dir); err1 == nil {
+		if absName, err2 := filepath.Abs(name); err2 == nil {
+			if r, err := filepath.Rel(absDir, absName); err == nil && filepath.IsLocal(r) {
+				rel = filepath.ToSlash(r)
+			}
+		}
+	}
+	return mf, rel, nil
+}
+
+// annotations are the layer's file path, its file metadata and its title, which generic OCI tools (oras) use as
+// the file name. A tar+gzip directory also carries ORAS's unpack annotations, so `oras pull` recreates it.
+func annotations(l *layerPlan, mtime time.Time, diffID digest.Digest) (map[string]string, error) {
+	meta := artifact.FileMetadata{Name: path.Base(l.path), ModTime: mtime, Typeflag: '0'}
+	if l.dir {
+		meta.Typeflag = '5'
+	}
+	if len(l.nodes) > 0 && l.nodes[0].rel == l.path {
+		meta.Mode = uint32(l.nodes[0].mode)
+		meta.Size = l.nodes[0].size
+	} else {
+		meta.Mode = 0o755
+	}
+	b, err := json.Marshal(meta)
+	if err != nil {
+		return nil, err
+	}
+	a := map[string]string{
+		artifact.AnnotationFilepath:     l.path,
+		artifact.AnnotationFileMetadata: string(b),
+		artifact.AnnotationTitle:        l.path,
+	}
+	if l.dir && l.format == artifact.FormatTarGzip {
+		a["io.deis.oras.content.digest"] = diffID.String()
+		a["io.deis.oras.content.unpack"] = "true"
+	}
+	return a, nil
+}
+
+// layerWriter produces one layer's bytes each time the sink opens it.
+type layerWriter struct {
+	plan     *layerPlan
+	dir      string
+	mtime    time.Time
+	progress Progress
+
+	mu   sync.Mutex
+	diff digest.Digest // digest of the uncompressed tar, set when a full pass completes
+}
+
+func (w *layerWriter) open() (io.ReadCloser, error) {
+	if w.plan.format == artifact.FormatRaw {
+		n := w.plan.nodes[0]
+		f, err := os.Open(n.src)
+		if err != nil {
+			return nil, err
+		}
+		return &checkedFile{f: f, want: n.size, progress: w.progress}, nil
+	}
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(w.writeArchive(pw)) }()
+	return pr, nil
+}
+
+func (w *layerWriter) diffID() digest.Digest {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.diff
+}
+
+// checkedFile reads a file and fails at the end if its size changed since the walk: a file rewritten while being
+// packed must not be stored under a descriptor that claims otherwise.
+type checkedFile struct {
+	f        *os.File
+	n, want  int64
+	progress Progress
+}
+
+func (c *checkedFile) Read(p []byte) (int, error) {
+	n, err := c.f.Read(p)
+	c.n += int64(n)
+	if c.progress != nil && n > 0 {
+		c.progress.Add(int64(n))
+	}
+	if err == io.EOF && c.n != c.want {
+		return n, fmt.Errorf("file changed while packing: read %d bytes, expected %d", c.n, c.want)
+	}
+	return n, err
+}
+
+func (c *checkedFile) Close() error { return c.f.Close() }

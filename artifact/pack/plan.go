@@ -1,0 +1,326 @@
+package pack
+
+import (
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/modelpack/modelpack/artifact"
+)
+
+// node is a file or directory found in the model directory.
+type node struct {
+	rel  string      // model-relative, slash-separated
+	src  string      // the path read: the file itself, or a symlink's target inside the model directory
+	mode fs.FileMode // permission bits
+	size int64       // bytes; 0 for directories
+	dir  bool
+}
+
+// layerPlan is one layer to write.
+type layerPlan struct {
+	kind   artifact.Kind
+	format artifact.Format
+	path   string // org.cncf.model.filepath: the file, or the directory a tar layer holds
+	dir    bool   // path names a directory
+	nodes  []node // raw: the file; tar: directories and files in lexical order, paths model-relative
+	size   int64  // bytes of file content read
+}
+
+// UserError is bad input: it names the path and says what is wrong with it, in one line.
+type UserError struct {
+	Path   string
+	Reason string
+}
+
+func (e *UserError) Error() string { return e.Path + ": " + e.Reason }
+
+func badInput(p, format string, args ...any) error {
+	return &UserError{Path: p, Reason: fmt.Sprintf(format, args...)}
+}
+
+// walk lists what dir holds, refusing what cannot be packed: special files, symlinks leading out of dir or to
+// directories, unreadable files and directories. Hidden entries (".git", ".cache", …) and skip are left out.
+func walk(dir string, skip map[string]bool) ([]node, error) {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil, badInput(dir, "no such directory")
+		}
+		return nil, badInput(dir, "%v", unwrapPathError(err))
+	}
+	if !fi.IsDir() {
+		return nil, badInput(dir, "not a directory")
+	}
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return nil, badInput(dir, "%v", unwrapPathError(err))
+	}
+	real, err = filepath.Abs(real)
+	if err != nil {
+		return nil, err
+	}
+	var nodes []node
+	files := 0
+	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return badInput(p, "unreadable: %v", unwrapPathError(err))
+		}
+		rel, _ := filepath.Rel(dir, p)
+		if rel == "." {
+			return nil
+		}
+		rel = filepath.ToSlash(rel)
+		if strings.HasPrefix(d.Name(), ".") || skip[rel] {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		src := p
+		info, err := d.Info()
+		if err != nil {
+			return badInput(p, "unreadable: %v", unwrapPathError(err))
+		}
+		if info.Mode()&fs.ModeSymlink != 0 {
+			target, err := filepath.EvalSymlinks(p)
+			if err != nil {
+				return badInput(p, "broken symlink: %v", unwrapPathError(err))
+			}
+			if target, err = filepath.Abs(target); err != nil {
+				return err
+			}
+			if !within(real, target) {
+				return badInput(p, "symlink points outside the model directory (to %s)", target)
+			}
+			if info, err = os.Stat(target); err != nil {
+				return badInput(p, "unreadable: %v", unwrapPathError(err))
+			}
+			if info.IsDir() {
+				return badInput(p, "symlink to a directory; only symlinks to files can be packed")
+			}
+			src = target
+		}
+		switch {
+		case info.IsDir():
+			nodes = append(nodes, node{rel: rel, src: src, mode: info.Mode().Perm(), dir: true})
+		case info.Mode().IsRegular():
+			f, err := os.Open(src)
+			if err != nil {
+				return badInput(p, "unreadable: %v", unwrapPathError(err))
+			}
+			f.Close()
+			nodes = append(nodes, node{rel: rel, src: src, mode: info.Mode().Perm(), size: info.Size()})
+			files++
+		default:
+			return badInput(p, "%s; only regular files, directories and symlinks to files can be packed", describeMode(info.Mode()))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if files == 0 {
+		return nil, badInput(dir, "directory holds no files to pack")
+	}
+	return nodes, nil
+}
+
+func within(root, p string) bool {
+	return p == root || strings.HasPrefix(p, root+string(filepath.Separator))
+}
+
+func describeMode(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeNamedPipe != 0:
+		return "is a named pipe (fifo)"
+	case m&fs.ModeSocket != 0:
+		return "is a socket"
+	case m&fs.ModeCharDevice != 0:
+		return "is a character device"
+	case m&fs.ModeDevice != 0:
+		return "is a block device"
+	}
+	return "is a special file (" + m.Type().String() + ")"
+}
+
+// unwrapPathError drops the path from an *fs.PathError: the caller names the path itself.
+func unwrapPathError(err error) error {
+	if pe, ok := err.(*fs.PathError); ok {
+		return pe.Err
+	}
+	return err
+}
+
+// plan groups nodes into layers:
+//   - A directory matched by a rule becomes one tar layer of the rule's kind holding everything below it.
+//   - Every other file gets the kind of the rule matching it, or else artifact.KindOf its name.
+//   - Weight files are raw layers of their own, never archived or compressed.
+//   - Other files are raw layers of their own when format is raw. With a tar format, a top-level file is a
+//     one-file archive, and the remaining files under each top-level directory are one archive of that directory,
+//     whose kind is the kind most of them have.
+//
+// Flag rules override Modelfile rules; conflicting rules of one source, or a file claimed both on its own and as
+// part of a claimed directory, are duplicate layer paths.
+func plan(dir string, nodes []node, format artifact.Format, sources ...[]Rule) ([]layerPlan, error) {
+	match := func(rel string) (*Rule, error) {
+		for _, rules := range sources {
+			var hit *Rule
+			for i := range rules {
+				r := &rules[i]
+				if ok, _ := path.Match(r.Pattern, rel); !ok {
+					continue
+				}
+				if hit != nil && hit.Kind != r.Kind {
+					return nil, badInput(filepath.Join(dir, rel), "duplicate layer path: %s makes it %s and %s makes it %s", hit.Source, hit.Kind, r.Source, r.Kind)
+				}
+				if hit == nil {
+					hit = r
+				}
+			}
+			if hit != nil {
+				return hit, nil
+			}
+		}
+		return nil, nil
+	}
+	dirFormat := format
+	if dirFormat == artifact.FormatRaw || dirFormat == "" {
+		dirFormat = artifact.FormatTar
+	}
+	var layers []layerPlan
+	var claimed *layerPlan // the claimed directory being filled (nodes arrive in lexical order, parents first)
+	var claimedBy *Rule
+	groups := map[string]*layerPlan{}
+	var groupOrder []string
+	for _, n := range nodes {
+		if claimed != nil && strings.HasPrefix(n.rel, claimed.path+"/") {
+			r, err := match(n.rel)
+			if err != nil {
+				return nil, err
+			}
+			if r != nil {
+				return nil, badInput(filepath.Join(dir, n.rel), "duplicate layer path: it is inside %s, packed whole by %s, and also matched by %s", claimed.path, claimedBy.Source, r.Source)
+			}
+			claimed.nodes = append(claimed.nodes, n)
+			claimed.size += n.size
+			continue
+		}
+		if claimed != nil {
+			layers = append(layers, *claimed)
+			claimed = nil
+		}
+		r, err := match(n.rel)
+		if err != nil {
+			return nil, err
+		}
+		if n.dir {
+			if r != nil {
+				f := dirFormat
+				if r.Kind == artifact.KindWeight && f != artifact.FormatTar {
+					f = artifact.FormatTar // weights do not compress
+				}
+				claimed, claimedBy = &layerPlan{kind: r.Kind, format: f, path: n.rel, dir: true, nodes: []node{n}}, r
+			}
+			continue
+		}
+		kind := artifact.KindOf(n.rel)
+		if r != nil {
+			kind = r.Kind
+		}
+		top, _, nested := strings.Cut(n.rel, "/")
+		if kind == artifact.KindWeight || format == artifact.FormatRaw || format == "" {
+			layers = append(layers, layerPlan{kind: kind, format: artifact.FormatRaw, path: n.rel, nodes: []node{n}, size: n.size})
+			continue
+		}
+		if !nested || r != nil {
+			layers = append(layers, layerPlan{kind: kind, format: format, path: n.rel, nodes: []node{n}, size: n.size})
+			continue
+		}
+		g := groups[top]
+		if g == nil {
+			g = &layerPlan{format: format, path: top, dir: true}
+			groups[top] = g
+			groupOrder = append(groupOrder, top)
+		}
+		g.nodes = append(g.nodes, n)
+		g.size += n.size
+	}
+	if claimed != nil {
+		layers = append(layers, *claimed)
+	}
+	if len(groups) > 0 {
+		dirs := map[string]node{}
+		for _, n := range nodes {
+			if n.dir {
+				dirs[n.rel] = n
+			}
+		}
+		for _, top := range groupOrder {
+			g := groups[top]
+			g.kind = majorityKind(g.nodes)
+			// Add the directories leading to each file, so modes survive the round trip.
+			seen := map[string]bool{}
+			files := g.nodes
+			for _, f := range files {
+				for d := path.Dir(f.rel); d != "."; d = path.Dir(d) {
+					if !seen[d] {
+						seen[d] = true
+						g.nodes = append(g.nodes, dirs[d])
+					}
+				}
+			}
+			layers = append(layers, *g)
+		}
+	}
+	for i := range layers {
+		sort.Slice(layers[i].nodes, func(a, b int) bool { return tarName(layers[i].nodes[a]) < tarName(layers[i].nodes[b]) })
+	}
+	kindOrder := map[artifact.Kind]int{}
+	for i, k := range artifact.Kinds {
+		kindOrder[k] = i
+	}
+	sort.SliceStable(layers, func(a, b int) bool {
+		if kindOrder[layers[a].kind] != kindOrder[layers[b].kind] {
+			return kindOrder[layers[a].kind] < kindOrder[layers[b].kind]
+		}
+		return layers[a].path < layers[b].path
+	})
+	seen := map[string]bool{}
+	for _, l := range layers {
+		if seen[l.path] {
+			return nil, badInput(filepath.Join(dir, l.path), "duplicate layer path")
+		}
+		seen[l.path] = true
+	}
+	return layers, nil
+}
+
+// majorityKind is the kind most files of a group have; ties go to the earlier kind in spec order.
+func majorityKind(nodes []node) artifact.Kind {
+	count := map[artifact.Kind]int{}
+	for _, n := range nodes {
+		if !n.dir {
+			count[artifact.KindOf(n.rel)]++
+		}
+	}
+	best := artifact.KindWeightConfig
+	for _, k := range artifact.Kinds {
+		if count[k] > count[best] {
+			best = k
+		}
+	}
+	return best
+}
+
+// tarName is a node's entry name: directories end in "/" so they sort before their contents.
+func tarName(n node) string {
+	if n.dir {
+		return n.rel + "/"
+	}
+	return n.rel
+}

@@ -1,0 +1,258 @@
+package pack
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"runtime"
+	"strings"
+
+	digest "github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/errgroup"
+	"oras.land/oras-go/v2/content"
+
+	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/artifact/archive"
+)
+
+// Filters are the names `unpack --filter` takes, mapped to layer kinds.
+var Filters = map[string]artifact.Kind{
+	"weights": artifact.KindWeight, "config": artifact.KindWeightConfig, "docs": artifact.KindDoc,
+	"code": artifact.KindCode, "dataset": artifact.KindDataset,
+}
+
+// ParseFilter maps an `unpack --filter` value to a layer kind.
+func ParseFilter(s string) (artifact.Kind, error) {
+	if k, ok := Filters[s]; ok {
+		return k, nil
+	}
+	return "", fmt.Errorf("unknown --filter value %q (valid: weights, config, docs, code, dataset)", s)
+}
+
+// UnpackOptions select what Unpack writes.
+type UnpackOptions struct {
+	// Kinds, if set, keeps only layers of these kinds.
+	Kinds []artifact.Kind
+	// Include, if set, keeps only layers whose path, or a parent directory of it, matches one of these globs
+	// (path.Match syntax against the model-relative path).
+	Include []string
+	// Concurrency bounds the layers written at once; 0 means GOMAXPROCS.
+	Concurrency int
+	Progress    Progress
+}
+
+// Select reports whether a layer passes the options' filters.
+func (o UnpackOptions) Select(l artifact.Layer) bool {
+	if len(o.Kinds) > 0 {
+		ok := false
+		for _, k := range o.Kinds {
+			ok = ok || l.Kind == k
+		}
+		if !ok {
+			return false
+		}
+	}
+	if len(o.Include) == 0 {
+		return true
+	}
+	for _, g := range o.Include {
+		for p := l.Path; p != "." && p != "/" && p != ""; p = path.Dir(p) {
+			if ok, _ := path.Match(g, p); ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Unpack writes the files of a model manifest, whose blobs src holds, into dir: raw layers as files with the
+// mode their metadata annotation records, tar layers extracted with package archive, container-image layers
+// applied in order. Every blob is verified against its digest as it is read; a raw file appears under its final
+// name only once verified. A layer path that would land outside dir is refused.
+func Unpack(ctx context.Context, src content.Fetcher, manifest ocispec.Manifest, dir string, opts UnpackOptions) error {
+	layers, err := artifact.Layers(manifest)
+	if err != nil {
+		return err
+	}
+	var model, image []artifact.Layer
+	for _, l := range layers {
+		if !opts.Select(l) {
+			continue
+		}
+		if l.Image {
+			image = append(image, l)
+		} else {
+			model = append(model, l)
+		}
+	}
+	if opts.Progress != nil {
+		var total int64
+		for _, l := range append(model, image...) {
+			total += l.Size
+		}
+		opts.Progress.Start(total)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	g, gctx := errgroup.WithContext(ctx)
+	limit := opts.Concurrency
+	if limit <= 0 {
+		limit = runtime.GOMAXPROCS(0)
+	}
+	g.SetLimit(limit)
+	for _, l := range model {
+		g.Go(func() error {
+			if err := unpackLayer(gctx, src, root, dir, l, opts.Progress); err != nil {
+				return fmt.Errorf("layer %s (%s): %w", l.Path, l.Digest, err)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	// Image layers stack: each applies over the previous ones, whiteouts included.
+	for _, l := range image {
+		if err := extractVerified(ctx, src, l, dir, archive.Options{AbsoluteSymlinks: true}, opts.Progress); err != nil {
+			return fmt.Errorf("layer %s: %w", l.Digest, err)
+		}
+	}
+	return nil
+}
+
+func unpackLayer(ctx context.Context, src content.Fetcher, root *os.Root, dir string, l artifact.Layer, p Progress) error {
+	if l.Format != artifact.FormatRaw {
+		return extractVerified(ctx, src, l, dir, archive.Options{}, p)
+	}
+	name, err := archive.CleanPath(l.Path)
+	if err != nil {
+		return err
+	}
+	if name == "" {
+		return fmt.Errorf("raw layer path %q names the model root: %w", l.Path, archive.ErrUnsafePath)
+	}
+	mode := os.FileMode(0o644)
+	if meta, ok := fileMetadata(l.Annotations); ok && meta.Mode != 0 {
+		mode = os.FileMode(meta.Mode).Perm()
+	}
+	if parent := path.Dir(name); parent != "." {
+		if err := root.MkdirAll(parent, 0o755); err != nil {
+			return unsafe(err)
+		}
+	}
+	tmp := path.Join(path.Dir(name), ".modelpack-"+l.Digest.Encoded()[:16]+".partial")
+	f, err := root.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return unsafe(err)
+	}
+	committed := false
+	defer func() {
+		f.Close()
+		if !committed {
+			root.Remove(tmp)
+		}
+	}()
+	rc, err := fetchVerified(ctx, src, l.Descriptor, p)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	if _, err := io.Copy(f, rc); err != nil {
+		return err
+	}
+	if err := f.Chmod(mode); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := root.Rename(tmp, name); err != nil {
+		return unsafe(err)
+	}
+	committed = true
+	return nil
+}
+
+func extractVerified(ctx context.Context, src content.Fetcher, l artifact.Layer, dir string, opts archive.Options, p Progress) error {
+	rc, err := fetchVerified(ctx, src, l.Descriptor, p)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	if err := archive.Extract(rc, l.Format, dir, opts); err != nil {
+		return err
+	}
+	// Read to the end so the digest is checked even if the archive ended before the blob did.
+	_, err = io.Copy(io.Discard, rc)
+	return err
+}
+
+// unsafe marks os.Root's refusal of a path that escapes the directory as archive.ErrUnsafePath.
+func unsafe(err error) error {
+	if err != nil && strings.Contains(err.Error(), "path escapes from parent") {
+		return fmt.Errorf("%w: %w", archive.ErrUnsafePath, err)
+	}
+	return err
+}
+
+// fetchVerified opens a blob whose reader fails at EOF unless the bytes match the descriptor's size and digest.
+func fetchVerified(ctx context.Context, src content.Fetcher, d ocispec.Descriptor, p Progress) (io.ReadCloser, error) {
+	rc, err := src.Fetch(ctx, d)
+	if err != nil {
+		return nil, err
+	}
+	return &verifyReader{rc: rc, r: io.LimitReader(rc, d.Size+1), v: d.Digest.Verifier(), d: d, p: p}, nil
+}
+
+type verifyReader struct {
+	rc io.ReadCloser
+	r  io.Reader
+	v  digest.Verifier
+	d  ocispec.Descriptor
+	n  int64
+	p  Progress
+}
+
+func (v *verifyReader) Read(b []byte) (int, error) {
+	n, err := v.r.Read(b)
+	v.v.Write(b[:n])
+	v.n += int64(n)
+	if v.p != nil && n > 0 {
+		v.p.Add(int64(n))
+	}
+	if errors.Is(err, io.EOF) {
+		if v.n != v.d.Size {
+			return n, fmt.Errorf("blob %s: size %d, descriptor says %d", v.d.Digest, v.n, v.d.Size)
+		}
+		if !v.v.Verified() {
+			return n, fmt.Errorf("blob %s: digest mismatch", v.d.Digest)
+		}
+	}
+	return n, err
+}
+
+func (v *verifyReader) Close() error { return v.rc.Close() }
+
+// fileMetadata reads the file metadata annotation, current or legacy.
+func fileMetadata(a map[string]string) (artifact.FileMetadata, bool) {
+	var m artifact.FileMetadata
+	for _, k := range []string{artifact.AnnotationFileMetadata, artifact.LegacyAnnotationFileMetadata} {
+		if v := a[k]; v != "" {
+			if err := json.Unmarshal([]byte(v), &m); err == nil {
+				return m, true
+			}
+		}
+	}
+	return m, false
+}

@@ -1,0 +1,200 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"github.com/spf13/cobra"
+
+	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/artifact/layout"
+	"github.com/modelpack/modelpack/artifact/pack"
+)
+
+// PackPush lets the registry commands give `pack --push` its sink without this file importing them: it adds its
+// flags (--plain-http, …) to the pack command and returns the constructor of a sink pushing to ref. Unset, --push
+// is refused.
+var PackPush func(cmd *cobra.Command, g *Globals) func(ctx context.Context, ref string) (pack.Sink, error)
+
+type packFlags struct {
+	tag, modelfile, layerFormat, created string
+	datasets, kinds, licenses, authors   []string
+	push                                 bool
+	concurrency                          int
+	desc                                 artifact.ModelDescriptor
+	cfg                                  artifact.ModelConfig
+}
+
+func init() {
+	register(func(g *Globals) *cobra.Command {
+		f := &packFlags{}
+		cmd := &cobra.Command{
+			Use:     "pack DIR -t NAME[:TAG]",
+			Aliases: []string{"build"},
+			Short:   "Pack a model directory into a ModelPack artifact in the local store",
+			Long: `Pack a model directory into a CNCF ModelPack artifact in the local store.
+
+Each weight file (safetensors, gguf, bin, pt, onnx, …) becomes a raw layer of its own; config and tokenizer
+files become weight.config layers, README/LICENSE/*.md doc layers, *.py and friends code layers. --dataset and
+--kind, or a modctl-style Modelfile in DIR, override the classification; a rule that matches a directory packs
+it as one tar layer. With --layer-format tar, tar+gzip or tar+zstd, each top-level sub-directory's non-weight
+files become one archive. The config is inferred from safetensors/GGUF headers and config.json; flags override.
+The same directory always gives the same digest unless --created is given.`,
+			Example: `  modelpack pack ./llama3-8b -t llama3:8b
+  modelpack pack ./model -t registry.local/org/model:v1 --dataset data --layer-format tar+zstd`,
+			Args: cobra.ExactArgs(1),
+			ValidArgsFunction: func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+				return nil, cobra.ShellCompDirectiveFilterDirs
+			},
+		}
+		fl := cmd.Flags()
+		fl.StringVarP(&f.tag, "tag", "t", "", "reference to tag the artifact with, NAME[:TAG] (required)")
+		fl.StringVarP(&f.modelfile, "modelfile", "f", "", "modctl-style Modelfile (default DIR/Modelfile if present)")
+		fl.StringVar(&f.layerFormat, "layer-format", "raw", "format of non-weight layers: raw, tar, tar+gzip or tar+zstd")
+		fl.StringArrayVar(&f.datasets, "dataset", nil, "pack files or directories matching this glob as dataset layers (repeatable)")
+		fl.StringArrayVar(&f.kinds, "kind", nil, "KIND=GLOB: pack matching files or directories as KIND (weight, weight.config, doc, code, dataset; repeatable)")
+		fl.StringVar(&f.created, "created", "", "record a creation time (RFC 3339, or \"now\"); without it the artifact has no timestamp")
+		fl.IntVar(&f.concurrency, "concurrency", 0, "files packed at once (default GOMAXPROCS)")
+		fl.StringVar(&f.desc.Name, "name", "", "model name (descriptor.name)")
+		fl.StringVar(&f.desc.Family, "family", "", "model family, e.g. llama3 (descriptor.family)")
+		fl.StringVar(&f.desc.Version, "model-version", "", "model version (descriptor.version)")
+		fl.StringVar(&f.desc.Vendor, "vendor", "", "vendor (descriptor.vendor)")
+		fl.StringVar(&f.desc.Title, "title", "", "human-readable title (descriptor.title)")
+		fl.StringVar(&f.desc.Description, "description", "", "description (descriptor.description)")
+		fl.StringVar(&f.desc.SourceURL, "source-url", "", "source URL (descriptor.sourceURL)")
+		fl.StringVar(&f.desc.DocURL, "doc-url", "", "documentation URL (descriptor.docURL)")
+		fl.StringVar(&f.desc.Revision, "revision", "", "source revision (descriptor.revision)")
+		fl.StringArrayVar(&f.licenses, "license", nil, "SPDX license id (descriptor.licenses; repeatable)")
+		fl.StringArrayVar(&f.authors, "author", nil, "author (descriptor.authors; repeatable)")
+		fl.StringVar(&f.cfg.Architecture, "arch", "", "architecture, e.g. transformer (config.architecture)")
+		fl.StringVar(&f.cfg.Format, "format", "", "weight format, e.g. safetensors (config.format)")
+		fl.StringVar(&f.cfg.ParamSize, "param-size", "", "parameter count, e.g. 8B or 8030261248 (config.paramSize)")
+		fl.StringVar(&f.cfg.Precision, "precision", "", "precision, e.g. bfloat16 (config.precision)")
+		fl.StringVar(&f.cfg.Quantization, "quantization", "", "quantization, e.g. awq (config.quantization)")
+		_ = cmd.MarkFlagRequired("tag")
+		_ = cmd.RegisterFlagCompletionFunc("layer-format", cobra.FixedCompletions([]string{"raw", "tar", "tar+gzip", "tar+zstd"}, cobra.ShellCompDirectiveNoFileComp))
+		_ = cmd.RegisterFlagCompletionFunc("kind", cobra.FixedCompletions([]string{"weight=", "weight.config=", "doc=", "code=", "dataset="}, cobra.ShellCompDirectiveNoSpace))
+		var pushSink func(ctx context.Context, ref string) (pack.Sink, error)
+		if PackPush != nil {
+			fl.BoolVar(&f.push, "push", false, "push straight to the registry named by --tag instead of the local store")
+			pushSink = PackPush(cmd, g)
+		}
+		cmd.RunE = func(cmd *cobra.Command, args []string) error {
+			return runPack(cmd, g, f, args[0], pushSink)
+		}
+		return cmd
+	})
+}
+
+func runPack(cmd *cobra.Command, g *Globals, f *packFlags, dir string, pushSink func(context.Context, string) (pack.Sink, error)) error {
+	opts, err := f.options()
+	if err != nil {
+		return err
+	}
+	ref, err := layout.ParseReference(f.tag)
+	if err != nil {
+		return err
+	}
+	opts.Tag = ref
+	opts.Warn = func(msg string) { fmt.Fprintln(cmd.ErrOrStderr(), "warning:", msg) }
+	var bar *progressBar
+	if g.ShowProgress() {
+		bar = &progressBar{desc: "packing"}
+		opts.Progress = bar
+	}
+	ctx := cmd.Context()
+	var sink pack.Sink
+	where := "local store"
+	if f.push {
+		if sink, err = pushSink(ctx, f.tag); err != nil {
+			return err
+		}
+		opts.Tag, where = f.tag, "registry"
+	} else {
+		store, err := layout.Open(g.Home)
+		if err != nil {
+			return err
+		}
+		defer store.Close()
+		sink = store.Sink()
+	}
+	desc, err := pack.Pack(ctx, dir, opts, sink)
+	bar.finish()
+	if err != nil {
+		return err
+	}
+	return printPacked(cmd, g, opts.Tag, where, desc)
+}
+
+func (f *packFlags) options() (pack.Options, error) {
+	opts := pack.Options{Modelfile: f.modelfile, Concurrency: f.concurrency, Descriptor: f.desc, Config: f.cfg}
+	format, err := artifact.ParseFormat(f.layerFormat)
+	if err != nil {
+		return opts, fmt.Errorf("--layer-format: %w", err)
+	}
+	opts.LayerFormat = format
+	for _, d := range f.datasets {
+		r, err := pack.ParseRule("dataset="+d, "--dataset")
+		if err != nil {
+			return opts, err
+		}
+		opts.Rules = append(opts.Rules, r)
+	}
+	for _, k := range f.kinds {
+		r, err := pack.ParseRule(k, "--kind")
+		if err != nil {
+			return opts, err
+		}
+		opts.Rules = append(opts.Rules, r)
+	}
+	if f.cfg.ParamSize != "" {
+		if opts.Config.ParamSize, err = pack.ParseParamSize(f.cfg.ParamSize); err != nil {
+			return opts, fmt.Errorf("--param-size: %w", err)
+		}
+	}
+	opts.Descriptor.Licenses, opts.Descriptor.Authors = f.licenses, f.authors
+	switch f.created {
+	case "":
+	case "now":
+		t := time.Now().UTC()
+		opts.Created = &t
+	default:
+		t, err := time.Parse(time.RFC3339, f.created)
+		if err != nil {
+			return opts, fmt.Errorf("--created %q: want an RFC 3339 time such as 2025-01-02T15:04:05Z, or \"now\"", f.created)
+		}
+		opts.Created = &t
+	}
+	return opts, nil
+}
+
+func printPacked(cmd *cobra.Command, g *Globals, ref, where string, desc ocispec.Descriptor) error {
+	if g.IsJSON() {
+		return PrintJSON(cmd.OutOrStdout(), struct {
+			Reference  string             `json:"reference"`
+			Descriptor ocispec.Descriptor `json:"descriptor"`
+		}{ref, desc})
+	}
+	if g.Quiet {
+		_, err := fmt.Fprintln(cmd.OutOrStdout(), desc.Digest)
+		return err
+	}
+	_, err := fmt.Fprintf(cmd.OutOrStdout(), "packed %s into the %s: %s\n", ref, where, desc.Digest)
+	return err
+}
+
+// humanBytes writes a size in binary units.
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

@@ -1,0 +1,445 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"path"
+	"strings"
+	"sync"
+	"text/tabwriter"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+	"oras.land/oras-go/v2/content"
+
+	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/artifact/layout"
+	"github.com/modelpack/modelpack/artifact/pack"
+)
+
+func init() {
+	register(listCmd)
+	register(inspectCmd)
+	register(unpackCmd)
+	register(tagCmd)
+	register(rmCmd)
+	register(pruneCmd)
+}
+
+// completeRefs completes references held in the local store.
+func completeRefs(g *Globals, max int) cobra.CompletionFunc {
+	return func(cmd *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
+		if max >= 0 && len(args) >= max {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		store, err := layout.Open(g.Home)
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveError
+		}
+		entries, err := store.List()
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveError
+		}
+		refs := make([]string, len(entries))
+		for i, e := range entries {
+			refs[i] = e.Reference
+		}
+		return refs, cobra.ShellCompDirectiveNoFileComp
+	}
+}
+
+// artifactInfo is a stored artifact as list and inspect show it.
+type artifactInfo struct {
+	Reference  string             `json:"reference,omitempty"`
+	Descriptor ocispec.Descriptor `json:"descriptor"`
+	Size       int64              `json:"size"`
+	Manifest   *ocispec.Manifest  `json:"manifest,omitempty"`
+	Config     json.RawMessage    `json:"config,omitempty"`
+	Model      *artifact.Model    `json:"-"`
+	Layers     []artifact.Layer   `json:"-"`
+}
+
+// loadArtifact reads a stored manifest and, for a model, its config.
+func loadArtifact(ctx context.Context, store *layout.Store, ref string) (*artifactInfo, error) {
+	desc, err := store.Resolve(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	if desc.MediaType != ocispec.MediaTypeImageManifest && desc.MediaType != "application/vnd.docker.distribution.manifest.v2+json" {
+		return &artifactInfo{Reference: ref, Descriptor: desc, Size: desc.Size}, nil
+	}
+	b, err := content.FetchAll(ctx, store, desc)
+	if err != nil {
+		return nil, err
+	}
+	var m ocispec.Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("manifest %s: %w", desc.Digest, err)
+	}
+	info := &artifactInfo{Reference: ref, Descriptor: desc, Manifest: &m, Size: desc.Size + m.Config.Size}
+	for _, l := range m.Layers {
+		info.Size += l.Size
+	}
+	if m.Config.Size <= 4<<20 {
+		if cb, err := content.FetchAll(ctx, store, m.Config); err == nil && json.Valid(cb) {
+			info.Config = cb
+			if artifact.IsModelManifest(m.ArtifactType, m.Config.MediaType) {
+				var model artifact.Model
+				if json.Unmarshal(cb, &model) == nil {
+					info.Model = &model
+				}
+			}
+		}
+	}
+	info.Layers, _ = artifact.Layers(m)
+	return info, nil
+}
+
+func listCmd(g *Globals) *cobra.Command {
+	return &cobra.Command{
+		Use:     "list",
+		Aliases: []string{"ls"},
+		Short:   "List the artifacts in the local store",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			store, err := layout.Open(g.Home)
+			if err != nil {
+				return err
+			}
+			defer store.Close()
+			entries, err := store.List()
+			if err != nil {
+				return err
+			}
+			infos := []*artifactInfo{}
+			for _, e := range entries {
+				info, err := loadArtifact(cmd.Context(), store, e.Reference)
+				if err != nil {
+					return fmt.Errorf("%s: %w", e.Reference, err)
+				}
+				infos = append(infos, info)
+			}
+			if g.IsJSON() {
+				for _, i := range infos {
+					i.Manifest, i.Config = nil, nil
+				}
+				return PrintJSON(cmd.OutOrStdout(), infos)
+			}
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "REFERENCE\tDIGEST\tSIZE\tFAMILY\tPARAMS\tFORMAT\tCREATED")
+			for _, i := range infos {
+				family, params, format, created := "-", "-", "-", "-"
+				if m := i.Model; m != nil {
+					family, params, format = orDash(m.Descriptor.Family), orDash(m.Config.ParamSize), orDash(m.Config.Format)
+					if m.Descriptor.CreatedAt != nil {
+						created = m.Descriptor.CreatedAt.Format("2006-01-02 15:04")
+					}
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", i.Reference, shortDigest(i.Descriptor), humanBytes(i.Size), family, params, format, created)
+			}
+			return w.Flush()
+		},
+	}
+}
+
+func inspectCmd(g *Globals) *cobra.Command {
+	return &cobra.Command{
+		Use:               "inspect REF",
+		Short:             "Show an artifact's manifest, config and layers",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeRefs(g, 1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			store, err := layout.Open(g.Home)
+			if err != nil {
+				return err
+			}
+			defer store.Close()
+			info, err := loadArtifact(cmd.Context(), store, args[0])
+			if err != nil {
+				return err
+			}
+			if g.IsJSON() {
+				return PrintJSON(cmd.OutOrStdout(), info)
+			}
+			return printInspect(cmd.OutOrStdout(), info)
+		},
+	}
+}
+
+func printInspect(out io.Writer, info *artifactInfo) error {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "Reference:\t%s\n", info.Reference)
+	fmt.Fprintf(w, "Digest:\t%s\n", info.Descriptor.Digest)
+	fmt.Fprintf(w, "Media type:\t%s\n", info.Descriptor.MediaType)
+	if m := info.Manifest; m != nil {
+		fmt.Fprintf(w, "Artifact type:\t%s\n", orDash(m.ArtifactType))
+	}
+	fmt.Fprintf(w, "Size:\t%s\n", humanBytes(info.Size))
+	if m := info.Model; m != nil {
+		d, c := m.Descriptor, m.Config
+		for _, kv := range [][2]string{
+			{"Name", d.Name}, {"Family", d.Family}, {"Version", d.Version}, {"Architecture", c.Architecture},
+			{"Format", c.Format}, {"Parameters", c.ParamSize}, {"Precision", c.Precision}, {"Quantization", c.Quantization},
+			{"Licenses", strings.Join(d.Licenses, ", ")},
+		} {
+			if kv[1] != "" {
+				fmt.Fprintf(w, "%s:\t%s\n", kv[0], kv[1])
+			}
+		}
+		if d.CreatedAt != nil {
+			fmt.Fprintf(w, "Created:\t%s\n", d.CreatedAt.Format("2006-01-02T15:04:05Z07:00"))
+		}
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if info.Manifest == nil {
+		return nil
+	}
+	fmt.Fprintln(out)
+	w = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "KIND\tFORMAT\tSIZE\tDIGEST\tPATH")
+	if len(info.Layers) == len(info.Manifest.Layers) {
+		for _, l := range info.Layers {
+			kind := string(l.Kind)
+			if l.Image {
+				kind = "image"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", kind, l.Format, humanBytes(l.Size), shortDigest(l.Descriptor), orDash(l.Path))
+		}
+	} else {
+		for _, l := range info.Manifest.Layers {
+			fmt.Fprintf(w, "%s\t-\t%s\t%s\t%s\n", l.MediaType, humanBytes(l.Size), shortDigest(l), orDash(artifact.LayerFilepath(l.Annotations)))
+		}
+	}
+	return w.Flush()
+}
+
+func unpackCmd(g *Globals) *cobra.Command {
+	var filters, include []string
+	cmd := &cobra.Command{
+		Use:   "unpack REF DIR",
+		Short: "Write an artifact's files into a directory",
+		Long: `Write an artifact's files into DIR: raw layers as files, tar layers extracted. Every blob is verified
+against its digest as it is written, and layer paths that would land outside DIR are refused.`,
+		Example: `  modelpack unpack llama3:8b ./llama3
+  modelpack unpack llama3:8b ./cfg --filter config --filter docs
+  modelpack unpack llama3:8b ./shard --include 'model-00001-*'`,
+		Args:              cobra.ExactArgs(2),
+		ValidArgsFunction: completeRefs(g, 1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			opts := pack.UnpackOptions{Include: include}
+			for _, f := range filters {
+				for _, v := range strings.Split(f, ",") {
+					k, err := pack.ParseFilter(strings.TrimSpace(v))
+					if err != nil {
+						return err
+					}
+					opts.Kinds = append(opts.Kinds, k)
+				}
+			}
+			for _, p := range include {
+				if _, err := matchCheck(p); err != nil {
+					return err
+				}
+			}
+			store, err := layout.Open(g.Home)
+			if err != nil {
+				return err
+			}
+			defer store.Close()
+			info, err := loadArtifact(cmd.Context(), store, args[0])
+			if err != nil {
+				return err
+			}
+			if info.Manifest == nil {
+				return fmt.Errorf("%s is a %s, not a manifest", args[0], info.Descriptor.MediaType)
+			}
+			var bar *progressBar
+			if g.ShowProgress() {
+				bar = &progressBar{desc: "unpacking"}
+				opts.Progress = bar
+			}
+			err = pack.Unpack(cmd.Context(), store, *info.Manifest, args[1], opts)
+			bar.finish()
+			if err != nil {
+				return err
+			}
+			if g.IsJSON() {
+				return PrintJSON(cmd.OutOrStdout(), struct {
+					Reference string `json:"reference"`
+					Digest    string `json:"digest"`
+					Dir       string `json:"dir"`
+				}{args[0], info.Descriptor.Digest.String(), args[1]})
+			}
+			if !g.Quiet {
+				fmt.Fprintf(cmd.OutOrStdout(), "unpacked %s into %s\n", args[0], args[1])
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringArrayVar(&filters, "filter", nil, "only layers of these kinds: weights, config, docs, code, dataset (repeatable or comma-separated)")
+	cmd.Flags().StringArrayVar(&include, "include", nil, "only layers whose path (or a parent directory) matches this glob (repeatable)")
+	_ = cmd.RegisterFlagCompletionFunc("filter", cobra.FixedCompletions([]string{"weights", "config", "docs", "code", "dataset"}, cobra.ShellCompDirectiveNoFileComp))
+	return cmd
+}
+
+func matchCheck(p string) (bool, error) {
+	if _, err := path.Match(p, ""); err != nil {
+		return false, fmt.Errorf("--include %q: %w", p, err)
+	}
+	return true, nil
+}
+
+func tagCmd(g *Globals) *cobra.Command {
+	return &cobra.Command{
+		Use:               "tag SOURCE TARGET",
+		Short:             "Give a stored artifact another reference",
+		Args:              cobra.ExactArgs(2),
+		ValidArgsFunction: completeRefs(g, 1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			target, err := layout.ParseReference(args[1])
+			if err != nil {
+				return err
+			}
+			store, err := layout.Open(g.Home)
+			if err != nil {
+				return err
+			}
+			defer store.Close()
+			desc, err := store.Resolve(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if err := store.Tag(cmd.Context(), desc, target); err != nil {
+				return err
+			}
+			if g.IsJSON() {
+				return PrintJSON(cmd.OutOrStdout(), layout.Entry{Reference: target, Descriptor: desc})
+			}
+			if !g.Quiet {
+				fmt.Fprintf(cmd.OutOrStdout(), "tagged %s as %s\n", desc.Digest, target)
+			}
+			return nil
+		},
+	}
+}
+
+func rmCmd(g *Globals) *cobra.Command {
+	var prune bool
+	cmd := &cobra.Command{
+		Use:               "rm REF...",
+		Aliases:           []string{"remove"},
+		Short:             "Remove references from the local store (content goes with prune)",
+		Args:              cobra.MinimumNArgs(1),
+		ValidArgsFunction: completeRefs(g, -1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			store, err := layout.Open(g.Home)
+			if err != nil {
+				return err
+			}
+			defer store.Close()
+			removed := []string{}
+			for _, a := range args {
+				ref, err := layout.ParseReference(a)
+				if err != nil {
+					return err
+				}
+				if err := store.Untag(cmd.Context(), ref); err != nil {
+					return err
+				}
+				removed = append(removed, ref)
+				if !g.IsJSON() && !g.Quiet {
+					fmt.Fprintf(cmd.OutOrStdout(), "removed %s\n", ref)
+				}
+			}
+			var stats *layout.PruneStats
+			if prune {
+				s, err := store.Prune(cmd.Context())
+				if err != nil {
+					return err
+				}
+				stats = &s
+				if !g.IsJSON() && !g.Quiet {
+					fmt.Fprintf(cmd.OutOrStdout(), "pruned %d blobs, %s\n", s.Blobs, humanBytes(s.Bytes))
+				}
+			}
+			if g.IsJSON() {
+				return PrintJSON(cmd.OutOrStdout(), struct {
+					Removed []string           `json:"removed"`
+					Pruned  *layout.PruneStats `json:"pruned,omitempty"`
+				}{removed, stats})
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&prune, "prune", false, "also delete blobs no reference reaches any more")
+	return cmd
+}
+
+func pruneCmd(g *Globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "prune",
+		Short: "Delete blobs that no reference in the local store reaches",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			store, err := layout.Open(g.Home)
+			if err != nil {
+				return err
+			}
+			defer store.Close()
+			s, err := store.Prune(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if g.IsJSON() {
+				return PrintJSON(cmd.OutOrStdout(), s)
+			}
+			if !g.Quiet {
+				fmt.Fprintf(cmd.OutOrStdout(), "pruned %d blobs, %s\n", s.Blobs, humanBytes(s.Bytes))
+			}
+			return nil
+		},
+	}
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func shortDigest(d ocispec.Descriptor) string {
+	s := d.Digest.String()
+	if _, hex, ok := strings.Cut(s, ":"); ok && len(hex) > 12 {
+		return hex[:12]
+	}
+	return s
+}
+
+// progressBar shows pack and unpack progress on a TTY; a nil *progressBar does nothing.
+type progressBar struct {
+	desc string
+	once sync.Once
+	bar  *progressbar.ProgressBar
+}
+
+func (p *progressBar) Start(total int64) {
+	p.once.Do(func() { p.bar = progressbar.DefaultBytes(total, p.desc) })
+}
+
+func (p *progressBar) Add(n int64) {
+	if p.bar != nil {
+		p.bar.Add64(n)
+	}
+}
+
+func (p *progressBar) finish() {
+	if p != nil && p.bar != nil {
+		p.bar.Finish()
+	}
+}
