@@ -168,7 +168,7 @@ func transfer(ctx context.Context, src oras.ReadOnlyTarget, srcRef string, dst o
 		}()
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := joinBlobErrors(errs); err != nil {
 		return nil, err
 	}
 
@@ -197,6 +197,18 @@ func transfer(ctx context.Context, src oras.ReadOnlyTarget, srcRef string, dst o
 		return nil, unwrapCopyError(err)
 	}
 	return t.result("", root), nil
+}
+
+// joinBlobErrors reports the failed blobs together; a failure that is about the registry rather than one blob
+// (credentials, TLS, a server that is no registry) is reported once.
+func joinBlobErrors(errs []error) error {
+	for _, err := range errs {
+		switch Classify(err) {
+		case ErrUnauthorized, ErrForbidden, ErrTLS, ErrNotOCI:
+			return err
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // collectBlobs lists the blobs under root (manifests walked, foreign layers left out), each once.

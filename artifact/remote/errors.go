@@ -14,6 +14,7 @@ import (
 	"github.com/modelpack/modelpack/cas"
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/errdef"
+	"oras.land/oras-go/v2/registry/remote/auth"
 	"oras.land/oras-go/v2/registry/remote/errcode"
 )
 
@@ -94,6 +95,9 @@ func kindOf(err error) error {
 	if errors.Is(err, errdef.ErrNotFound) {
 		return ErrNotFound
 	}
+	if errors.Is(err, auth.ErrBasicCredentialNotFound) {
+		return ErrUnauthorized
+	}
 	var certErr *tls.CertificateVerificationError
 	var unknownAuth x509.UnknownAuthorityError
 	var hostErr x509.HostnameError
@@ -155,7 +159,13 @@ func (e *Error) describe() string {
 	case e.Kind == ErrNotFound:
 		return "not found: " + cause
 	case e.Kind == ErrDigestMismatch:
-		return "digest mismatch, the received bytes were dropped: " + cause
+		if !strings.Contains(cause, "digest mismatch") {
+			cause = "digest mismatch: " + cause
+		}
+		if !strings.Contains(cause, "dropped") {
+			cause += " (the received bytes were dropped)"
+		}
+		return cause
 	case e.Kind == ErrNoSpace:
 		return "disk full: " + cause
 	case e.Kind == ErrNotOCI:

@@ -114,7 +114,7 @@ func fetch(ctx context.Context, src *Repository, dir string, opts FetchOptions) 
 		imageFiles, imageErr = f.imageLayers(ctx, image)
 	}
 	wg.Wait()
-	if err := errors.Join(append(errs, imageErr)...); err != nil {
+	if err := joinBlobErrors(append(errs, imageErr)); err != nil {
 		return nil, err
 	}
 	res := t.result("", root)

@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -211,7 +212,7 @@ type countingProxy struct {
 	blobBytes  atomic.Int64
 	ranges     atomic.Int64
 	putBytes   atomic.Int64
-	delay      time.Duration // per 64 KiB of blob body
+	delay      atomic.Int64 // nanoseconds of sleep per 64 KiB of blob body
 	onBytes    int64         // when a blob response has sent this many bytes...
 	fire       chan struct{} // ...this is closed (once)
 	fired      atomic.Bool
@@ -225,7 +226,7 @@ func newCountingProxy(t testing.TB, target string) *countingProxy {
 	u, _ := url.Parse("http://" + target)
 	p := &countingProxy{fire: make(chan struct{}), failPaths: map[string]int{}, failedOnce: map[string]int{}}
 	rp := httputil.NewSingleHostReverseProxy(u)
-	rp.ErrorLog = nil
+	rp.ErrorLog = log.New(io.Discard, "", 0)
 	rp.FlushInterval = -1
 	rp.ModifyResponse = func(resp *http.Response) error {
 		if resp.Request.Method == http.MethodGet && strings.Contains(resp.Request.URL.Path, "/blobs/") {
@@ -270,8 +271,8 @@ func (b *proxyBody) Read(q []byte) (int, error) {
 	b.p.blobBytes.Add(int64(n))
 	b.sent += int64(n)
 	b.acc += int64(n)
-	if b.p.delay > 0 && b.acc >= 64<<10 {
-		time.Sleep(b.p.delay)
+	if d := time.Duration(b.p.delay.Load()); d > 0 && b.acc >= 64<<10 {
+		time.Sleep(d)
 		b.acc = 0
 	}
 	if b.p.onBytes > 0 && b.sent >= b.p.onBytes && b.p.fired.CompareAndSwap(false, true) {
