@@ -212,7 +212,7 @@ type countingProxy struct {
 	blobBytes  atomic.Int64
 	ranges     atomic.Int64
 	putBytes   atomic.Int64
-	delay      atomic.Int64 // nanoseconds of sleep per 64 KiB of blob body
+	delay      atomic.Int64  // nanoseconds of sleep per 64 KiB of blob body
 	onBytes    int64         // when a blob response has sent this many bytes...
 	fire       chan struct{} // ...this is closed (once)
 	fired      atomic.Bool
