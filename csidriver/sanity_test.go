@@ -24,7 +24,7 @@ func startDriver(t *testing.T, dir string, b Backend) (*Driver, string) {
 		Endpoint: "unix://" + sock,
 		StateDir: filepath.Join(dir, "state"),
 		Backend:  b,
-		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Logger:   discardLogger(),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -38,18 +38,25 @@ func startDriver(t *testing.T, dir string, b Backend) (*Driver, string) {
 			t.Errorf("driver: %v", err)
 		}
 	})
+	waitSocket(t, sock)
+	return d, sock
+}
+
+func waitSocket(t *testing.T, sock string) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if _, err := os.Stat(sock); err == nil {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("driver socket did not appear")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	return d, sock
 }
+
+func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // cleanupMounts unmounts anything a failed test left below dir.
 func cleanupMounts(t *testing.T, dir string) {

@@ -1,0 +1,302 @@
+package csidriver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	mount "k8s.io/mount-utils"
+
+	"github.com/modelpack/modelpack/internal/testenv"
+)
+
+const testRef = "registry.example.com/models/tiny:v1"
+
+func nodeClient(t *testing.T, sock string) csi.NodeClient {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return csi.NewNodeClient(conn)
+}
+
+func publishReq(volID, target string, attrs map[string]string) *csi.NodePublishVolumeRequest {
+	return &csi.NodePublishVolumeRequest{
+		VolumeId:      volID,
+		TargetPath:    target,
+		VolumeContext: attrs,
+		VolumeCapability: &csi.VolumeCapability{
+			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY},
+		},
+	}
+}
+
+// podTarget makes the directory kubelet creates for a pod's volume and returns the target path inside it.
+func podTarget(t *testing.T, dir, pod string) string {
+	t.Helper()
+	parent := filepath.Join(dir, "pods", pod, "volumes", "kubernetes.io~csi", "model")
+	if err := os.MkdirAll(parent, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(parent, "mount")
+}
+
+func wantCode(t *testing.T, err error, code codes.Code, contains string) {
+	t.Helper()
+	if status.Code(err) != code {
+		t.Fatalf("got %v, want code %v", err, code)
+	}
+	if contains != "" && !strings.Contains(status.Convert(err).Message(), contains) {
+		t.Fatalf("message %q does not contain %q", status.Convert(err).Message(), contains)
+	}
+}
+
+func isMounted(t *testing.T, p string) bool {
+	t.Helper()
+	mnt, err := mount.New("").IsMountPoint(p)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	return mnt
+}
+
+func TestPublishUnpublishAndCodes(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	cleanupMounts(t, dir)
+	b := newFakeBackend(filepath.Join(dir, "cache"))
+	b.push(testRef, "v1")
+	_, sock := startDriver(t, dir, b)
+	node := nodeClient(t, sock)
+	ctx := context.Background()
+	target := podTarget(t, dir, "p1")
+	attrs := map[string]string{AttrReference: testRef, "csi.storage.k8s.io/pod.name": "p1", "csi.storage.k8s.io/ephemeral": "true"}
+
+	if _, err := node.NodePublishVolume(ctx, publishReq("v", target, attrs)); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(target, "model.safetensors")); err != nil || string(got) != testRef {
+		t.Fatalf("model file: %q, %v", got, err)
+	}
+	if err := os.WriteFile(filepath.Join(target, "x"), nil, 0o644); !errors.Is(err, syscall.EROFS) {
+		t.Fatalf("write into the volume: %v, want EROFS", err)
+	}
+	// A retry with the same arguments succeeds; other arguments on the same target conflict.
+	if _, err := node.NodePublishVolume(ctx, publishReq("v", target, attrs)); err != nil {
+		t.Fatalf("idempotent republish: %v", err)
+	}
+	other := map[string]string{AttrReference: testRef, AttrFilter: "config"}
+	_, err := node.NodePublishVolume(ctx, publishReq("v", target, other))
+	wantCode(t, err, codes.AlreadyExists, "other arguments")
+
+	sub := podTarget(t, dir, "p-sub")
+	if _, err := node.NodePublishVolume(ctx, publishReq("v2", sub, map[string]string{AttrReference: testRef, AttrSubPath: "sub", AttrNoExec: "true"})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(sub, "config.json")); err != nil {
+		t.Fatalf("subPath: %v", err)
+	}
+	for _, tgt := range []string{target, sub} {
+		if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "v", TargetPath: tgt}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(tgt); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("target %s not removed: %v", tgt, err)
+		}
+	}
+	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "v", TargetPath: target}); err != nil {
+		t.Fatalf("unpublish of an unknown target: %v", err)
+	}
+	if n := b.Stats().Views; n != 0 {
+		t.Fatalf("%d views still held after unpublish", n)
+	}
+
+	t2 := podTarget(t, dir, "p2")
+	for _, tc := range []struct {
+		name  string
+		attrs map[string]string
+		code  codes.Code
+		msg   string
+	}{
+		{"unknown attribute", map[string]string{AttrReference: testRef, "colour": "red"}, codes.InvalidArgument, "valid keys"},
+		{"no reference", map[string]string{AttrPullPolicy: "Always"}, codes.InvalidArgument, "required"},
+		{"bad reference", map[string]string{AttrReference: "Not A Reference"}, codes.InvalidArgument, "reference"},
+		{"bad policy", map[string]string{AttrReference: testRef, AttrPullPolicy: "Sometimes"}, codes.InvalidArgument, "Always, IfNotPresent, Never"},
+		{"bad filter", map[string]string{AttrReference: testRef, AttrFilter: "weights,pictures"}, codes.InvalidArgument, "pictures"},
+		{"escaping subPath", map[string]string{AttrReference: testRef, AttrSubPath: "../.."}, codes.InvalidArgument, "leaves the model"},
+		{"missing subPath", map[string]string{AttrReference: testRef, AttrSubPath: "nope"}, codes.InvalidArgument, "not found"},
+		{"never and absent", map[string]string{AttrReference: "registry.example.com/models/other:v1", AttrPullPolicy: "Never"}, codes.FailedPrecondition, "Never"},
+		{"manifest missing", map[string]string{AttrReference: "registry.example.com/models/other:v1"}, codes.NotFound, ""},
+	} {
+		_, err := node.NodePublishVolume(ctx, publishReq("v", t2, tc.attrs))
+		if status.Code(err) != tc.code || !strings.Contains(status.Convert(err).Message(), tc.msg) {
+			t.Errorf("%s: got %v, want %v containing %q", tc.name, err, tc.code, tc.msg)
+		}
+		if _, err := os.Stat(t2); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s: failed publish left the target behind", tc.name)
+		}
+	}
+	_, err = node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "v", TargetPath: t2, VolumeContext: attrs})
+	wantCode(t, err, codes.InvalidArgument, "capability")
+	req := publishReq("v", t2, attrs)
+	req.Secrets = map[string]string{"token": "s3cret"}
+	_, err = node.NodePublishVolume(ctx, req)
+	wantCode(t, err, codes.InvalidArgument, ".dockerconfigjson")
+	if strings.Contains(err.Error(), "s3cret") {
+		t.Fatal("secret value leaked into the error")
+	}
+
+	for _, tc := range []struct {
+		err  error
+		code codes.Code
+	}{
+		{ErrNoSpace, codes.ResourceExhausted},
+		{ErrUnauthorized, codes.Unauthenticated},
+		{ErrForbidden, codes.PermissionDenied},
+		{ErrUnavailable, codes.Unavailable},
+		{ErrDenied, codes.PermissionDenied},
+	} {
+		b.mu.Lock()
+		b.pullErr = tc.err
+		b.mu.Unlock()
+		ref := "registry.example.com/models/failing:" + strings.ReplaceAll(tc.code.String(), " ", "")
+		b.push(ref, tc.code.String())
+		_, err := node.NodePublishVolume(ctx, publishReq("v", t2, map[string]string{AttrReference: ref}))
+		wantCode(t, err, tc.code, "")
+	}
+}
+
+func TestAbortedPullIsJoinedByRetry(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	cleanupMounts(t, dir)
+	b := newFakeBackend(filepath.Join(dir, "cache"))
+	b.push(testRef, "v1")
+	b.gate = make(chan struct{})
+	_, sock := startDriver(t, dir, b)
+	node := nodeClient(t, sock)
+	target := podTarget(t, dir, "p1")
+	attrs := map[string]string{AttrReference: testRef}
+
+	for range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		start := time.Now()
+		_, err := node.NodePublishVolume(ctx, publishReq("v", target, attrs))
+		cancel()
+		wantCode(t, err, codes.Aborted, "in progress")
+		if el := time.Since(start); el > 300*time.Millisecond {
+			t.Fatalf("ABORTED came after the deadline (%v)", el)
+		}
+	}
+	close(b.gate)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := node.NodePublishVolume(ctx, publishReq("v", target, attrs)); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.pulls.Load(); n != 1 {
+		t.Fatalf("%d pulls, want 1: retries must join the pull under way", n)
+	}
+	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "v", TargetPath: target}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRestartRecovery(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	cleanupMounts(t, dir)
+	b := newFakeBackend(filepath.Join(dir, "cache"))
+	b.push(testRef, "v1")
+	attrs := map[string]string{AttrReference: testRef}
+	kept, lost, gone := podTarget(t, dir, "kept"), podTarget(t, dir, "lost"), podTarget(t, dir, "gone")
+
+	first, sock := startDriverAt(t, dir, b)
+	node := nodeClient(t, sock)
+	for i, tgt := range []string{kept, lost, gone} {
+		if _, err := node.NodePublishVolume(context.Background(), publishReq(fmt.Sprint("v", i), tgt, attrs)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first.stop()
+	// While the driver is down: one mount is lost (a reboot), one pod vanishes entirely.
+	if err := syscall.Unmount(lost, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Unmount(gone, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(dir, "pods", "gone")); err != nil {
+		t.Fatal(err)
+	}
+
+	d, sock := startDriverAt(t, dir, b)
+	defer d.stop()
+	if !isMounted(t, kept) || !isMounted(t, lost) {
+		t.Fatalf("after restart: kept mounted=%v, lost remounted=%v", isMounted(t, kept), isMounted(t, lost))
+	}
+	if _, err := os.ReadFile(filepath.Join(lost, "model.safetensors")); err != nil {
+		t.Fatalf("repaired volume unreadable: %v", err)
+	}
+	st := d.d.state.Snapshot()
+	if _, ok := st.Volumes[gone]; ok {
+		t.Fatal("volume of a vanished pod was not collected")
+	}
+	if n := b.Stats().Views; n != 2 {
+		t.Fatalf("%d views held, want 2", n)
+	}
+	node = nodeClient(t, sock)
+	for _, tgt := range []string{kept, lost} {
+		if _, err := node.NodeUnpublishVolume(context.Background(), &csi.NodeUnpublishVolumeRequest{VolumeId: "x", TargetPath: tgt}); err != nil {
+			t.Fatal(err)
+		}
+		if isMounted(t, tgt) {
+			t.Fatalf("%s still mounted", tgt)
+		}
+	}
+}
+
+type runningDriver struct {
+	d    *Driver
+	stop func()
+}
+
+// startDriverAt runs a driver on dir's socket and state that the caller stops (to restart it on the same state).
+func startDriverAt(t *testing.T, dir string, b Backend) (runningDriver, string) {
+	t.Helper()
+	sock := filepath.Join(dir, "csi.sock")
+	d, err := New(Options{NodeID: "n", Endpoint: "unix://" + sock, StateDir: filepath.Join(dir, "state"), Backend: b,
+		Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(sock)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	waitSocket(t, sock)
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			cancel()
+			<-done
+		}
+	}
+	t.Cleanup(stop)
+	return runningDriver{d: d, stop: stop}, sock
+}
