@@ -1,0 +1,38 @@
+package prepull
+
+import (
+	"context"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+)
+
+// Backend is the node-side machinery a prepull drives: the very resolver, verifier and cache the driver mounts
+// from, so a prepulled model is exactly what a later mount finds.
+type Backend interface {
+	// Resolve returns the manifest digest ref names now.
+	Resolve(ctx context.Context, ref string) (digest.Digest, error)
+	// Verify applies the node's trust policy to ref at dgst, as a mount would; an error refuses the pull.
+	Verify(ctx context.Context, ref string, dgst digest.Digest) error
+	// Pull makes the content of ref@dgst complete in the cache. progress may be called from any goroutine.
+	Pull(ctx context.Context, ref string, dgst digest.Digest, progress func(done, total int64)) error
+	// Pin keeps dgst from eviction under name until Unpin(name); pinning the same name again is no error.
+	Pin(ctx context.Context, name string, dgst digest.Digest) error
+	// Unpin releases name; an unknown name is no error.
+	Unpin(ctx context.Context, name string) error
+	// Pins returns every pin the cache holds, by name, so pins left by an earlier run can be reconciled.
+	Pins(ctx context.Context) (map[string]digest.Digest, error)
+	// Cache lists what the cache holds and who holds it.
+	Cache(ctx context.Context) ([]CacheEntry, error)
+}
+
+// CacheEntry is one model in the node cache.
+type CacheEntry struct {
+	Digest   digest.Digest `json:"digest"`
+	Refs     []string      `json:"refs,omitempty"`
+	Size     int64         `json:"size"`
+	Complete bool          `json:"complete"`
+	// Owners say why the entry is kept: pins are "pin:<name>", mounts name their volume.
+	Owners   []string  `json:"owners,omitempty"`
+	LastUsed time.Time `json:"lastUsed,omitzero"`
+}

@@ -1,0 +1,511 @@
+package prepull
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// fakeBackend pulls by waiting on per-ref gates, so tests control timing exactly.
+type fakeBackend struct {
+	mu       sync.Mutex
+	pins     map[string]digest.Digest
+	bad      map[string]error // Resolve fails
+	denied   map[string]bool  // Verify fails
+	gates    map[string]chan struct{}
+	active   int
+	maxSeen  int
+	pulls    map[string]int
+	verified []string
+}
+
+func newFake() *fakeBackend {
+	return &fakeBackend{pins: map[string]digest.Digest{}, bad: map[string]error{}, denied: map[string]bool{},
+		gates: map[string]chan struct{}{}, pulls: map[string]int{}}
+}
+
+func (f *fakeBackend) gate(ref string) chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	g, ok := f.gates[ref]
+	if !ok {
+		g = make(chan struct{})
+		f.gates[ref] = g
+	}
+	return g
+}
+
+func (f *fakeBackend) Resolve(_ context.Context, ref string) (digest.Digest, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.bad[ref]; err != nil {
+		return "", err
+	}
+	return digest.FromString(ref), nil
+}
+
+func (f *fakeBackend) Verify(_ context.Context, ref string, _ digest.Digest) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.verified = append(f.verified, ref)
+	if f.denied[ref] {
+		return errors.New("no trusted signature")
+	}
+	return nil
+}
+
+func (f *fakeBackend) Pull(ctx context.Context, ref string, _ digest.Digest, progress func(done, total int64)) error {
+	f.mu.Lock()
+	f.active++
+	f.maxSeen = max(f.maxSeen, f.active)
+	f.pulls[ref]++
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		f.active--
+		f.mu.Unlock()
+	}()
+	progress(50, 100)
+	select {
+	case <-f.gate(ref):
+		progress(100, 100)
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (f *fakeBackend) Pin(_ context.Context, name string, d digest.Digest) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pins[name] = d
+	return nil
+}
+
+func (f *fakeBackend) Unpin(_ context.Context, name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.pins, name)
+	return nil
+}
+
+func (f *fakeBackend) Pins(context.Context) (map[string]digest.Digest, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string]digest.Digest{}
+	for k, v := range f.pins {
+		out[k] = v
+	}
+	return out, nil
+}
+
+func (f *fakeBackend) Cache(context.Context) ([]CacheEntry, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []CacheEntry
+	for name, d := range f.pins {
+		out = append(out, CacheEntry{Digest: d, Complete: true, Owners: []string{"pin:" + name}})
+	}
+	return out, nil
+}
+
+func (f *fakeBackend) pinned(name string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, ok := f.pins[name]
+	return ok
+}
+
+func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// serve starts the API on a socket in a temp dir and returns a client; it stops with the test.
+func serve(t *testing.T, be Backend, opts Options) *Client {
+	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = quietLog()
+	}
+	// Unix socket paths are limited to ~108 bytes; t.TempDir() can be longer.
+	dir, err := os.MkdirTemp("", "pp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "prepull.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Serve(ctx, sock, be, opts) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+		os.RemoveAll(dir)
+	})
+	c := NewClient(sock)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := c.Entries(context.Background(), "", 0); err == nil {
+			return c
+		} else if time.Now().After(deadline) {
+			t.Fatalf("server did not start: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitFor follows the server until cond holds for the list's entries.
+func waitFor(t *testing.T, c *Client, list string, cond func(map[string]Entry) bool) map[string]Entry {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var since uint64
+	for {
+		s, err := c.Entries(ctx, list, since)
+		if err != nil {
+			t.Fatalf("waiting: %v", err)
+		}
+		m := map[string]Entry{}
+		for _, e := range s.Entries {
+			m[e.Ref] = e
+		}
+		if cond(m) {
+			return m
+		}
+		since = s.Version
+	}
+}
+
+func TestPrepullPinsWhileListedAndUnpinsWhenRemoved(t *testing.T) {
+	be := newFake()
+	c := serve(t, be, Options{Concurrency: 2})
+	ctx := context.Background()
+	if _, err := c.SetList(ctx, "nodes", []string{"r/a:1", "r/b:1"}); err != nil {
+		t.Fatal(err)
+	}
+	m := waitFor(t, c, "nodes", func(m map[string]Entry) bool {
+		return m["r/a:1"].State == StatePulling && m["r/b:1"].State == StatePulling
+	})
+	if p := m["r/a:1"].Percent(); p != 50 {
+		t.Errorf("progress = %d%%, want 50%%", p)
+	}
+	if m["r/a:1"].Status() != "pulling 50%" {
+		t.Errorf("status = %q", m["r/a:1"].Status())
+	}
+	close(be.gate("r/a:1"))
+	close(be.gate("r/b:1"))
+	m = waitFor(t, c, "nodes", func(m map[string]Entry) bool {
+		return m["r/a:1"].State == StateReady && m["r/b:1"].State == StateReady
+	})
+	if m["r/a:1"].Digest != digest.FromString("r/a:1") {
+		t.Errorf("digest = %s", m["r/a:1"].Digest)
+	}
+	for _, r := range []string{"r/a:1", "r/b:1"} {
+		if !be.pinned(PinName("nodes", r)) {
+			t.Errorf("%s not pinned", r)
+		}
+	}
+	// Removing b from the list unpins it before the call returns; a stays.
+	s, err := c.SetList(ctx, "nodes", []string{"r/a:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Entries) != 1 || s.Entries[0].Ref != "r/a:1" {
+		t.Errorf("entries after removal = %+v", s.Entries)
+	}
+	if be.pinned(PinName("nodes", "r/b:1")) {
+		t.Error("removed entry still pinned")
+	}
+	if !be.pinned(PinName("nodes", "r/a:1")) {
+		t.Error("kept entry unpinned")
+	}
+	// The cache view reports the pins with their owners.
+	ce, err := c.Cache(ctx)
+	if err != nil || len(ce) != 1 || ce[0].Owners[0] != "pin:"+PinName("nodes", "r/a:1") {
+		t.Errorf("cache = %+v, %v", ce, err)
+	}
+}
+
+func TestPrepullConcurrencyLimit(t *testing.T) {
+	be := newFake()
+	c := serve(t, be, Options{Concurrency: 2})
+	refs := []string{"r/a:1", "r/b:1", "r/c:1", "r/d:1"}
+	if _, err := c.Add(context.Background(), "", refs); err != nil {
+		t.Fatal(err)
+	}
+	m := waitFor(t, c, DefaultList, func(m map[string]Entry) bool {
+		n := 0
+		for _, e := range m {
+			if e.State == StatePulling {
+				n++
+			}
+		}
+		return n == 2
+	})
+	pending := 0
+	for _, e := range m {
+		if e.State == StatePending {
+			pending++
+		}
+	}
+	if pending != 2 {
+		t.Errorf("pending = %d, want 2: %+v", pending, m)
+	}
+	for _, r := range refs {
+		close(be.gate(r))
+	}
+	waitFor(t, c, DefaultList, func(m map[string]Entry) bool {
+		for _, e := range m {
+			if e.State != StateReady {
+				return false
+			}
+		}
+		return len(m) == 4
+	})
+	if be.maxSeen != 2 {
+		t.Errorf("at most %d pulls ran at once, want 2", be.maxSeen)
+	}
+}
+
+func TestPrepullFailureDoesNotBlockOthersAndRetries(t *testing.T) {
+	be := newFake()
+	be.bad["bad/ref:1"] = errors.New("manifest unknown")
+	be.denied["r/unsigned:1"] = true
+	close(be.gate("r/good:1"))
+	c := serve(t, be, Options{Concurrency: 1, RetryDelay: time.Hour})
+	if _, err := c.SetList(context.Background(), "l", []string{"bad/ref:1", "r/unsigned:1", "r/good:1"}); err != nil {
+		t.Fatal(err)
+	}
+	m := waitFor(t, c, "l", func(m map[string]Entry) bool {
+		return m["bad/ref:1"].State == StateFailed && m["r/unsigned:1"].State == StateFailed && m["r/good:1"].State == StateReady
+	})
+	if got := m["bad/ref:1"].Status(); got != "failed: resolve: manifest unknown" {
+		t.Errorf("bad ref status = %q", got)
+	}
+	if got := m["r/unsigned:1"].Error; !strings.HasPrefix(got, "trust policy: ") {
+		t.Errorf("unsigned error = %q", got)
+	}
+	if be.pulls["r/unsigned:1"] != 0 {
+		t.Error("a reference the policy refused was pulled")
+	}
+	if be.pinned(PinName("l", "bad/ref:1")) || be.pinned(PinName("l", "r/unsigned:1")) {
+		t.Error("failed entries are pinned")
+	}
+	// Adding a failed entry again retries it at once instead of waiting out the backoff.
+	be.mu.Lock()
+	delete(be.bad, "bad/ref:1")
+	be.mu.Unlock()
+	close(be.gate("bad/ref:1"))
+	if _, err := c.Add(context.Background(), "l", []string{"bad/ref:1"}); err != nil {
+		t.Fatal(err)
+	}
+	m = waitFor(t, c, "l", func(m map[string]Entry) bool { return m["bad/ref:1"].State == StateReady })
+	if m["bad/ref:1"].Attempts != 2 {
+		t.Errorf("attempts = %d, want 2", m["bad/ref:1"].Attempts)
+	}
+}
+
+func TestPrepullCancelStopsPullAndUnpins(t *testing.T) {
+	be := newFake()
+	c := serve(t, be, Options{})
+	ctx := context.Background()
+	if _, err := c.Add(ctx, "", []string{"r/big:1"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, c, DefaultList, func(m map[string]Entry) bool { return m["r/big:1"].State == StatePulling })
+	if err := c.Remove(ctx, DefaultList, "r/big:1"); err != nil {
+		t.Fatal(err)
+	}
+	be.mu.Lock()
+	active := be.active
+	be.mu.Unlock()
+	if active != 0 {
+		t.Error("pull still running after cancel returned")
+	}
+	if be.pinned(PinName(DefaultList, "r/big:1")) {
+		t.Error("cancelled entry pinned")
+	}
+	if err := c.Remove(ctx, DefaultList, "r/big:1"); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Errorf("second cancel = %v, want 404", err)
+	}
+	// Re-adding starts afresh.
+	close(be.gate("r/big:1"))
+	if _, err := c.Add(ctx, "", []string{"r/big:1"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, c, DefaultList, func(m map[string]Entry) bool { return m["r/big:1"].State == StateReady })
+	if !be.pinned(PinName(DefaultList, "r/big:1")) {
+		t.Error("re-added entry not pinned")
+	}
+}
+
+func TestPrepullRestoresPinsAfterRestart(t *testing.T) {
+	be := newFake()
+	d := digest.FromString("old")
+	be.pins[PinName("nodes", "r/a:1")] = d
+	be.pins["someone-else"] = d
+	c := serve(t, be, Options{})
+	s, err := c.Entries(context.Background(), "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Entries) != 1 || s.Entries[0].Ref != "r/a:1" || s.Entries[0].State != StateReady || s.Entries[0].Digest != d {
+		t.Fatalf("restored = %+v", s.Entries)
+	}
+	// The list no longer names it: the pin left by the earlier run goes.
+	if _, err := c.SetList(context.Background(), "nodes", nil); err != nil {
+		t.Fatal(err)
+	}
+	if be.pinned(PinName("nodes", "r/a:1")) {
+		t.Error("stale pin kept")
+	}
+	if !be.pinned("someone-else") {
+		t.Error("a pin prepull does not own was removed")
+	}
+}
+
+func TestPrepullRejectsBadRequests(t *testing.T) {
+	c := serve(t, newFake(), Options{})
+	ctx := context.Background()
+	if _, err := c.Add(ctx, "Bad/List", []string{"r/a:1"}); err == nil {
+		t.Error("bad list name accepted")
+	}
+	if _, err := c.Add(ctx, "", []string{"has space"}); err == nil {
+		t.Error("bad reference accepted")
+	}
+	if _, err := c.SetList(ctx, "x", []string{""}); err == nil {
+		t.Error("empty reference accepted")
+	}
+}
+
+func TestParseList(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []string
+		err  string
+	}{
+		{in: "", want: []string{}},
+		{in: "- r/a:1\n- r/b@sha256:abc\n- r/a:1\n", want: []string{"r/a:1", "r/b@sha256:abc"}},
+		{in: "models:\n  - r/a:1\n  - ref: r/b:2\n", want: []string{"r/a:1", "r/b:2"}},
+		{in: "models: []\n", want: []string{}},
+		{in: "model:\n  - r/a:1\n", err: "unknown field"},
+		{in: "models:\n  - ref: r/a:1\n    tag: x\n", err: "unknown field"},
+		{in: "models:\n  - ''\n", err: "entry 1"},
+		{in: "models: [1]\n", err: "unexpected number"},
+		{in: "models: [\n", err: "yaml"},
+	} {
+		got, err := ParseList([]byte(tc.in))
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("ParseList(%q) err = %v, want %q", tc.in, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("ParseList(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+// writeConfigMap lays out a file the way the kubelet does for a ConfigMap volume: the data lives in a timestamped
+// directory, ..data points at it, and the file is a symlink through ..data; an update swaps ..data atomically.
+func writeConfigMap(t *testing.T, dir, name, content string) {
+	t.Helper()
+	ts := filepath.Join(dir, fmt.Sprintf("..%d", time.Now().UnixNano()))
+	if err := os.Mkdir(ts, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ts, name), []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(dir, "..data_tmp")
+	if err := os.Symlink(filepath.Base(ts), tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, name)
+	if _, err := os.Lstat(link); err != nil {
+		if err := os.Symlink(filepath.Join("..data", name), link); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestWatcherFollowsConfigMapUpdates(t *testing.T) {
+	be := newFake()
+	close(be.gate("r/a:1"))
+	close(be.gate("r/b:1"))
+	c := serve(t, be, Options{RetryDelay: time.Hour})
+	dir := t.TempDir()
+	writeConfigMap(t, dir, "models.yaml", "models:\n  - r/a:1\n  - bad/x:1\n")
+	be.bad["bad/x:1"] = errors.New("name unknown")
+
+	reg := prometheus.NewRegistry()
+	w := &Watcher{Client: c, File: filepath.Join(dir, "models.yaml"), List: "configmap", Poll: 20 * time.Millisecond,
+		Log: quietLog(), Metrics: NewWatchMetrics(reg, "node-1")}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+
+	waitFor(t, c, "configmap", func(m map[string]Entry) bool {
+		return m["r/a:1"].State == StateReady && m["bad/x:1"].State == StateFailed
+	})
+	eventually(t, func() bool {
+		return testutil.ToFloat64(w.Metrics.state.WithLabelValues("r/a:1", "ready")) == 1 &&
+			testutil.ToFloat64(w.Metrics.failure.WithLabelValues("bad/x:1", "resolve: name unknown")) == 1
+	})
+	if !be.pinned(PinName("configmap", "r/a:1")) {
+		t.Fatal("listed model not pinned")
+	}
+
+	// An invalid edit keeps the last good list.
+	writeConfigMap(t, dir, "models.yaml", "models: [\n")
+	eventually(t, func() bool { return testutil.ToFloat64(w.Metrics.listValid) == 0 })
+	if !be.pinned(PinName("configmap", "r/a:1")) {
+		t.Fatal("an invalid list unpinned a model")
+	}
+
+	// The next update swaps ..data: a is dropped and unpinned, b is pulled.
+	writeConfigMap(t, dir, "models.yaml", "models:\n  - r/b:1\n")
+	waitFor(t, c, "configmap", func(m map[string]Entry) bool {
+		_, hasA := m["r/a:1"]
+		return !hasA && m["r/b:1"].State == StateReady
+	})
+	eventually(t, func() bool { return !be.pinned(PinName("configmap", "r/a:1")) })
+	eventually(t, func() bool {
+		return testutil.ToFloat64(w.Metrics.listEntries) == 1 && testutil.CollectAndCount(w.Metrics.state) == 4 &&
+			testutil.CollectAndCount(w.Metrics.failure) == 0
+	})
+	if got := testutil.ToFloat64(w.Metrics.progress.WithLabelValues("r/b:1")); got != 1 {
+		t.Errorf("progress of ready entry = %v", got)
+	}
+}
+
+func eventually(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in time")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
