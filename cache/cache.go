@@ -1,0 +1,330 @@
+package cache
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	digest "github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sync/singleflight"
+
+	"github.com/modelpack/modelpack/artifact/archive"
+	"github.com/modelpack/modelpack/cas"
+)
+
+// Errors callers can test with errors.Is.
+var (
+	// ErrNotFound: the manifest is not in the cache (or its pull has not completed).
+	ErrNotFound = errors.New("not in cache")
+	// ErrInUse: the content is referenced by a volume or pin, or is being pulled.
+	ErrInUse = errors.New("in use")
+	// ErrTooLarge: a manifest, index or config over MaxManifestBytes.
+	ErrTooLarge = errors.New("too large")
+	// ErrUnsupported: a media type or manifest shape the cache cannot serve.
+	ErrUnsupported = errors.New("unsupported")
+	// ErrSizeMismatch and ErrDigestMismatch: bytes that do not match their descriptor.
+	ErrSizeMismatch   = cas.ErrSizeMismatch
+	ErrDigestMismatch = cas.ErrDigestMismatch
+)
+
+// MaxManifestBytes caps manifests, indexes and configs, which are read into memory. Registries enforce the same
+// 4 MiB limit on manifests.
+const MaxManifestBytes = 4 << 20
+
+// Options configure a Cache.
+type Options struct {
+	// Root is the cache directory; views are hardlinked to blobs, so it must be one filesystem.
+	Root string
+	// MaxBytes caps blobs, extracted layers and partial downloads; GC evicts down to it. 0 means no cap.
+	MaxBytes int64
+	// Limits cap each extracted tar layer (decompression bombs); zero fields take archive.DefaultLimits.
+	Limits archive.Limits
+	// Platform picks the manifest of a multi-arch index; the zero value is this node's OS and architecture.
+	Platform ocispec.Platform
+	// Concurrency is how many blobs a pull fetches at once (default 8).
+	Concurrency int
+	// PullLinger is how long a pull keeps running after every caller waiting on it has gone, so that a retry
+	// (a CSI call after a deadline) joins it instead of starting over. Default 5 minutes; negative cancels at once.
+	PullLinger time.Duration
+	// MinAge protects content pulled or used this recently from eviction, so a pull is not evicted before the
+	// volume that asked for it acquires it. Default 5 minutes; negative means no protection.
+	MinAge time.Duration
+	// LockTimeout is how long Open waits for another process holding the cache (default 10 s).
+	LockTimeout time.Duration
+}
+
+func (o Options) withDefaults() Options {
+	if o.Concurrency <= 0 {
+		o.Concurrency = 8
+	}
+	if o.PullLinger == 0 {
+		o.PullLinger = 5 * time.Minute
+	}
+	if o.MinAge == 0 {
+		o.MinAge = 5 * time.Minute
+	}
+	if o.MinAge < 0 {
+		o.MinAge = 0
+	}
+	if o.LockTimeout <= 0 {
+		o.LockTimeout = 10 * time.Second
+	}
+	if o.Platform.OS == "" {
+		o.Platform.OS = runtime.GOOS
+	}
+	if o.Platform.Architecture == "" {
+		o.Platform.Architecture = runtime.GOARCH
+	}
+	return o
+}
+
+// Cache is a node's content store. It is safe for concurrent use; one process at a time holds a cache root.
+type Cache struct {
+	opts  Options
+	root  string
+	blobs *cas.Store
+	db    *bolt.DB
+	m     *metrics
+
+	// ctx outlives the callers of Pull so that an abandoned pull can linger; Close cancels it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	// mu orders metadata decisions that must not interleave: recording a pull or a reference against GC's
+	// choice of what to delete.
+	mu      sync.Mutex
+	flights map[digest.Digest]*flight
+	pulling map[digest.Digest]int // manifests a running pull is filling
+
+	layerFlight singleflight.Group
+	viewFlight  singleflight.Group
+}
+
+// Open opens the cache at opts.Root, creating it, and recovers from a crash: half-built views and layers are
+// deleted, interrupted writes dropped, resumable partial downloads kept.
+func Open(opts Options) (*Cache, error) {
+	opts = opts.withDefaults()
+	if opts.Root == "" {
+		return nil, errors.New("cache root not set")
+	}
+	root, err := filepath.Abs(opts.Root)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range []string{root, filepath.Join(root, "layers", "sha256"), filepath.Join(root, "views"), filepath.Join(root, "tmp"), filepath.Join(root, "trash")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("create cache: %w", err)
+		}
+	}
+	blobs, err := cas.Open(root)
+	if err != nil {
+		return nil, err
+	}
+	db, err := bolt.Open(filepath.Join(root, "meta.db"), 0o600, &bolt.Options{Timeout: opts.LockTimeout})
+	if err != nil {
+		if errors.Is(err, bolt.ErrTimeout) {
+			return nil, fmt.Errorf("cache %s is held by another process (timed out after %s)", root, opts.LockTimeout)
+		}
+		return nil, fmt.Errorf("open cache metadata: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &Cache{
+		opts: opts, root: root, blobs: blobs, db: db, m: newMetrics(),
+		ctx: ctx, cancel: cancel,
+		flights: map[digest.Digest]*flight{}, pulling: map[digest.Digest]int{},
+	}
+	if err := c.recover(); err != nil {
+		db.Close()
+		cancel()
+		return nil, fmt.Errorf("recover cache %s: %w", root, err)
+	}
+	return c, nil
+}
+
+// Close cancels lingering pulls, waits for them and releases the cache root.
+func (c *Cache) Close() error {
+	c.cancel()
+	c.wg.Wait()
+	return c.db.Close()
+}
+
+// Root is the cache directory.
+func (c *Cache) Root() string { return c.root }
+
+// Blobs is the cache's blob store (read access for callers that stream blobs, such as a registry mirror).
+func (c *Cache) Blobs() *cas.Store { return c.blobs }
+
+func (c *Cache) layerDir(d digest.Digest) string {
+	return filepath.Join(c.root, "layers", d.Algorithm().String(), d.Encoded())
+}
+
+func (c *Cache) viewDir(key string) string { return filepath.Join(c.root, "views", key) }
+
+// tempDir makes a fresh directory under tmp/; recovery deletes whatever is left there.
+func (c *Cache) tempDir(prefix string) (string, error) {
+	return os.MkdirTemp(filepath.Join(c.root, "tmp"), prefix+"-")
+}
+
+// recover runs at Open, before any other use.
+func (c *Cache) recover() error {
+	if err := c.blobs.Recover(); err != nil {
+		return err
+	}
+	// Anything under tmp/ was being built when the process died; anything in trash/ was being deleted.
+	for _, d := range []string{"tmp", "trash"} {
+		if err := emptyDir(filepath.Join(c.root, d)); err != nil {
+			return err
+		}
+	}
+	return c.db.Update(func(tx *bolt.Tx) error {
+		for _, b := range buckets {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		// A view or layer directory under its final name was renamed into place complete. A layer directory
+		// whose statistics were not yet recorded gets them now; records of vanished directories go.
+		lb := tx.Bucket(bucketLayers)
+		entries, err := os.ReadDir(filepath.Join(c.root, "layers", "sha256"))
+		if err != nil {
+			return err
+		}
+		present := map[digest.Digest]bool{}
+		for _, e := range entries {
+			d := digest.NewDigestFromEncoded(digest.SHA256, e.Name())
+			if d.Validate() != nil {
+				continue
+			}
+			present[d] = true
+			if lb.Get([]byte(d)) == nil {
+				st, err := dirStats(c.layerDir(d))
+				if err != nil {
+					return err
+				}
+				if err := putJSON(lb, string(d), st); err != nil {
+					return err
+				}
+			}
+		}
+		var stale [][]byte
+		lb.ForEach(func(k, _ []byte) error {
+			if !present[digest.Digest(k)] {
+				stale = append(stale, append([]byte(nil), k...))
+			}
+			return nil
+		})
+		for _, k := range stale {
+			if err := lb.Delete(k); err != nil {
+				return err
+			}
+		}
+		// The view root is made read-only after its rename; finish that if the process died in between.
+		views, err := os.ReadDir(filepath.Join(c.root, "views"))
+		if err != nil {
+			return err
+		}
+		for _, v := range views {
+			if err := os.Chmod(filepath.Join(c.root, "views", v.Name()), 0o555); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func randomSuffix() string {
+	var b [6]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// trashLocked moves a directory out of the way atomically; emptyTrash deletes it later, outside any lock.
+func (c *Cache) trash(dir string) error {
+	dst := filepath.Join(c.root, "trash", filepath.Base(dir)+"-"+randomSuffix())
+	if err := os.Rename(dir, dst); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+func (c *Cache) emptyTrash() error { return emptyDir(filepath.Join(c.root, "trash")) }
+
+// emptyDir removes everything inside dir.
+func emptyDir(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		errs = append(errs, removeAll(filepath.Join(dir, e.Name())))
+	}
+	return errors.Join(errs...)
+}
+
+// removeAll is os.RemoveAll for trees with read-only directories (views and layers), which only root could
+// otherwise delete.
+func removeAll(p string) error {
+	err := os.RemoveAll(p)
+	if err == nil || !errors.Is(err, fs.ErrPermission) {
+		return err
+	}
+	filepath.WalkDir(p, func(q string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			os.Chmod(q, 0o755)
+		}
+		return nil
+	})
+	return os.RemoveAll(p)
+}
+
+// dirStats counts the entries and file bytes of an extracted tree (hardlinked files counted once).
+func dirStats(dir string) (archive.Stats, error) {
+	var st archive.Stats
+	seen := map[uint64]bool{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if p == dir {
+			return nil
+		}
+		st.Entries++
+		if d.Type().IsRegular() {
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			if ino, ok := inode(info); ok {
+				if seen[ino] {
+					return nil
+				}
+				seen[ino] = true
+			}
+			st.Bytes += info.Size()
+		}
+		return nil
+	})
+	return st, err
+}
+
+// shortHex shortens a digest for messages.
+func shortHex(d digest.Digest) string {
+	s := d.Encoded()
+	if len(s) > 12 {
+		s = s[:12]
+	}
+	return strings.TrimSpace(s)
+}

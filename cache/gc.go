@@ -1,0 +1,570 @@
+package cache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	digest "github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/artifact/archive"
+)
+
+// GCStats says what a collection did.
+type GCStats struct {
+	Before  int64           `json:"before"` // usage in bytes
+	After   int64           `json:"after"`
+	Evicted []digest.Digest `json:"evicted,omitempty"` // manifests
+	Blobs   int             `json:"blobs"`             // blobs deleted
+	Layers  int             `json:"layers"`            // extracted layers deleted
+	Views   int             `json:"views"`             // views deleted
+	// Partials counts partial downloads deleted: those of blobs no manifest in the cache needs any more.
+	Partials int           `json:"partials"`
+	Duration time.Duration `json:"duration"`
+}
+
+// Usage is what the cache holds.
+type Usage struct {
+	Bytes      int64 `json:"bytes"` // Blobs + Layers + Partials: what MaxBytes caps
+	MaxBytes   int64 `json:"maxBytes,omitempty"`
+	Blobs      int64 `json:"blobBytes"`
+	BlobCount  int   `json:"blobs"`
+	Layers     int64 `json:"layerBytes"` // extracted tar layers
+	LayerCount int   `json:"layers"`
+	Partials   int64 `json:"partialBytes"`
+	Manifests  int   `json:"manifests"`
+	Views      int   `json:"views"`
+	Refs       int   `json:"refs"`
+	// Referenced is the part of Bytes that a reference or a running pull needs: what GC can never free.
+	Referenced int64 `json:"referencedBytes"`
+}
+
+// Entry describes a manifest in the cache.
+type Entry struct {
+	Descriptor ocispec.Descriptor `json:"descriptor"`
+	Name       string             `json:"name,omitempty"`
+	Image      bool               `json:"image"`
+	Indexes    []digest.Digest    `json:"indexes,omitempty"` // indexes it was chosen from
+	Layers     int                `json:"layers"`
+	Size       int64              `json:"size"` // bytes of its blobs
+	Complete   bool               `json:"complete"`
+	Refs       []string           `json:"refs,omitempty"`
+	Views      []string           `json:"views,omitempty"`
+	PulledAt   time.Time          `json:"pulledAt"`
+	LastUsed   time.Time          `json:"lastUsed"`
+}
+
+// Ref is one owner's reference.
+type Ref struct {
+	Owner    string        `json:"owner"`
+	Manifest digest.Digest `json:"manifest"`
+	Selector Selector      `json:"selector"`
+	View     string        `json:"view"`
+	Since    time.Time     `json:"since"`
+}
+
+// snapshot is the metadata GC and the reports work from, read in one transaction.
+type snapshot struct {
+	manifests []*manifestRecord
+	indexes   map[digest.Digest]indexRecord
+	refs      map[string]refRecord
+	layers    map[digest.Digest]archive.Stats
+}
+
+func (c *Cache) snapshot(tx *bolt.Tx) (*snapshot, error) {
+	s := &snapshot{indexes: map[digest.Digest]indexRecord{}, layers: map[digest.Digest]archive.Stats{}}
+	var err error
+	if s.manifests, err = allManifests(tx); err != nil {
+		return nil, err
+	}
+	if s.refs, err = allRefs(tx); err != nil {
+		return nil, err
+	}
+	if err := tx.Bucket(bucketIndexes).ForEach(func(k, v []byte) error {
+		var r indexRecord
+		_, err := getJSON(tx.Bucket(bucketIndexes), string(k), &r)
+		s.indexes[digest.Digest(k)] = r
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	err = tx.Bucket(bucketLayers).ForEach(func(k, v []byte) error {
+		var st archive.Stats
+		_, err := getJSON(tx.Bucket(bucketLayers), string(k), &st)
+		s.layers[digest.Digest(k)] = st
+		return err
+	})
+	return s, err
+}
+
+// needs lists the blobs (and, for tar layers, the extracted layers) of the given manifests.
+func (s *snapshot) needs(keep func(*manifestRecord) bool) (blobs, layers map[digest.Digest]bool) {
+	blobs, layers = map[digest.Digest]bool{}, map[digest.Digest]bool{}
+	kept := map[digest.Digest]bool{}
+	for _, m := range s.manifests {
+		if !keep(m) {
+			continue
+		}
+		kept[m.Descriptor.Digest] = true
+		for _, b := range m.blobs() {
+			blobs[b.Digest] = true
+		}
+		for _, l := range m.Layers {
+			if l.Format != artifact.FormatRaw {
+				layers[l.Digest] = true
+			}
+		}
+	}
+	for d, ix := range s.indexes {
+		if kept[ix.Manifest] {
+			blobs[d] = true
+		}
+	}
+	return blobs, layers
+}
+
+// GC evicts unreferenced manifests, least recently used first, until usage is at most MaxBytes, then deletes
+// every blob, extracted layer, view and partial download that no remaining manifest needs. Content a reference
+// or a running pull needs, or that was used within MinAge, is never evicted. Safe to run concurrently with Pull
+// and Acquire: they and GC's decisions are ordered by one lock, and directories leave by atomic rename.
+func (c *Cache) GC(ctx context.Context) (GCStats, error) {
+	start := time.Now()
+	var st GCStats
+	c.mu.Lock()
+	err := c.gcLocked(ctx, &st, nil)
+	c.mu.Unlock()
+	// Deleting the renamed-away trees takes time proportional to their files: outside the lock.
+	if terr := c.emptyTrash(); err == nil {
+		err = terr
+	}
+	st.Duration = time.Since(start)
+	c.m.gcRuns.Inc()
+	c.m.gcEvictions.Add(float64(len(st.Evicted)))
+	if u, uerr := c.Usage(); uerr == nil {
+		st.After = u.Bytes
+		c.m.gcFreed.Add(float64(max(st.Before-st.After, 0)))
+	}
+	return st, err
+}
+
+// Remove deletes a manifest (or the manifest an index digest chose) and whatever only it needed. It refuses with
+// ErrInUse while a reference or a pull uses it.
+func (c *Cache) Remove(d digest.Digest) error {
+	c.mu.Lock()
+	var st GCStats
+	err := c.gcLocked(context.Background(), &st, &d)
+	c.mu.Unlock()
+	if terr := c.emptyTrash(); err == nil {
+		err = terr
+	}
+	return err
+}
+
+// gcLocked runs with c.mu held. With remove set it evicts exactly that manifest instead of applying the LRU policy.
+func (c *Cache) gcLocked(ctx context.Context, st *GCStats, remove *digest.Digest) error {
+	u, err := c.usageLocked()
+	if err != nil {
+		return err
+	}
+	st.Before = u.Bytes
+	return c.db.Update(func(tx *bolt.Tx) error {
+		s, err := c.snapshot(tx)
+		if err != nil {
+			return err
+		}
+		inUse := map[digest.Digest]bool{}
+		for _, r := range s.refs {
+			inUse[r.Manifest] = true
+		}
+		for d := range c.pulling {
+			inUse[d] = true
+		}
+		evict := map[digest.Digest]bool{}
+		if remove != nil {
+			target := *remove
+			if ix, ok := s.indexes[target]; ok {
+				target = ix.Manifest
+			}
+			found := false
+			for _, m := range s.manifests {
+				found = found || m.Descriptor.Digest == target
+			}
+			if !found {
+				return fmt.Errorf("%s: %w", *remove, ErrNotFound)
+			}
+			if inUse[target] {
+				return fmt.Errorf("%s: %w by %s", target, ErrInUse, strings.Join(users(s, target, c.pulling), ", "))
+			}
+			evict[target] = true
+		} else if c.opts.MaxBytes > 0 && u.Bytes > c.opts.MaxBytes {
+			c.chooseEvictions(s, u, inUse, evict)
+		}
+		for d := range evict {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err := tx.Bucket(bucketManifests).Delete([]byte(d)); err != nil {
+				return err
+			}
+			st.Evicted = append(st.Evicted, d)
+		}
+		for d, ix := range s.indexes {
+			if evict[ix.Manifest] {
+				if err := tx.Bucket(bucketIndexes).Delete([]byte(d)); err != nil {
+					return err
+				}
+			}
+		}
+		sort.Slice(st.Evicted, func(i, j int) bool { return st.Evicted[i] < st.Evicted[j] })
+		return c.sweep(tx, s, evict, st)
+	})
+}
+
+// chooseEvictions picks LRU victims among unused manifests until what remains fits MaxBytes. A victim frees the
+// blobs and layers no other kept manifest shares.
+func (c *Cache) chooseEvictions(s *snapshot, u Usage, inUse, evict map[digest.Digest]bool) {
+	sizes := map[digest.Digest]int64{}
+	users := map[digest.Digest]int{}
+	for _, m := range s.manifests {
+		for _, b := range m.blobs() {
+			sizes[b.Digest] = b.Size
+			users[b.Digest]++
+		}
+		for _, l := range m.Layers {
+			if l.Format != artifact.FormatRaw {
+				key := "layer:" + l.Digest
+				sizes[key] = s.layers[l.Digest].Bytes
+				users[key]++
+			}
+		}
+	}
+	victims := make([]*manifestRecord, 0, len(s.manifests))
+	cutoff := time.Now().Add(-c.opts.MinAge)
+	for _, m := range s.manifests {
+		if !inUse[m.Descriptor.Digest] && m.LastUsed.Before(cutoff) {
+			victims = append(victims, m)
+		}
+	}
+	sort.Slice(victims, func(i, j int) bool { return victims[i].LastUsed.Before(victims[j].LastUsed) })
+	// Blobs no manifest needs (a crashed pull's leftovers) are swept whatever is evicted: do not count them.
+	remaining := u.Bytes
+	c.blobs.Walk(func(d digest.Digest, size int64) error {
+		if users[d] == 0 {
+			remaining -= size
+		}
+		return nil
+	})
+	for _, m := range victims {
+		if remaining <= c.opts.MaxBytes {
+			break
+		}
+		evict[m.Descriptor.Digest] = true
+		seen := map[digest.Digest]bool{}
+		release := func(key digest.Digest) {
+			if seen[key] {
+				return
+			}
+			seen[key] = true
+			if users[key]--; users[key] == 0 {
+				remaining -= sizes[key]
+			}
+		}
+		for _, b := range m.blobs() {
+			release(b.Digest)
+		}
+		for _, l := range m.Layers {
+			if l.Format != artifact.FormatRaw {
+				release("layer:" + l.Digest)
+			}
+		}
+	}
+}
+
+// sweep deletes what no kept manifest needs: blobs, extracted layers, partial downloads and the views of evicted
+// or vanished manifests.
+func (c *Cache) sweep(tx *bolt.Tx, s *snapshot, evict map[digest.Digest]bool, st *GCStats) error {
+	blobs, layers := s.needs(func(m *manifestRecord) bool { return !evict[m.Descriptor.Digest] })
+	kept := map[string]bool{}
+	for _, m := range s.manifests {
+		if !evict[m.Descriptor.Digest] {
+			kept[m.Descriptor.Digest.Encoded()] = true
+		}
+	}
+	var errs []error
+	err := c.blobs.Walk(func(d digest.Digest, _ int64) error {
+		if !blobs[d] {
+			if err := c.blobs.Delete(d); err != nil {
+				errs = append(errs, err)
+			} else {
+				st.Blobs++
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	partials, err := c.blobs.Partials()
+	if err != nil {
+		return err
+	}
+	for d := range partials {
+		if !blobs[d] {
+			base := filepath.Join(c.root, "ingest", d.Algorithm().String()+"-"+d.Encoded())
+			if err := os.Remove(base + ".partial"); err == nil {
+				os.Remove(base + ".lock")
+				st.Partials++
+			}
+		}
+	}
+	for d := range s.layers {
+		if !layers[d] {
+			if err := c.trash(c.layerDir(d)); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if err := tx.Bucket(bucketLayers).Delete([]byte(d)); err != nil {
+				return err
+			}
+			st.Layers++
+		}
+	}
+	views, err := os.ReadDir(filepath.Join(c.root, "views"))
+	if err != nil {
+		return err
+	}
+	for _, v := range views {
+		m, _, _ := strings.Cut(v.Name(), "-")
+		if !kept[m] {
+			if err := c.trash(c.viewDir(v.Name())); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			st.Views++
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func users(s *snapshot, d digest.Digest, pulling map[digest.Digest]int) []string {
+	var out []string
+	for owner, r := range s.refs {
+		if r.Manifest == d {
+			out = append(out, owner)
+		}
+	}
+	sort.Strings(out)
+	if pulling[d] > 0 {
+		out = append(out, "a running pull")
+	}
+	return out
+}
+
+// Usage reports what the cache holds.
+func (c *Cache) Usage() (Usage, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.usageLocked()
+}
+
+func (c *Cache) usageLocked() (Usage, error) {
+	u := Usage{MaxBytes: c.opts.MaxBytes}
+	sizes := map[digest.Digest]int64{}
+	if err := c.blobs.Walk(func(d digest.Digest, size int64) error {
+		sizes[d] = size
+		u.Blobs += size
+		u.BlobCount++
+		return nil
+	}); err != nil {
+		return u, err
+	}
+	partials, err := c.blobs.Partials()
+	if err != nil {
+		return u, err
+	}
+	for _, n := range partials {
+		u.Partials += n
+	}
+	views, err := os.ReadDir(filepath.Join(c.root, "views"))
+	if err != nil {
+		return u, err
+	}
+	u.Views = len(views)
+	err = c.db.View(func(tx *bolt.Tx) error {
+		s, err := c.snapshot(tx)
+		if err != nil {
+			return err
+		}
+		u.Manifests, u.Refs = len(s.manifests), len(s.refs)
+		for _, st := range s.layers {
+			u.Layers += st.Bytes
+			u.LayerCount++
+		}
+		inUse := map[digest.Digest]bool{}
+		for _, r := range s.refs {
+			inUse[r.Manifest] = true
+		}
+		for d := range c.pulling {
+			inUse[d] = true
+		}
+		blobs, layers := s.needs(func(m *manifestRecord) bool { return inUse[m.Descriptor.Digest] })
+		for d := range blobs {
+			u.Referenced += sizes[d]
+		}
+		for d := range layers {
+			u.Referenced += s.layers[d].Bytes
+		}
+		return nil
+	})
+	u.Bytes = u.Blobs + u.Layers + u.Partials
+	return u, err
+}
+
+// List describes every manifest in the cache, most recently used first.
+func (c *Cache) List() ([]Entry, error) {
+	var out []Entry
+	views, err := os.ReadDir(filepath.Join(c.root, "views"))
+	if err != nil {
+		return nil, err
+	}
+	err = c.db.View(func(tx *bolt.Tx) error {
+		s, err := c.snapshot(tx)
+		if err != nil {
+			return err
+		}
+		for _, m := range s.manifests {
+			e := Entry{
+				Descriptor: m.Descriptor, Name: m.Name, Image: m.Image, Layers: len(m.Layers), Complete: m.Complete,
+				PulledAt: m.PulledAt, LastUsed: m.LastUsed,
+			}
+			for _, b := range m.blobs() {
+				e.Size += b.Size
+			}
+			for d, ix := range s.indexes {
+				if ix.Manifest == m.Descriptor.Digest {
+					e.Indexes = append(e.Indexes, d)
+				}
+			}
+			sort.Slice(e.Indexes, func(i, j int) bool { return e.Indexes[i] < e.Indexes[j] })
+			e.Refs = users(s, m.Descriptor.Digest, nil)
+			for _, v := range views {
+				if v.Name() == m.Descriptor.Digest.Encoded() || strings.HasPrefix(v.Name(), m.Descriptor.Digest.Encoded()+"-") {
+					e.Views = append(e.Views, v.Name())
+				}
+			}
+			out = append(out, e)
+		}
+		return nil
+	})
+	sort.SliceStable(out, func(i, j int) bool { return out[i].LastUsed.After(out[j].LastUsed) })
+	return out, err
+}
+
+// Refs lists every reference, by owner.
+func (c *Cache) Refs() ([]Ref, error) {
+	var out []Ref
+	err := c.db.View(func(tx *bolt.Tx) error {
+		refs, err := allRefs(tx)
+		for owner, r := range refs {
+			out = append(out, Ref{Owner: owner, Manifest: r.Manifest, Selector: r.Selector, View: c.viewDir(r.View), Since: r.Since})
+		}
+		return err
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].Owner < out[j].Owner })
+	return out, err
+}
+
+// Problem is one thing Verify found wrong.
+type Problem struct {
+	Digest digest.Digest `json:"digest"`
+	What   string        `json:"what"`
+}
+
+// VerifyReport is what Verify checked and found.
+type VerifyReport struct {
+	Blobs    int       `json:"blobs"`
+	Bytes    int64     `json:"bytes"`
+	Problems []Problem `json:"problems,omitempty"`
+}
+
+// Verify re-hashes every blob and checks that every complete manifest has its blobs and extracted layers. It
+// reports; it does not repair (Remove and pull again does).
+func (c *Cache) Verify(ctx context.Context) (VerifyReport, error) {
+	var r VerifyReport
+	type blob struct {
+		d    digest.Digest
+		size int64
+	}
+	var all []blob
+	if err := c.blobs.Walk(func(d digest.Digest, size int64) error {
+		all = append(all, blob{d, size})
+		return nil
+	}); err != nil {
+		return r, err
+	}
+	var mu sync.Mutex
+	work := make(chan blob)
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			for b := range work {
+				err := c.blobs.Verify(b.d)
+				mu.Lock()
+				r.Blobs++
+				r.Bytes += b.size
+				if err != nil {
+					r.Problems = append(r.Problems, Problem{b.d, err.Error()})
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	for _, b := range all {
+		if ctx.Err() != nil {
+			break
+		}
+		work <- b
+	}
+	close(work)
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return r, err
+	}
+	err := c.db.View(func(tx *bolt.Tx) error {
+		ms, err := allManifests(tx)
+		if err != nil {
+			return err
+		}
+		for _, m := range ms {
+			if !m.Complete {
+				continue
+			}
+			for _, b := range m.blobs() {
+				if ok, err := c.blobs.Exists(b.Digest, b.Size); err != nil || !ok {
+					r.Problems = append(r.Problems, Problem{b.Digest, fmt.Sprintf("missing blob of manifest %s", m.Descriptor.Digest)})
+				}
+			}
+			for _, l := range m.Layers {
+				if l.Format == artifact.FormatRaw {
+					continue
+				}
+				if _, err := os.Lstat(c.layerDir(l.Digest)); err != nil {
+					r.Problems = append(r.Problems, Problem{l.Digest, fmt.Sprintf("layer of manifest %s not extracted (it will be on next use)", m.Descriptor.Digest)})
+				}
+			}
+		}
+		return nil
+	})
+	sort.Slice(r.Problems, func(i, j int) bool { return r.Problems[i].Digest < r.Problems[j].Digest })
+	c.m.verifyProblems.Add(float64(len(r.Problems)))
+	return r, err
+}

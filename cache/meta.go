@@ -1,0 +1,135 @@
+package cache
+
+import (
+	"encoding/json"
+	"io/fs"
+	"syscall"
+	"time"
+
+	digest "github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/modelpack/modelpack/artifact"
+)
+
+// Metadata lives in bbolt buckets of JSON records, written in transactions so a crash leaves either the old or the
+// new state. Directories are not recorded here: a view or layer directory under its final name is complete by
+// construction (it was renamed into place).
+var (
+	bucketManifests = []byte("manifests") // manifest digest -> manifestRecord
+	bucketIndexes   = []byte("indexes")   // index digest -> indexRecord (the manifest chosen for this node)
+	bucketRefs      = []byte("refs")      // owner -> refRecord
+	bucketLayers    = []byte("layers")    // layer digest -> archive.Stats of its extraction
+	buckets         = [][]byte{bucketManifests, bucketIndexes, bucketRefs, bucketLayers}
+)
+
+type manifestRecord struct {
+	Descriptor ocispec.Descriptor `json:"descriptor"` // the manifest itself (media type, digest, size, platform)
+	Name       string             `json:"name,omitempty"`
+	Config     ocispec.Descriptor `json:"config"`
+	Layers     []artifact.Layer   `json:"layers"`
+	Image      bool               `json:"image"`
+	// From is the index the manifest was chosen from, if any: needed until the pull records it in bucketIndexes.
+	From     *ocispec.Descriptor `json:"from,omitempty"`
+	Complete bool                `json:"complete"`
+	PulledAt time.Time           `json:"pulledAt"`
+	LastUsed time.Time           `json:"lastUsed"`
+}
+
+// blobs lists every blob the manifest needs, itself included.
+func (r *manifestRecord) blobs() []ocispec.Descriptor {
+	out := []ocispec.Descriptor{r.Descriptor, r.Config}
+	if r.From != nil {
+		out = append(out, *r.From)
+	}
+	for _, l := range r.Layers {
+		out = append(out, l.Descriptor)
+	}
+	return out
+}
+
+type indexRecord struct {
+	Descriptor ocispec.Descriptor `json:"descriptor"`
+	Manifest   digest.Digest      `json:"manifest"`
+}
+
+type refRecord struct {
+	Manifest digest.Digest `json:"manifest"`
+	Selector Selector      `json:"selector"`
+	View     string        `json:"view"`
+	Since    time.Time     `json:"since"`
+}
+
+func putJSON(b *bolt.Bucket, key string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return b.Put([]byte(key), data)
+}
+
+// getJSON decodes the record at key into v and reports whether it was there.
+func getJSON(b *bolt.Bucket, key string, v any) (bool, error) {
+	data := b.Get([]byte(key))
+	if data == nil {
+		return false, nil
+	}
+	return true, json.Unmarshal(data, v)
+}
+
+func (c *Cache) manifest(tx *bolt.Tx, d digest.Digest) (*manifestRecord, error) {
+	var r manifestRecord
+	ok, err := getJSON(tx.Bucket(bucketManifests), string(d), &r)
+	if err != nil || !ok {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// resolveTx maps a manifest or index digest to its manifest record (nil if absent).
+func (c *Cache) resolveTx(tx *bolt.Tx, d digest.Digest) (*manifestRecord, error) {
+	var ix indexRecord
+	ok, err := getJSON(tx.Bucket(bucketIndexes), string(d), &ix)
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		d = ix.Manifest
+	}
+	return c.manifest(tx, d)
+}
+
+func allManifests(tx *bolt.Tx) ([]*manifestRecord, error) {
+	var out []*manifestRecord
+	err := tx.Bucket(bucketManifests).ForEach(func(_, v []byte) error {
+		var r manifestRecord
+		if err := json.Unmarshal(v, &r); err != nil {
+			return err
+		}
+		out = append(out, &r)
+		return nil
+	})
+	return out, err
+}
+
+func allRefs(tx *bolt.Tx) (map[string]refRecord, error) {
+	out := map[string]refRecord{}
+	err := tx.Bucket(bucketRefs).ForEach(func(k, v []byte) error {
+		var r refRecord
+		if err := json.Unmarshal(v, &r); err != nil {
+			return err
+		}
+		out[string(k)] = r
+		return nil
+	})
+	return out, err
+}
+
+func inode(info fs.FileInfo) (uint64, bool) {
+	st, ok := info.Sys().(*syscall.Stat_t)
+	if !ok {
+		return 0, false
+	}
+	return st.Ino, true
+}

@@ -1,0 +1,70 @@
+package cache
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are per Cache (so tests can open several); Collector exposes them for the caller to register.
+type metrics struct {
+	pulls          *prometheus.CounterVec
+	fetchedBytes   prometheus.Counter
+	extractions    prometheus.Counter
+	extractSeconds prometheus.Histogram
+	viewBuilds     prometheus.Counter
+	viewFiles      prometheus.Counter
+	viewSeconds    prometheus.Histogram
+	acquires       prometheus.Counter
+	acquireSeconds prometheus.Histogram
+	gcRuns         prometheus.Counter
+	gcEvictions    prometheus.Counter
+	gcFreed        prometheus.Counter
+	verifyProblems prometheus.Counter
+}
+
+func newMetrics() *metrics {
+	const ns, sub = "modelpack", "cache"
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help})
+	}
+	hist := func(name, help string) prometheus.Histogram {
+		return prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help,
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10)})
+	}
+	return &metrics{
+		pulls: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "pulls_total",
+			Help: "Pull calls by result: pulled, joined (an in-flight pull), cached, error."}, []string{"result"}),
+		fetchedBytes:   counter("fetched_bytes_total", "Bytes of layers received from registries."),
+		extractions:    counter("layer_extractions_total", "Tar layers extracted."),
+		extractSeconds: hist("layer_extraction_seconds", "Time to extract a tar layer."),
+		viewBuilds:     counter("view_builds_total", "Views assembled."),
+		viewFiles:      counter("view_files_total", "Files hardlinked into views."),
+		viewSeconds:    hist("view_build_seconds", "Time to assemble a view."),
+		acquires:       counter("acquires_total", "References taken on views."),
+		acquireSeconds: hist("acquire_seconds", "Time of Acquire, including a view build when needed."),
+		gcRuns:         counter("gc_runs_total", "Garbage collections."),
+		gcEvictions:    counter("gc_evictions_total", "Manifests evicted by garbage collection."),
+		gcFreed:        counter("gc_freed_bytes_total", "Bytes freed by garbage collection."),
+		verifyProblems: counter("verify_problems_total", "Problems found by Verify."),
+	}
+}
+
+// Collector returns the cache's Prometheus metrics, to register with a registry.
+func (c *Cache) Collector() prometheus.Collector { return collector{c.m} }
+
+type collector struct{ m *metrics }
+
+func (c collector) all() []prometheus.Collector {
+	m := c.m
+	return []prometheus.Collector{m.pulls, m.fetchedBytes, m.extractions, m.extractSeconds, m.viewBuilds, m.viewFiles,
+		m.viewSeconds, m.acquires, m.acquireSeconds, m.gcRuns, m.gcEvictions, m.gcFreed, m.verifyProblems}
+}
+
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, x := range c.all() {
+		x.Describe(ch)
+	}
+}
+
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	for _, x := range c.all() {
+		x.Collect(ch)
+	}
+}

@@ -1,0 +1,518 @@
+package cache
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	digest "github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sync/errgroup"
+	"oras.land/oras-go/v2"
+
+	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/artifact/archive"
+	"github.com/modelpack/modelpack/cas"
+)
+
+// Progress reports a pull: Total bytes of the manifest's blobs and how many are in the cache so far.
+type Progress struct {
+	Total int64 `json:"total"`
+	Done  int64 `json:"done"`
+}
+
+// flight is one pull in progress, shared by every caller that asks for the same digest.
+type flight struct {
+	done   chan struct{}
+	result ocispec.Descriptor
+	err    error
+	cancel context.CancelFunc
+
+	mu      sync.Mutex
+	nextID  int
+	subs    map[int]func(Progress)
+	linger  *time.Timer
+	total   atomic.Int64
+	present atomic.Int64   // bytes already in the cache when the pull began, plus finished blobs
+	running []atomic.Int64 // bytes of each blob being fetched
+	lastPub atomic.Int64
+}
+
+func (f *flight) progress() Progress {
+	p := Progress{Total: f.total.Load(), Done: f.present.Load()}
+	for i := range f.running {
+		p.Done += f.running[i].Load()
+	}
+	return p
+}
+
+// publish calls the subscribers, at most about every 64 KiB of progress (and always when forced).
+func (f *flight) publish(force bool) {
+	p := f.progress()
+	if !force && p.Done-f.lastPub.Load() < 64<<10 {
+		return
+	}
+	f.lastPub.Store(p.Done)
+	f.mu.Lock()
+	subs := make([]func(Progress), 0, len(f.subs))
+	for _, s := range f.subs {
+		subs = append(subs, s)
+	}
+	f.mu.Unlock()
+	for _, s := range subs {
+		s(p)
+	}
+}
+
+// Pull brings the manifest or index desc from src into the cache and returns the manifest descriptor chosen for this
+// node. Every blob's size and digest is checked; tar layers are extracted; nothing is fetched twice. A Pull of a
+// digest already being pulled joins that pull. When ctx ends, Pull returns but the transfer goes on for
+// Options.PullLinger so that a retry can join it.
+func (c *Cache) Pull(ctx context.Context, src oras.ReadOnlyTarget, desc ocispec.Descriptor, progress func(Progress)) (ocispec.Descriptor, error) {
+	if err := checkDescriptor(desc); err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	if desc.Size > MaxManifestBytes {
+		return ocispec.Descriptor{}, fmt.Errorf("manifest %s is %d bytes: %w (limit %d)", desc.Digest, desc.Size, ErrTooLarge, MaxManifestBytes)
+	}
+	if m, ok := c.completeManifest(desc.Digest); ok {
+		c.m.pulls.WithLabelValues("cached").Inc()
+		c.touch(m.Digest)
+		return m, nil
+	}
+	c.mu.Lock()
+	f := c.flights[desc.Digest]
+	if f == nil {
+		ctx, cancel := context.WithCancel(c.ctx)
+		f = &flight{done: make(chan struct{}), cancel: cancel, subs: map[int]func(Progress){}}
+		c.flights[desc.Digest] = f
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			f.result, f.err = c.pull(ctx, f, src, desc)
+			c.mu.Lock()
+			delete(c.flights, desc.Digest)
+			c.mu.Unlock()
+			cancel()
+			f.mu.Lock()
+			if f.linger != nil {
+				f.linger.Stop()
+			}
+			f.mu.Unlock()
+			if f.err != nil {
+				c.m.pulls.WithLabelValues("error").Inc()
+			} else {
+				c.m.pulls.WithLabelValues("pulled").Inc()
+			}
+			close(f.done)
+		}()
+	} else {
+		c.m.pulls.WithLabelValues("joined").Inc()
+	}
+	id := f.join(progress)
+	c.mu.Unlock()
+
+	select {
+	case <-f.done:
+		if progress != nil && f.err == nil {
+			p := f.progress()
+			progress(Progress{Total: p.Total, Done: p.Total})
+		}
+		return f.result, f.err
+	case <-ctx.Done():
+		f.leave(id, c.opts.PullLinger)
+		return ocispec.Descriptor{}, fmt.Errorf("pull %s: %w (the transfer continues for %s; a retry joins it)", desc.Digest, ctx.Err(), c.opts.PullLinger)
+	}
+}
+
+func (f *flight) join(progress func(Progress)) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.linger != nil {
+		f.linger.Stop()
+		f.linger = nil
+	}
+	f.nextID++
+	// A waiter without a callback still counts, so the pull is not cancelled under it.
+	if progress == nil {
+		progress = func(Progress) {}
+	}
+	f.subs[f.nextID] = progress
+	return f.nextID
+}
+
+// leave drops a waiter; when none are left the pull is cancelled after linger, unless someone joins meanwhile.
+func (f *flight) leave(id int, linger time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.subs, id)
+	if len(f.subs) > 0 {
+		return
+	}
+	if linger < 0 {
+		f.cancel()
+		return
+	}
+	f.linger = time.AfterFunc(linger, func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if len(f.subs) == 0 {
+			f.cancel()
+		}
+	})
+}
+
+// completeManifest returns the manifest descriptor for a complete manifest or index digest.
+func (c *Cache) completeManifest(d digest.Digest) (ocispec.Descriptor, bool) {
+	var out ocispec.Descriptor
+	var ok bool
+	c.db.View(func(tx *bolt.Tx) error {
+		r, err := c.resolveTx(tx, d)
+		if err == nil && r != nil && r.Complete {
+			out, ok = r.Descriptor, true
+		}
+		return nil
+	})
+	return out, ok
+}
+
+// Has reports whether the manifest or index d is in the cache, complete.
+func (c *Cache) Has(d digest.Digest) bool {
+	_, ok := c.completeManifest(d)
+	return ok
+}
+
+// Resolve returns the manifest descriptor a complete manifest or index digest stands for on this node.
+func (c *Cache) Resolve(d digest.Digest) (ocispec.Descriptor, error) {
+	m, ok := c.completeManifest(d)
+	if !ok {
+		return ocispec.Descriptor{}, fmt.Errorf("%s: %w", d, ErrNotFound)
+	}
+	return m, nil
+}
+
+func (c *Cache) touch(d digest.Digest) {
+	c.db.Update(func(tx *bolt.Tx) error {
+		r, err := c.manifest(tx, d)
+		if err != nil || r == nil {
+			return err
+		}
+		r.LastUsed = time.Now()
+		return putJSON(tx.Bucket(bucketManifests), string(d), r)
+	})
+}
+
+func (c *Cache) pull(ctx context.Context, f *flight, src oras.ReadOnlyTarget, desc ocispec.Descriptor) (ocispec.Descriptor, error) {
+	b, err := c.fetchSmall(ctx, src, desc, "manifest")
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	p, err := parseManifest(desc, b)
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	if desc.MediaType == "" {
+		desc.MediaType = p.mediaType
+	}
+	top, topBytes := desc, b
+	if p.index != nil {
+		m, err := choosePlatform(p.index, c.opts.Platform)
+		if err != nil {
+			return ocispec.Descriptor{}, fmt.Errorf("index %s: %w", desc.Digest, err)
+		}
+		if m.Size > MaxManifestBytes {
+			return ocispec.Descriptor{}, fmt.Errorf("manifest %s is %d bytes: %w (limit %d)", m.Digest, m.Size, ErrTooLarge, MaxManifestBytes)
+		}
+		if m.MediaType == "" {
+			m.MediaType = ocispec.MediaTypeImageManifest
+		}
+		if b, err = c.fetchSmall(ctx, src, m, "manifest"); err != nil {
+			return ocispec.Descriptor{}, err
+		}
+		if p, err = parseManifest(m, b); err != nil {
+			return ocispec.Descriptor{}, err
+		}
+		if p.manifest == nil {
+			return ocispec.Descriptor{}, fmt.Errorf("index %s: %w: entry %s is itself an index", desc.Digest, ErrUnsupported, m.Digest)
+		}
+		desc = m
+	}
+	if p.manifest.ArtifactType != "" && desc.ArtifactType == "" {
+		desc.ArtifactType = p.manifest.ArtifactType
+	}
+	rec := &manifestRecord{
+		Descriptor: ocispec.Descriptor{MediaType: desc.MediaType, Digest: desc.Digest, Size: desc.Size, Platform: desc.Platform, ArtifactType: desc.ArtifactType},
+		Name:       top.Annotations[ocispec.AnnotationRefName],
+		Config:     p.manifest.Config,
+		Layers:     p.layers,
+		Image:      p.image,
+		PulledAt:   time.Now(),
+		LastUsed:   time.Now(),
+	}
+	if top.Digest != desc.Digest {
+		rec.From = &ocispec.Descriptor{MediaType: top.MediaType, Digest: top.Digest, Size: top.Size}
+	}
+	// Record the manifest before fetching its blobs, so GC counts them as needed from the first byte; and mark it
+	// as being pulled so GC never evicts it meanwhile.
+	if err := c.beginPull(rec); err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	defer c.endPull(rec.Descriptor.Digest)
+
+	// The manifest bytes are already verified: commit them without a second fetch.
+	if err := c.blobs.Ingest(ctx, desc.Digest, desc.Size, bytesSource(b)); err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	if top.Digest != desc.Digest {
+		if err := c.blobs.Ingest(ctx, top.Digest, top.Size, bytesSource(topBytes)); err != nil {
+			return ocispec.Descriptor{}, err
+		}
+	}
+	cfg, err := c.fetchSmall(ctx, src, p.manifest.Config, "config")
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	if err := c.blobs.Ingest(ctx, p.manifest.Config.Digest, p.manifest.Config.Size, bytesSource(cfg)); err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	if err := c.fetchLayers(ctx, f, src, rec); err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	if err := c.finishPull(rec, top); err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	return rec.Descriptor, nil
+}
+
+// fetchSmall reads a manifest, index or config fully, refusing more than MaxManifestBytes and checking size and
+// digest.
+func (c *Cache) fetchSmall(ctx context.Context, src oras.ReadOnlyTarget, desc ocispec.Descriptor, what string) ([]byte, error) {
+	if desc.Size > MaxManifestBytes {
+		return nil, fmt.Errorf("%s %s is %d bytes: %w (limit %d)", what, desc.Digest, desc.Size, ErrTooLarge, MaxManifestBytes)
+	}
+	if rc, err := c.blobs.Open(desc.Digest); err == nil {
+		// Already here (another manifest shares this config): no fetch; still bounded and verified by name.
+		defer rc.Close()
+		b, err := io.ReadAll(io.LimitReader(rc, MaxManifestBytes+1))
+		if err == nil && int64(len(b)) == desc.Size && digest.SHA256.FromBytes(b) == desc.Digest {
+			return b, nil
+		}
+	}
+	rc, err := src.Fetch(ctx, desc)
+	if err != nil {
+		return nil, fmt.Errorf("fetch %s %s: %w", what, desc.Digest, err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, desc.Size+1))
+	if err != nil {
+		return nil, fmt.Errorf("fetch %s %s: %w", what, desc.Digest, err)
+	}
+	if int64(len(b)) != desc.Size {
+		return nil, fmt.Errorf("%s %s: %w: got %d bytes, descriptor says %d", what, desc.Digest, ErrSizeMismatch, len(b), desc.Size)
+	}
+	if got := digest.SHA256.FromBytes(b); got != desc.Digest {
+		return nil, fmt.Errorf("%s %s: %w: the bytes hash to %s", what, desc.Digest, ErrDigestMismatch, got)
+	}
+	return b, nil
+}
+
+func bytesSource(b []byte) cas.OpenFunc {
+	return func(context.Context, int64) (io.ReadCloser, int64, error) {
+		return io.NopCloser(bytes.NewReader(b)), 0, nil
+	}
+}
+
+func (c *Cache) beginPull(rec *manifestRecord) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.pulling[rec.Descriptor.Digest]++
+	err := c.db.Update(func(tx *bolt.Tx) error {
+		old, err := c.manifest(tx, rec.Descriptor.Digest)
+		if err != nil {
+			return err
+		}
+		if old != nil && !old.PulledAt.IsZero() {
+			rec.PulledAt = old.PulledAt
+		}
+		return putJSON(tx.Bucket(bucketManifests), string(rec.Descriptor.Digest), rec)
+	})
+	if err != nil {
+		c.pulling[rec.Descriptor.Digest]--
+	}
+	return err
+}
+
+func (c *Cache) endPull(d digest.Digest) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.pulling[d]--; c.pulling[d] <= 0 {
+		delete(c.pulling, d)
+	}
+}
+
+// finishPull marks the manifest complete and records the index it was chosen from.
+func (c *Cache) finishPull(rec *manifestRecord, top ocispec.Descriptor) error {
+	return c.db.Update(func(tx *bolt.Tx) error {
+		rec.Complete = true
+		rec.LastUsed = time.Now()
+		if err := putJSON(tx.Bucket(bucketManifests), string(rec.Descriptor.Digest), rec); err != nil {
+			return err
+		}
+		if top.Digest != rec.Descriptor.Digest {
+			return putJSON(tx.Bucket(bucketIndexes), string(top.Digest), indexRecord{
+				Descriptor: ocispec.Descriptor{MediaType: top.MediaType, Digest: top.Digest, Size: top.Size},
+				Manifest:   rec.Descriptor.Digest,
+			})
+		}
+		return nil
+	})
+}
+
+// fetchLayers ingests every layer, Concurrency at a time, and extracts the tar ones.
+func (c *Cache) fetchLayers(ctx context.Context, f *flight, src oras.ReadOnlyTarget, rec *manifestRecord) error {
+	// A layer listed twice is fetched once.
+	seen := map[digest.Digest]bool{}
+	var layers []artifact.Layer
+	for _, l := range rec.Layers {
+		if !seen[l.Digest] {
+			seen[l.Digest] = true
+			layers = append(layers, l)
+		}
+	}
+	f.running = make([]atomic.Int64, len(layers))
+	var total int64
+	for _, l := range layers {
+		total += l.Size
+	}
+	f.total.Store(total)
+	f.publish(true)
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(c.opts.Concurrency)
+	for i, l := range layers {
+		g.Go(func() error {
+			if err := c.fetchBlob(gctx, f, i, src, l.Descriptor); err != nil {
+				return fmt.Errorf("layer %s (%s): %w", l.Digest, l.MediaType, err)
+			}
+			f.running[i].Store(0)
+			f.present.Add(l.Size)
+			f.publish(true)
+			if l.Format != artifact.FormatRaw {
+				if err := c.ensureLayer(gctx, l); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+func (c *Cache) fetchBlob(ctx context.Context, f *flight, i int, src oras.ReadOnlyTarget, desc ocispec.Descriptor) error {
+	if ok, err := c.blobs.Exists(desc.Digest, desc.Size); err != nil || ok {
+		return err
+	}
+	return c.blobs.Ingest(ctx, desc.Digest, desc.Size, func(ctx context.Context, offset int64) (io.ReadCloser, int64, error) {
+		rc, err := src.Fetch(ctx, desc)
+		if err != nil {
+			return nil, 0, err
+		}
+		start := int64(0)
+		if s, ok := rc.(io.Seeker); ok && offset > 0 {
+			// oras-go's blob reader turns a seek into an HTTP Range request when the registry supports it.
+			if _, err := s.Seek(offset, io.SeekStart); err == nil {
+				start = offset
+			}
+		}
+		f.running[i].Store(start)
+		return &countingReader{rc: rc, n: &f.running[i], fetched: c.m.fetchedBytes.Add, publish: f.publish}, start, nil
+	})
+}
+
+type countingReader struct {
+	rc      io.ReadCloser
+	n       *atomic.Int64
+	fetched func(float64)
+	publish func(bool)
+}
+
+func (r *countingReader) Read(p []byte) (int, error) {
+	n, err := r.rc.Read(p)
+	if n > 0 {
+		r.n.Add(int64(n))
+		r.fetched(float64(n))
+		r.publish(false)
+	}
+	return n, err
+}
+
+func (r *countingReader) Close() error { return r.rc.Close() }
+
+// ensureLayer extracts a tar layer once into layers/<digest>: from the verified blob, into a temporary directory
+// that is renamed into place when complete.
+func (c *Cache) ensureLayer(ctx context.Context, l artifact.Layer) error {
+	dst := c.layerDir(l.Digest)
+	if _, err := os.Lstat(dst); err == nil {
+		return nil
+	}
+	_, err, _ := c.layerFlight.Do(string(l.Digest), func() (any, error) {
+		if _, err := os.Lstat(dst); err == nil {
+			return nil, nil
+		}
+		start := time.Now()
+		blob, err := c.blobs.Open(l.Digest)
+		if err != nil {
+			return nil, err
+		}
+		defer blob.Close()
+		tmp, err := c.tempDir("layer-" + shortHex(l.Digest))
+		if err != nil {
+			return nil, err
+		}
+		st, err := archive.Unpack(ctxReader{ctx, blob}, l.Format, tmp, archive.Options{
+			Limits:           c.opts.Limits,
+			KeepWhiteouts:    true,
+			ReadOnly:         true,
+			WorldReadable:    !l.Image,
+			AbsoluteSymlinks: l.Image,
+		})
+		if err != nil {
+			removeAll(tmp)
+			return nil, fmt.Errorf("extract layer %s (%s): %w", l.Digest, l.MediaType, err)
+		}
+		// The extracted files are not individually synced: one syncfs makes them durable before the rename
+		// publishes the directory.
+		if err := syncFS(tmp); err != nil {
+			removeAll(tmp)
+			return nil, err
+		}
+		if err := os.Rename(tmp, dst); err != nil {
+			removeAll(tmp)
+			return nil, err
+		}
+		c.m.extractions.Inc()
+		c.m.extractSeconds.Observe(time.Since(start).Seconds())
+		return nil, c.db.Update(func(tx *bolt.Tx) error {
+			return putJSON(tx.Bucket(bucketLayers), string(l.Digest), st)
+		})
+	})
+	return err
+}
+
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (r ctxReader) Read(p []byte) (int, error) {
+	if err := r.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return r.r.Read(p)
+}

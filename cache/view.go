@@ -1,0 +1,417 @@
+package cache
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	digest "github.com/opencontainers/go-digest"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/artifact/archive"
+)
+
+// Selector narrows a view. The zero Selector is the whole artifact.
+type Selector struct {
+	// Kinds keeps only layers of these kinds (weight, weight.config, doc, code, dataset). Container-image layers
+	// have no kind and are kept only when Kinds is empty.
+	Kinds []artifact.Kind `json:"kinds,omitempty"`
+	// Include keeps only files whose model-relative path matches one of these globs. A glob matches the whole
+	// path with path.Match syntax per component, and "**" matches any number of components ("**/*.json",
+	// "tokenizer/**"). A glob that matches a directory keeps everything under it.
+	Include []string `json:"include,omitempty"`
+}
+
+// IsZero reports whether the selector keeps everything.
+func (s Selector) IsZero() bool { return len(s.Kinds) == 0 && len(s.Include) == 0 }
+
+// Validate checks kinds and glob syntax.
+func (s Selector) Validate() error {
+	for _, k := range s.Kinds {
+		if _, err := artifact.ParseKind(string(k)); err != nil {
+			return err
+		}
+	}
+	for _, g := range s.Include {
+		if g == "" || strings.HasPrefix(g, "/") {
+			return fmt.Errorf("include glob %q must be a non-empty relative path", g)
+		}
+		for _, part := range strings.Split(g, "/") {
+			if _, err := path.Match(part, ""); err != nil {
+				return fmt.Errorf("include glob %q: %w", g, err)
+			}
+		}
+	}
+	return nil
+}
+
+// canonical sorts and deduplicates, so equal selectors share a view.
+func (s Selector) canonical() Selector {
+	var out Selector
+	for _, k := range s.Kinds {
+		if !slices.Contains(out.Kinds, k) {
+			out.Kinds = append(out.Kinds, k)
+		}
+	}
+	for _, g := range s.Include {
+		if !slices.Contains(out.Include, g) {
+			out.Include = append(out.Include, g)
+		}
+	}
+	slices.Sort(out.Kinds)
+	slices.Sort(out.Include)
+	return out
+}
+
+// viewKey names the view directory: the manifest's hex, plus a hash of a non-empty selector.
+func viewKey(m digest.Digest, s Selector) string {
+	s = s.canonical()
+	if s.IsZero() {
+		return m.Encoded()
+	}
+	var kinds []string
+	for _, k := range s.Kinds {
+		kinds = append(kinds, string(k))
+	}
+	h := sha256.Sum256([]byte(strings.Join(kinds, ",") + "\x00" + strings.Join(s.Include, "\x00")))
+	return m.Encoded() + "-" + hex.EncodeToString(h[:8])
+}
+
+func (s Selector) layer(l artifact.Layer) bool {
+	return len(s.Kinds) == 0 || slices.Contains(s.Kinds, l.Kind)
+}
+
+// file reports whether p is kept: it, or one of its parent directories, matches a glob.
+func (s Selector) file(p string) bool {
+	if len(s.Include) == 0 {
+		return true
+	}
+	parts := strings.Split(p, "/")
+	for _, g := range s.Include {
+		gp := strings.Split(g, "/")
+		for n := 1; n <= len(parts); n++ {
+			if matchGlob(gp, parts[:n]) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// matchGlob matches path components against glob components, "**" spanning any number of them.
+func matchGlob(g, p []string) bool {
+	for len(g) > 0 {
+		if g[0] == "**" {
+			for i := 0; i <= len(p); i++ {
+				if matchGlob(g[1:], p[i:]) {
+					return true
+				}
+			}
+			return false
+		}
+		if len(p) == 0 {
+			return false
+		}
+		if ok, _ := path.Match(g[0], p[0]); !ok {
+			return false
+		}
+		g, p = g[1:], p[1:]
+	}
+	return len(p) == 0
+}
+
+// Acquire returns the read-only view of manifest (a manifest or index digest in the cache) narrowed by sel, building
+// it on first use, and records that owner uses it. The view stays until every owner has released it and GC
+// evicts the manifest. An owner holds one reference: acquiring again moves it.
+func (c *Cache) Acquire(owner string, manifest digest.Digest, sel Selector) (string, error) {
+	if owner == "" {
+		return "", errors.New("acquire: empty owner")
+	}
+	if err := sel.Validate(); err != nil {
+		return "", err
+	}
+	sel = sel.canonical()
+	start := time.Now()
+	var rec *manifestRecord
+	var prev []byte
+	// Resolve and record the reference in one step under mu, so GC cannot evict the manifest in between.
+	c.mu.Lock()
+	err := c.db.Update(func(tx *bolt.Tx) error {
+		r, err := c.resolveTx(tx, manifest)
+		if err != nil {
+			return err
+		}
+		if r == nil || !r.Complete {
+			return fmt.Errorf("manifest %s: %w (pull it first)", manifest, ErrNotFound)
+		}
+		rec = r
+		refs := tx.Bucket(bucketRefs)
+		if old := refs.Get([]byte(owner)); old != nil {
+			prev = append([]byte(nil), old...)
+		}
+		r.LastUsed = time.Now()
+		if err := putJSON(tx.Bucket(bucketManifests), string(r.Descriptor.Digest), r); err != nil {
+			return err
+		}
+		return putJSON(refs, owner, refRecord{Manifest: r.Descriptor.Digest, Selector: sel, View: viewKey(r.Descriptor.Digest, sel), Since: time.Now()})
+	})
+	c.mu.Unlock()
+	if err != nil {
+		return "", err
+	}
+	dir, err := c.ensureView(rec, sel)
+	if err != nil {
+		// Put the owner's previous reference back (or drop the new one).
+		c.db.Update(func(tx *bolt.Tx) error {
+			if prev != nil {
+				return tx.Bucket(bucketRefs).Put([]byte(owner), prev)
+			}
+			return tx.Bucket(bucketRefs).Delete([]byte(owner))
+		})
+		return "", err
+	}
+	c.m.acquires.Inc()
+	c.m.acquireSeconds.Observe(time.Since(start).Seconds())
+	return dir, nil
+}
+
+// Release drops owner's reference. Releasing an unknown owner is not an error.
+func (c *Cache) Release(owner string) error {
+	return c.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketRefs).Delete([]byte(owner))
+	})
+}
+
+// ensureView returns the view directory, building it once.
+func (c *Cache) ensureView(rec *manifestRecord, sel Selector) (string, error) {
+	key := viewKey(rec.Descriptor.Digest, sel)
+	dir := c.viewDir(key)
+	if _, err := os.Lstat(dir); err == nil {
+		return dir, nil
+	}
+	_, err, _ := c.viewFlight.Do(key, func() (any, error) {
+		if _, err := os.Lstat(dir); err == nil {
+			return nil, nil
+		}
+		return nil, c.buildView(rec, sel, dir)
+	})
+	return dir, err
+}
+
+// node is one entry of a view being assembled: layers are merged into this tree, then it is materialised.
+type node struct {
+	mode     fs.FileMode // type and permission bits
+	src      string      // file to hardlink, for regular files
+	target   string      // for symlinks
+	layer    int         // index of the layer that put it here
+	children map[string]*node
+}
+
+func newDir(mode fs.FileMode, layer int) *node {
+	return &node{mode: fs.ModeDir | mode.Perm(), layer: layer, children: map[string]*node{}}
+}
+
+// buildView merges the selected layers, bottom to top, applying whiteouts, and hardlinks the result into a
+// temporary directory that is renamed to dir. It costs one link per file whatever the files' sizes.
+func (c *Cache) buildView(rec *manifestRecord, sel Selector, dir string) error {
+	start := time.Now()
+	root := newDir(0o555, -1)
+	for i, l := range rec.Layers {
+		if !sel.layer(l) {
+			continue
+		}
+		if l.Format == artifact.FormatRaw {
+			if err := root.put(l.Path, &node{mode: 0o444, src: c.blobs.Path(l.Digest), layer: i}); err != nil {
+				return fmt.Errorf("layer %s: %w", l.Digest, err)
+			}
+			continue
+		}
+		if err := c.ensureLayer(c.ctx, l); err != nil {
+			return err
+		}
+		if err := root.mergeLayer(c.layerDir(l.Digest), i); err != nil {
+			return fmt.Errorf("layer %s: %w", l.Digest, err)
+		}
+	}
+	if len(sel.Include) > 0 {
+		root.prune("", sel)
+	}
+	tmp, err := c.tempDir("view-" + filepath.Base(dir))
+	if err != nil {
+		return err
+	}
+	files, err := root.materialize(tmp, rec.Image)
+	if err == nil {
+		err = os.Rename(tmp, dir)
+	}
+	if err != nil {
+		removeAll(tmp)
+		return fmt.Errorf("build view of %s: %w", rec.Descriptor.Digest, err)
+	}
+	// The root is made read-only only now: moving a directory to another parent needs write access to it.
+	if err := os.Chmod(dir, 0o555); err != nil {
+		return err
+	}
+	c.m.viewBuilds.Inc()
+	c.m.viewFiles.Add(float64(files))
+	c.m.viewSeconds.Observe(time.Since(start).Seconds())
+	return nil
+}
+
+// put places n at path p, replacing what a lower layer had there and creating parent directories.
+func (root *node) put(p string, n *node) error {
+	parts := strings.Split(p, "/")
+	d := root
+	for _, part := range parts[:len(parts)-1] {
+		child := d.children[part]
+		if child == nil || !child.mode.IsDir() {
+			// Missing, or a file of a lower layer that this layer turns into a directory (as overlayfs does).
+			child = newDir(0o555, n.layer)
+			d.children[part] = child
+		}
+		d = child
+	}
+	name := parts[len(parts)-1]
+	if old := d.children[name]; old != nil && old.mode.IsDir() && n.mode.IsDir() {
+		// Directory over directory: the upper one's mode, both one's contents.
+		old.mode, old.layer = n.mode, n.layer
+		return nil
+	}
+	d.children[name] = n
+	return nil
+}
+
+func (root *node) lookup(p string) *node {
+	d := root
+	if p == "." || p == "" {
+		return d
+	}
+	for _, part := range strings.Split(p, "/") {
+		if d = d.children[part]; d == nil || !d.mode.IsDir() {
+			return nil
+		}
+	}
+	return d
+}
+
+// mergeLayer adds an extracted layer: whiteout markers delete what lower layers put at their path, an opaque
+// marker empties its directory of lower layers' entries, everything else replaces what is below it.
+func (root *node) mergeLayer(dir string, layer int) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if p == dir {
+			return nil
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		base := path.Base(rel)
+		if strings.HasPrefix(base, archive.WhiteoutPrefix) {
+			parent := root.lookup(path.Dir(rel))
+			if parent == nil {
+				return nil
+			}
+			if base == archive.WhiteoutOpaque {
+				for name, child := range parent.children {
+					if child.layer < layer {
+						delete(parent.children, name)
+					}
+				}
+				return nil
+			}
+			name := strings.TrimPrefix(base, archive.WhiteoutPrefix)
+			if child := parent.children[name]; child != nil && child.layer < layer {
+				delete(parent.children, name)
+			}
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		switch {
+		case d.IsDir():
+			return root.put(rel, newDir(info.Mode(), layer))
+		case d.Type()&fs.ModeSymlink != 0:
+			target, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			return root.put(rel, &node{mode: fs.ModeSymlink | 0o777, target: target, layer: layer})
+		case d.Type().IsRegular():
+			return root.put(rel, &node{mode: info.Mode().Perm(), src: p, layer: layer})
+		}
+		return fmt.Errorf("%w: %s in an extracted layer", archive.ErrSpecialFile, rel)
+	})
+}
+
+// prune drops files no glob keeps and directories left empty by that; it reports whether n keeps anything.
+func (n *node) prune(p string, sel Selector) bool {
+	for name, child := range n.children {
+		cp := path.Join(p, name)
+		if sel.file(cp) {
+			continue // kept whole, directory or not
+		}
+		if child.mode.IsDir() && child.prune(cp, sel) {
+			continue
+		}
+		delete(n.children, name)
+	}
+	return len(n.children) > 0
+}
+
+// materialize creates the tree under dir (which exists) and returns the number of files linked. Directories are
+// read-only; a model's are also open to every user, an image's keep their permissions.
+func (n *node) materialize(dir string, image bool) (int, error) {
+	names := make([]string, 0, len(n.children))
+	for name := range n.children {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	files := 0
+	for _, name := range names {
+		child, p := n.children[name], filepath.Join(dir, name)
+		switch {
+		case child.mode.IsDir():
+			if err := os.Mkdir(p, 0o755); err != nil {
+				return files, err
+			}
+			k, err := child.materialize(p, image)
+			files += k
+			if err != nil {
+				return files, err
+			}
+			mode := child.mode.Perm()
+			if !image {
+				mode |= 0o555
+			}
+			if err := os.Chmod(p, mode&^0o222); err != nil {
+				return files, err
+			}
+		case child.mode&fs.ModeSymlink != 0:
+			if err := os.Symlink(child.target, p); err != nil {
+				return files, err
+			}
+		default:
+			if err := os.Link(child.src, p); err != nil {
+				return files, fmt.Errorf("link %s: %w", name, err)
+			}
+			files++
+		}
+	}
+	return files, nil
+}
