@@ -1,0 +1,59 @@
+package cli
+
+import (
+	"strings"
+
+	"github.com/modelpack/modelpack/artifact/pack"
+	"github.com/modelpack/modelpack/artifact/remote"
+	"github.com/spf13/cobra"
+)
+
+func init() {
+	register(func(g *Globals) *cobra.Command {
+		var rf remoteFlags
+		var filters, include []string
+		cmd := &cobra.Command{
+			Use:   "fetch REF DIR",
+			Short: "Write a model's files from a registry straight into a directory",
+			Long: `Write a model's files from a registry straight into DIR, with no copy in the local store.
+
+Every byte is hashed as it arrives. A raw layer is written to a temporary file renamed to its final name only
+when its digest matches; a tar layer is extracted aside and moved into place only when its digest matches, so a
+corrupt or interrupted download never leaves a partial file under a final name. Dropped connections resume with
+HTTP Range. --filter and --include select layers as for unpack.`,
+			Example: `  modelpack fetch registry.local:5000/org/llama3:8b ./llama3
+  modelpack fetch registry.local:5000/org/llama3:8b ./cfg --filter config,docs
+  modelpack fetch registry.local:5000/org/llama3:8b ./shard1 --include 'model-00001-*'`,
+			Args: cobra.ExactArgs(2),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				sel := pack.UnpackOptions{Include: include}
+				for _, f := range filters {
+					for _, v := range strings.Split(f, ",") {
+						k, err := pack.ParseFilter(strings.TrimSpace(v))
+						if err != nil {
+							return err
+						}
+						sel.Kinds = append(sel.Kinds, k)
+					}
+				}
+				for _, p := range include {
+					if _, err := matchCheck(p); err != nil {
+						return err
+					}
+				}
+				src, _, err := remote.NewRepository(withDefaultTag(args[0]), rf.options())
+				if err != nil {
+					return err
+				}
+				ui := newTransferUI(cmd, g, "fetched")
+				res, err := remote.Fetch(cmd.Context(), src, args[1], remote.FetchOptions{Reporter: ui.reporter(), Select: sel.Select})
+				return ui.done(res, err)
+			},
+		}
+		rf.register(cmd.Flags())
+		cmd.Flags().StringArrayVar(&filters, "filter", nil, "only layers of these kinds: weights, config, docs, code, dataset (repeatable or comma-separated)")
+		cmd.Flags().StringArrayVar(&include, "include", nil, "only layers whose path (or a parent directory) matches this glob (repeatable)")
+		_ = cmd.RegisterFlagCompletionFunc("filter", cobra.FixedCompletions([]string{"weights", "config", "docs", "code", "dataset"}, cobra.ShellCompDirectiveNoFileComp))
+		return cmd
+	})
+}

@@ -1,0 +1,48 @@
+package cli
+
+import (
+	"github.com/modelpack/modelpack/artifact/layout"
+	"github.com/modelpack/modelpack/artifact/remote"
+	"github.com/spf13/cobra"
+)
+
+func init() {
+	register(func(g *Globals) *cobra.Command {
+		var rf remoteFlags
+		var referrers bool
+		cmd := &cobra.Command{
+			Use:   "pull REF",
+			Short: "Pull an artifact from a registry into the local store",
+			Long: `Pull an artifact from a registry into the local store, tagged there as REF.
+
+Every blob is verified against its digest before it is stored; a mismatch drops the bytes. Blobs already in the
+store are skipped, and an interrupted download resumes where it stopped (HTTP Range), in this run or the next.
+Mirrors configured in --hosts-dir are tried before the registry itself.`,
+			Example: `  modelpack pull registry.local:5000/org/model:v1
+  modelpack pull --plain-http 127.0.0.1:5000/org/model@sha256:…`,
+			Args: cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				ref := withDefaultTag(args[0])
+				local, err := layout.ParseReference(ref)
+				if err != nil {
+					return err
+				}
+				src, _, err := remote.NewRepository(ref, rf.options())
+				if err != nil {
+					return err
+				}
+				store, err := layout.Open(g.Home)
+				if err != nil {
+					return err
+				}
+				defer store.Close()
+				ui := newTransferUI(cmd, g, "pulled")
+				res, err := remote.Pull(cmd.Context(), src, store, local, remote.TransferOptions{Reporter: ui.reporter(), Referrers: referrers})
+				return ui.done(res, err)
+			},
+		}
+		rf.register(cmd.Flags())
+		cmd.Flags().BoolVarP(&referrers, "referrers", "r", false, "also pull the artifacts referring to it (signatures, SBOMs)")
+		return cmd
+	})
+}

@@ -1,0 +1,75 @@
+package cli
+
+import (
+	"context"
+
+	"github.com/modelpack/modelpack/artifact/layout"
+	"github.com/modelpack/modelpack/artifact/pack"
+	"github.com/modelpack/modelpack/artifact/remote"
+	"github.com/spf13/cobra"
+)
+
+func init() {
+	register(func(g *Globals) *cobra.Command {
+		var rf remoteFlags
+		var from string
+		var referrers bool
+		cmd := &cobra.Command{
+			Use:   "push REF",
+			Short: "Push an artifact from the local store to a registry",
+			Long: `Push an artifact from the local store to a registry.
+
+REF is registry/repository[:tag]; the artifact stored under REF (or under --from) is sent. Blobs the registry
+already has are skipped after a HEAD request, so pushing the same model twice sends no layer bytes. Layers move
+concurrently and each is retried with backoff on its own.`,
+			Example: `  modelpack pack ./model -t registry.local:5000/org/model:v1 && modelpack push registry.local:5000/org/model:v1
+  modelpack push registry.local:5000/org/model:v1 --from llama3:8b`,
+			Args: cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				ref := withDefaultTag(args[0])
+				local := ref
+				if from != "" {
+					local = from
+				}
+				local, err := layout.ParseReference(local)
+				if err != nil {
+					return err
+				}
+				store, err := layout.Open(g.Home)
+				if err != nil {
+					return err
+				}
+				defer store.Close()
+				dst, _, err := remote.NewRepository(ref, rf.options())
+				if err != nil {
+					return err
+				}
+				ui := newTransferUI(cmd, g, "pushed")
+				res, err := remote.Push(cmd.Context(), store, local, dst, remote.TransferOptions{Reporter: ui.reporter(), Referrers: referrers})
+				return ui.done(res, err)
+			},
+		}
+		rf.register(cmd.Flags())
+		cmd.Flags().StringVar(&from, "from", "", "local store reference to push (default: REF)")
+		cmd.Flags().BoolVarP(&referrers, "referrers", "r", false, "also push the artifacts referring to it (signatures, SBOMs)")
+		return cmd
+	})
+
+	// pack --push streams the pack to the registry through a remote sink; the pack command calls this hook.
+	PackPush = func(cmd *cobra.Command, g *Globals) func(ctx context.Context, ref string) (pack.Sink, error) {
+		var rf remoteFlags
+		rf.registerConnection(cmd.Flags())
+		return func(ctx context.Context, ref string) (pack.Sink, error) {
+			repo, _, err := remote.NewRepository(withDefaultTag(ref), rf.options())
+			if err != nil {
+				return nil, err
+			}
+			var rep remote.Reporter
+			if !g.Quiet && !g.ShowProgress() {
+				// On a TTY the pack command's own bar shows progress.
+				rep = newTransferUI(cmd, g, "pushed").reporter()
+			}
+			return remote.PackSink(repo, rep), nil
+		}
+	}
+}

@@ -1,0 +1,334 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/modelpack/modelpack/artifact/remote"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// remoteFlags are the connection flags of every command that talks to a registry.
+type remoteFlags struct {
+	opts remote.Options
+}
+
+func (f *remoteFlags) register(fs *pflag.FlagSet) {
+	f.registerConnection(fs)
+	fs.IntVar(&f.opts.Concurrency, "concurrency", remote.DefaultConcurrency(), "blobs moved at once")
+}
+
+// registerConnection adds the flags that say how to reach the registry.
+func (f *remoteFlags) registerConnection(fs *pflag.FlagSet) {
+	fs.StringVar(&f.opts.RegistryConfig, "registry-config", os.Getenv("MODELPACK_REGISTRY_CONFIG"),
+		"docker config.json holding registry credentials (default: $DOCKER_CONFIG/config.json or ~/.docker/config.json)")
+	fs.StringVar(&f.opts.CAFile, "ca-file", "", "PEM CA bundle to trust for the registry, besides the system roots")
+	fs.StringVar(&f.opts.CertFile, "cert-file", "", "client certificate (PEM) for mutual TLS")
+	fs.StringVar(&f.opts.KeyFile, "key-file", "", "client certificate key (PEM) for mutual TLS")
+	fs.BoolVar(&f.opts.Insecure, "insecure", false, "skip verification of the registry's TLS certificate")
+	fs.BoolVar(&f.opts.PlainHTTP, "plain-http", false, "talk plain HTTP, not HTTPS, to the registry")
+	fs.StringVar(&f.opts.HostsDir, "hosts-dir", os.Getenv("MODELPACK_HOSTS_DIR"),
+		"containerd-style hosts directory configuring mirrors (<dir>/<host:port>/hosts.toml)")
+}
+
+// options returns the remote options with the user agent set.
+func (f *remoteFlags) options() remote.Options {
+	o := f.opts
+	o.UserAgent = "modelpack/" + Version
+	return o
+}
+
+// withDefaultTag gives a reference without tag or digest the tag "latest", as docker does.
+func withDefaultTag(ref string) string {
+	last := ref[strings.LastIndex(ref, "/")+1:]
+	if strings.ContainsAny(last, ":@") {
+		return ref
+	}
+	return ref + ":latest"
+}
+
+// transferUI shows the progress of a transfer on stderr — bars on a TTY, a line per blob otherwise, nothing with
+// --quiet — and prints the summary on stdout.
+type transferUI struct {
+	g    *Globals
+	verb string // past tense: pushed, pulled, copied, fetched
+	out  io.Writer
+	err  io.Writer
+	bars *barRenderer
+}
+
+func newTransferUI(cmd *cobra.Command, g *Globals, verb string) *transferUI {
+	u := &transferUI{g: g, verb: verb, out: cmd.OutOrStdout(), err: cmd.ErrOrStderr()}
+	if g.ShowProgress() {
+		u.bars = newBarRenderer(u.err, verb)
+	}
+	return u
+}
+
+// reporter is what to hand to the transfer; nil with --quiet.
+func (u *transferUI) reporter() remote.Reporter {
+	switch {
+	case u.g.Quiet:
+		return nil
+	case u.bars != nil:
+		return u.bars
+	}
+	return &lineReporter{w: u.err, verb: u.verb, started: map[string]time.Time{}}
+}
+
+// done stops the bars and prints the result.
+func (u *transferUI) done(res *remote.Result, err error) error {
+	if u.bars != nil {
+		u.bars.stop()
+	}
+	if err != nil {
+		return err
+	}
+	if u.g.IsJSON() {
+		return PrintJSON(u.out, res)
+	}
+	var moved, existed, mounted int
+	for _, b := range res.Blobs {
+		switch b.Status {
+		case remote.StatusTransferred:
+			moved++
+		case remote.StatusExists:
+			existed++
+		case remote.StatusMounted:
+			mounted++
+		}
+	}
+	rate := ""
+	if res.Seconds > 0 && res.Transferred > 0 {
+		rate = fmt.Sprintf(" (%s/s)", humanBytes(int64(float64(res.Transferred)/res.Seconds)))
+	}
+	fmt.Fprintf(u.out, "%s %s\n", capitalize(u.verb), res.Reference)
+	fmt.Fprintf(u.out, "Digest: %s\n", res.Descriptor.Digest)
+	summary := fmt.Sprintf("Blobs: %d %s", moved, u.verb)
+	if existed > 0 {
+		summary += fmt.Sprintf(", %d already present", existed)
+	}
+	if mounted > 0 {
+		summary += fmt.Sprintf(", %d mounted", mounted)
+	}
+	fmt.Fprintf(u.out, "%s; %s transferred in %.1fs%s\n", summary, humanBytes(res.Transferred), res.Seconds, rate)
+	return nil
+}
+
+func capitalize(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
+}
+
+func blobLabel(d ocispec.Descriptor) string {
+	name := d.Annotations["org.cncf.model.filepath"]
+	if name == "" {
+		name = d.Annotations[ocispec.AnnotationTitle]
+	}
+	short := d.Digest.Encoded()
+	if len(short) > 12 {
+		short = short[:12]
+	}
+	if name == "" && strings.Contains(d.MediaType, "config") {
+		name = "(config)"
+	}
+	if name == "" {
+		return short
+	}
+	return short + " " + name
+}
+
+// lineReporter prints one line per blob when it is done: logs and CI output stay readable.
+type lineReporter struct {
+	mu      sync.Mutex
+	w       io.Writer
+	verb    string
+	started map[string]time.Time
+}
+
+func (r *lineReporter) Start(d ocispec.Descriptor, _ int64) {
+	r.mu.Lock()
+	r.started[d.Digest.String()] = time.Now()
+	r.mu.Unlock()
+}
+
+func (r *lineReporter) Update(ocispec.Descriptor, int64) {}
+
+func (r *lineReporter) Finish(d ocispec.Descriptor, status remote.Status, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	verb := r.verb
+	switch status {
+	case remote.StatusExists:
+		verb = "exists"
+	case remote.StatusMounted:
+		verb = "mounted"
+	case remote.StatusFailed:
+		verb = "failed"
+	}
+	line := fmt.Sprintf("%-8s %s  %s", verb, blobLabel(d), humanBytes(d.Size))
+	if start, ok := r.started[d.Digest.String()]; ok && status == remote.StatusTransferred {
+		secs := time.Since(start).Seconds()
+		if secs > 0 {
+			line += fmt.Sprintf("  %.1fs  %s/s", secs, humanBytes(int64(float64(d.Size)/secs)))
+		}
+	}
+	fmt.Fprintln(r.w, line)
+}
+
+// barRenderer draws a bar per blob in flight, with throughput, redrawing the block in place; finished blobs
+// scroll up as lines. Every progressbar call happens on the renderer goroutine, so reporters only store numbers.
+type barRenderer struct {
+	w      io.Writer
+	verb   string
+	mu     sync.Mutex
+	active []*barState
+	done   []string
+	quit   chan struct{}
+	wg     sync.WaitGroup
+	drawn  int
+}
+
+type barState struct {
+	desc   ocispec.Descriptor
+	n      atomic.Int64
+	bar    *progressbar.ProgressBar
+	status remote.Status
+	over   bool
+}
+
+func newBarRenderer(w io.Writer, verb string) *barRenderer {
+	b := &barRenderer{w: w, verb: verb, quit: make(chan struct{})}
+	b.wg.Add(1)
+	go b.loop()
+	return b
+}
+
+func (b *barRenderer) find(d ocispec.Descriptor) *barState {
+	for _, s := range b.active {
+		if s.desc.Digest == d.Digest {
+			return s
+		}
+	}
+	return nil
+}
+
+func (b *barRenderer) Start(d ocispec.Descriptor, done int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.find(d)
+	if s == nil {
+		s = &barState{desc: d}
+		b.active = append(b.active, s)
+	}
+	s.n.Store(done)
+}
+
+func (b *barRenderer) Update(d ocispec.Descriptor, done int64) {
+	b.mu.Lock()
+	s := b.find(d)
+	b.mu.Unlock()
+	if s != nil {
+		s.n.Store(done)
+	}
+}
+
+func (b *barRenderer) Finish(d ocispec.Descriptor, status remote.Status, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.find(d)
+	if s == nil {
+		s = &barState{desc: d}
+		b.active = append(b.active, s)
+	}
+	s.status, s.over = status, true
+	if status == remote.StatusTransferred {
+		s.n.Store(d.Size)
+	}
+}
+
+func (b *barRenderer) loop() {
+	defer b.wg.Done()
+	t := time.NewTicker(150 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.quit:
+			b.draw()
+			return
+		case <-t.C:
+			b.draw()
+		}
+	}
+}
+
+func (b *barRenderer) draw() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out strings.Builder
+	if b.drawn > 0 {
+		fmt.Fprintf(&out, "\x1b[%dA", b.drawn)
+	}
+	keep := b.active[:0]
+	var lines []string
+	finished := 0
+	for _, s := range b.active {
+		if s.bar == nil {
+			s.bar = progressbar.NewOptions64(max(s.desc.Size, 1),
+				progressbar.OptionSetWriter(io.Discard),
+				progressbar.OptionSetDescription(fmt.Sprintf("%-40.40s", blobLabel(s.desc))),
+				progressbar.OptionShowBytes(true),
+				progressbar.OptionSetWidth(25),
+				progressbar.OptionThrottle(0),
+				progressbar.OptionSetPredictTime(true),
+				progressbar.OptionUseIECUnits(true),
+			)
+		}
+		if s.over {
+			verb := b.verb
+			switch s.status {
+			case remote.StatusExists:
+				verb = "exists"
+			case remote.StatusMounted:
+				verb = "mounted"
+			case remote.StatusFailed:
+				verb = "failed"
+			}
+			fmt.Fprintf(&out, "\x1b[2K%-8s %s  %s\n", verb, blobLabel(s.desc), humanBytes(s.desc.Size))
+			finished++
+			continue
+		}
+		_ = s.bar.Set64(s.n.Load())
+		lines = append(lines, s.bar.String())
+		keep = append(keep, s)
+	}
+	b.active = keep
+	for _, l := range lines {
+		fmt.Fprintf(&out, "\x1b[2K%s\n", strings.TrimLeft(l, "\r"))
+	}
+	// The finished lines stay; clear what is left below of the previous, taller block of bars.
+	printed := finished + len(lines)
+	for i := printed; i < b.drawn; i++ {
+		out.WriteString("\x1b[2K\n")
+	}
+	if b.drawn > printed {
+		fmt.Fprintf(&out, "\x1b[%dA", b.drawn-printed)
+	}
+	b.drawn = len(lines)
+	io.WriteString(b.w, out.String())
+}
+
+func (b *barRenderer) stop() {
+	close(b.quit)
+	b.wg.Wait()
+}
