@@ -42,13 +42,9 @@ func SignDigest(ctx context.Context, ref, keyRef string, opts SignOptions) (stri
 		return "", err
 	}
 	c := opts.Registry.client(ctx, t)
-	r, err := name.ParseReference(ref, c.name...)
+	d, err := resolve(ref, c)
 	if err != nil {
 		return "", fmt.Errorf("sign: %w", err)
-	}
-	d, err := ociremote.ResolveDigest(r, c.oci...)
-	if err != nil {
-		return "", fmt.Errorf("sign: resolving %s: %w", ref, err)
 	}
 	var ann map[string]any
 	if len(opts.Annotations) > 0 {
@@ -85,4 +81,29 @@ func SignDigest(ctx context.Context, ref, keyRef string, opts SignOptions) (stri
 		return "", fmt.Errorf("sign: storing the signature of %s: %w", d, err)
 	}
 	return d.String(), nil
+}
+
+// ResolveDigest returns ref as a digest reference, asking the registry (HEAD) when ref is a tag.
+func ResolveDigest(ctx context.Context, ref string, opts RegistryOptions) (string, error) {
+	t, err := opts.transport()
+	if err != nil {
+		return "", err
+	}
+	d, err := resolve(ref, opts.client(ctx, t))
+	if err != nil {
+		return "", err
+	}
+	return d.String(), nil
+}
+
+func resolve(ref string, c client) (name.Digest, error) {
+	r, err := name.ParseReference(ref, c.name...)
+	if err != nil {
+		return name.Digest{}, err
+	}
+	d, err := ociremote.ResolveDigest(r, c.oci...)
+	if err != nil {
+		return name.Digest{}, fmt.Errorf("resolving %s: %w", ref, err)
+	}
+	return d, nil
 }

@@ -340,15 +340,20 @@ func checkClassic(ctx context.Context, a *authority, sig oci.Signature, h v1.Has
 			return &failure{ReasonInvalid, err.Error()}
 		}
 		if err := a.verifier.VerifySignature(bytes.NewReader(raw), bytes.NewReader(pl), options.WithContext(ctx)); err != nil {
-			return &failure{ReasonWrongKey, "no signature verifies with " + a.desc}
+			return &failure{ReasonWrongKey, "made with another key"}
 		}
 	}
 	if _, err := cosign.VerifyImageSignature(ctx, sig, h, &co); err != nil {
-		switch {
-		case a.keyless:
+		if !co.IgnoreTlog {
+			// Only the log check can tell the two apart: the signature holds up without it.
+			noLog := co
+			noLog.IgnoreTlog = true
+			if _, err2 := cosign.VerifyImageSignature(ctx, sig, h, &noLog); err2 == nil {
+				return &failure{ReasonTlog, "no transparency-log entry verifiable offline with the trust root's Rekor keys: " + err.Error()}
+			}
+		}
+		if a.keyless {
 			return &failure{ReasonUntrusted, err.Error()}
-		case !co.IgnoreTlog:
-			return &failure{ReasonTlog, err.Error()}
 		}
 		return &failure{ReasonInvalid, err.Error()}
 	}
