@@ -5,12 +5,12 @@ import (
 	"context"
 	"crypto"
 	"crypto/x509"
-	"sync"
 	"errors"
 	"log/slog"
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,11 +20,11 @@ import (
 	ociremote "github.com/sigstore/cosign/v2/pkg/oci/remote"
 	"github.com/sigstore/sigstore-go/pkg/root"
 	"github.com/sigstore/sigstore/pkg/cryptoutils"
+	"golang.org/x/crypto/bcrypt"
 	"oras.land/oras-go/v2"
 	"oras.land/oras-go/v2/content/memory"
 	"oras.land/oras-go/v2/registry/remote"
 	"oras.land/oras-go/v2/registry/remote/auth"
-	"golang.org/x/crypto/bcrypt"
 
 	"github.com/modelpack/modelpack/internal/testenv"
 )
@@ -331,8 +331,8 @@ func TestVerifyKeyless(t *testing.T) {
 	t.Run("transparency log required", func(t *testing.T) {
 		rekor := newECKey(t)
 		p, err := NewPolicy(PolicyFile{Default: Rule{
-			Keyless:   []Identity{{Issuer: issuer, Subject: "alice@example.com"}},
-			TrustRoot: TrustRoot{CertificateChain: filepath.Join(dir, "root.pem"), RekorKeys: []string{writePub(t, dir, "rekor.pub", &rekor.PublicKey)}},
+			Keyless:                 []Identity{{Issuer: issuer, Subject: "alice@example.com"}},
+			TrustRoot:               TrustRoot{CertificateChain: filepath.Join(dir, "root.pem"), RekorKeys: []string{writePub(t, dir, "rekor.pub", &rekor.PublicKey)}},
 			CertificateTransparency: Waive,
 		}})
 		if err != nil {
