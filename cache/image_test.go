@@ -153,7 +153,9 @@ func TestImageMatchesCraneExport(t *testing.T) {
 				t.Errorf("view differs from crane export\nview:\n%s\nexport:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 			}
 			// Spot checks that the comparison really covers whiteouts, opaque dirs and the platform choice.
-			has := func(p string) bool { return slices.ContainsFunc(got, func(s string) bool { return strings.HasPrefix(s, p+" ") }) }
+			has := func(p string) bool {
+				return slices.ContainsFunc(got, func(s string) bool { return strings.HasPrefix(s, p+" ") })
+			}
 			if has("etc/a") || has("opq/old") || has("lib/x.so") || !has("opq/new") || !has("etc/secret") {
 				t.Errorf("whiteouts not applied: %v", got)
 			}
