@@ -1,0 +1,161 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"oras.land/oras-go/v2/registry/remote/auth"
+	"oras.land/oras-go/v2/registry/remote/credentials"
+
+	"github.com/modelpack/modelpack/artifact/remote"
+	"github.com/modelpack/modelpack/signing"
+)
+
+// signRegistryFlags are the registry flags of sign and verify, named as the transport commands name them.
+type signRegistryFlags struct {
+	plainHTTP, insecure    bool
+	caFile, registryConfig string
+}
+
+func (f *signRegistryFlags) add(fl *pflag.FlagSet) {
+	fl.BoolVar(&f.plainHTTP, "plain-http", false, "talk HTTP instead of HTTPS to the registry")
+	fl.BoolVar(&f.insecure, "insecure", false, "skip TLS verification of the registry")
+	fl.StringVar(&f.caFile, "ca-file", "", "PEM CA bundle for the registry's TLS certificate")
+	fl.StringVar(&f.registryConfig, "registry-config", "", "docker config.json with registry credentials (default: docker's)")
+}
+
+func (f *signRegistryFlags) options() (signing.RegistryOptions, error) {
+	return signingRegistryOptions(remote.Options{
+		PlainHTTP: f.plainHTTP, Insecure: f.insecure, CAFile: f.caFile, RegistryConfig: f.registryConfig,
+	})
+}
+
+// signingRegistryOptions reaches registries for signing as the transport options o do: same TLS settings and the
+// same docker config and credential helpers. push --sign and pack --push --sign pass their remote.Options here.
+func signingRegistryOptions(o remote.Options) (signing.RegistryOptions, error) {
+	store, err := remote.NewCredentialStore(o.RegistryConfig)
+	if err != nil {
+		return signing.RegistryOptions{}, fmt.Errorf("registry config: %w", err)
+	}
+	creds := credentials.Credential(store)
+	if o.Credential != nil {
+		explicit := o.Credential
+		creds = func(ctx context.Context, host string) (c auth.Credential, err error) {
+			if c, err = explicit(ctx, host); err != nil || c != auth.EmptyCredential {
+				return c, err
+			}
+			return credentials.Credential(store)(ctx, host)
+		}
+	}
+	return signing.RegistryOptions{PlainHTTP: o.PlainHTTP, Insecure: o.Insecure, CAFile: o.CAFile, Credentials: creds}, nil
+}
+
+// signFlags are what signing needs beyond the registry: the key and the signed annotations. push and pack --push
+// add them with addSignFlags as --sign KEY and --sign-annotation.
+type signFlags struct {
+	key         string
+	annotations []string
+}
+
+func (s *signFlags) signOptions(reg signing.RegistryOptions) (signing.SignOptions, error) {
+	ann := map[string]string{}
+	for _, a := range s.annotations {
+		k, v, ok := strings.Cut(a, "=")
+		if !ok || k == "" {
+			return signing.SignOptions{}, fmt.Errorf("annotation %q: want KEY=VALUE", a)
+		}
+		ann[k] = v
+	}
+	return signing.SignOptions{Registry: reg, Password: cosignPassword, Annotations: ann}, nil
+}
+
+// addSignFlags gives push and pack --push their --sign KEY option; call signPushed with the pushed digest.
+func addSignFlags(fl *pflag.FlagSet) *signFlags {
+	s := &signFlags{}
+	fl.StringVar(&s.key, "sign", "", "sign the pushed digest with this cosign private key (file, env://VAR or k8s://NS/NAME)")
+	fl.StringArrayVar(&s.annotations, "sign-annotation", nil, "KEY=VALUE signed into the signature payload (repeatable)")
+	return s
+}
+
+// signPushed signs digestRef when --sign was given, reaching the registry with the push's options.
+func (s *signFlags) signPushed(ctx context.Context, w io.Writer, g *Globals, digestRef string, o remote.Options) error {
+	if s.key == "" {
+		return nil
+	}
+	reg, err := signingRegistryOptions(o)
+	if err != nil {
+		return err
+	}
+	opts, err := s.signOptions(reg)
+	if err != nil {
+		return err
+	}
+	signed, err := signing.SignDigest(ctx, digestRef, s.key, opts)
+	if err != nil {
+		return err
+	}
+	if !g.IsJSON() && !g.Quiet {
+		fmt.Fprintf(w, "Signed %s\n", signed)
+	}
+	return nil
+}
+
+func init() {
+	register(func(g *Globals) *cobra.Command {
+		var reg signRegistryFlags
+		var sf signFlags
+		var tlogUpload bool
+		cmd := &cobra.Command{
+			Use:   "sign REF --key KEY",
+			Short: "Sign an artifact's manifest digest with a cosign key",
+			Long: `Sign the manifest digest REF points at with a cosign private key. A tag is resolved once and the digest is
+signed, never the tag. The signature is stored as cosign stores it: a simple-signing payload in the
+sha256-<hex>.sig tag of the same repository, so cosign verify and modelpack verify both check it.
+
+KEY is a file, env://VAR (the PEM in a variable) or k8s://NAMESPACE/NAME (a cosign key-pair Secret mounted
+below $MODELPACK_SECRETS_DIR). Its password comes from COSIGN_PASSWORD or the terminal.
+
+Nothing is uploaded to a transparency log (this is cosign sign --tlog-upload=false): verify with
+--insecure-ignore-tlog, or transparencyLog: waive in a node policy.`,
+			Example: `  modelpack sign registry.local/models/llama3:8b --key cosign.key
+  cosign verify --key cosign.pub --insecure-ignore-tlog registry.local/models/llama3:8b`,
+			Args: cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				if tlogUpload {
+					return errors.New("--tlog-upload=true is not supported: modelpack signs offline and stores signatures only in the registry")
+				}
+				if sf.key == "" {
+					return errors.New("--key is required")
+				}
+				ro, err := reg.options()
+				if err != nil {
+					return err
+				}
+				opts, err := sf.signOptions(ro)
+				if err != nil {
+					return err
+				}
+				signed, err := signing.SignDigest(cmd.Context(), args[0], sf.key, opts)
+				if err != nil {
+					return err
+				}
+				if g.IsJSON() {
+					return PrintJSON(cmd.OutOrStdout(), map[string]string{"signed": signed})
+				}
+				_, err = fmt.Fprintf(cmd.OutOrStdout(), "Signed %s\n", signed)
+				return err
+			},
+		}
+		fl := cmd.Flags()
+		fl.StringVar(&sf.key, "key", "", "cosign private key: file, env://VAR or k8s://NAMESPACE/NAME")
+		fl.StringArrayVarP(&sf.annotations, "annotations", "a", nil, "KEY=VALUE signed into the payload (repeatable)")
+		fl.BoolVar(&tlogUpload, "tlog-upload", false, "upload to a transparency log (not supported: always false here)")
+		reg.add(fl)
+		return cmd
+	})
+}

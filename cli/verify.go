@@ -1,0 +1,132 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/modelpack/modelpack/signing"
+)
+
+type verifyFlags struct {
+	keys                     []string
+	identity, identityRegexp string
+	issuer, issuerRegexp     string
+	trustedRoot, chain       string
+	ctlogKeys, rekorKeys     []string
+	ignoreTlog, ignoreSCT    bool
+	policy                   string
+}
+
+// rule turns the cosign-style flags into the one rule the command checks against.
+func (f *verifyFlags) rule() (signing.Rule, error) {
+	r := signing.Rule{Name: "command line", Mode: signing.Enforce, Keys: f.keys, TrustRoot: signing.TrustRoot{
+		TrustedRoot: f.trustedRoot, CertificateChain: f.chain, CTLogKeys: f.ctlogKeys, RekorKeys: f.rekorKeys,
+	}}
+	keyless := f.identity != "" || f.identityRegexp != "" || f.issuer != "" || f.issuerRegexp != ""
+	if keyless {
+		r.Keyless = []signing.Identity{{Subject: f.identity, SubjectRegExp: f.identityRegexp, Issuer: f.issuer, IssuerRegExp: f.issuerRegexp}}
+	}
+	if len(f.keys) == 0 && !keyless {
+		return r, errors.New("give --key, or --certificate-identity[-regexp] and --certificate-oidc-issuer[-regexp], or --policy")
+	}
+	if f.ignoreTlog {
+		r.TransparencyLog = signing.Waive
+	}
+	if f.ignoreSCT || !keyless {
+		r.CertificateTransparency = signing.Waive
+	}
+	return r, nil
+}
+
+func init() {
+	register(func(g *Globals) *cobra.Command {
+		var reg signRegistryFlags
+		f := &verifyFlags{}
+		cmd := &cobra.Command{
+			Use:   "verify REF (--key PUB | --certificate-identity ID --certificate-oidc-issuer URL | --policy FILE)",
+			Short: "Verify an artifact's cosign signature or Sigstore bundle",
+			Long: `Verify that the manifest digest REF points at is signed: by one of the --key public keys, or keyless by a
+certificate whose identity and OIDC issuer match, chaining to the trust root given as files (--trusted-root, or
+--certificate-chain with --ctlog-public-key and --rekor-public-key). A tag is resolved once and the digest is
+checked. cosign signatures (the sha256-<hex>.sig tag) and Sigstore bundles attached as OCI 1.1 referrers (the
+cosign v3 default) are both accepted.
+
+Transparency-log entries are required unless --insecure-ignore-tlog, as with cosign; signatures made by
+modelpack sign have none. With --policy, REF is checked as the node driver checks it, against that policy.`,
+			Example: `  modelpack verify registry.local/models/llama3:8b --key cosign.pub --insecure-ignore-tlog
+  modelpack verify REF --certificate-identity alice@example.com --certificate-oidc-issuer https://accounts.example.com \
+    --certificate-chain fulcio-chain.pem --insecure-ignore-tlog --insecure-ignore-sct
+  modelpack verify REF --policy /etc/modelpack/policy.yaml`,
+			Args: cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				var p *signing.Policy
+				var err error
+				if f.policy != "" {
+					p, err = signing.LoadPolicy(f.policy)
+				} else {
+					var r signing.Rule
+					if r, err = f.rule(); err != nil {
+						return err
+					}
+					p, err = signing.NewPolicy(signing.PolicyFile{Default: r})
+				}
+				if err != nil {
+					return err
+				}
+				ro, err := reg.options()
+				if err != nil {
+					return err
+				}
+				ref, err := signing.ResolveDigest(cmd.Context(), args[0], ro)
+				if err != nil {
+					return err
+				}
+				dec, err := signing.NewVerifier(p, ro).Verify(cmd.Context(), ref)
+				if err != nil {
+					return err
+				}
+				if g.IsJSON() {
+					return PrintJSON(cmd.OutOrStdout(), dec)
+				}
+				if dec.Verified {
+					_, err = fmt.Fprintf(cmd.OutOrStdout(), "Verified %s by %s (rule %q)\n", dec.Ref, dec.Authority, dec.Rule)
+				} else {
+					_, err = fmt.Fprintf(cmd.OutOrStdout(), "Allowed %s unverified by rule %q (%s): %s\n", dec.Ref, dec.Rule, dec.Mode, dec.Reason)
+				}
+				return err
+			},
+		}
+		fl := cmd.Flags()
+		fl.StringArrayVar(&f.keys, "key", nil, "cosign public key: file, env://VAR or k8s://NAMESPACE/NAME (repeatable: any of them)")
+		fl.StringVar(&f.identity, "certificate-identity", "", "keyless: the certificate's SAN (email or URI)")
+		fl.StringVar(&f.identityRegexp, "certificate-identity-regexp", "", "keyless: a regexp the certificate's SAN matches")
+		fl.StringVar(&f.issuer, "certificate-oidc-issuer", "", "keyless: the OIDC issuer recorded in the certificate")
+		fl.StringVar(&f.issuerRegexp, "certificate-oidc-issuer-regexp", "", "keyless: a regexp the OIDC issuer matches")
+		fl.StringVar(&f.trustedRoot, "trusted-root", "", "Sigstore trusted_root.json (Fulcio CAs, Rekor and CT logs)")
+		fl.StringVar(&f.chain, "certificate-chain", "", "PEM Fulcio root certificate(s) and intermediates")
+		fl.StringArrayVar(&f.ctlogKeys, "ctlog-public-key", envList("SIGSTORE_CT_LOG_PUBLIC_KEY_FILE"), "PEM public key of a CT log (repeatable; env SIGSTORE_CT_LOG_PUBLIC_KEY_FILE)")
+		fl.StringArrayVar(&f.rekorKeys, "rekor-public-key", envList("SIGSTORE_REKOR_PUBLIC_KEY"), "PEM public key of a Rekor log (repeatable; env SIGSTORE_REKOR_PUBLIC_KEY)")
+		fl.BoolVar(&f.ignoreTlog, "insecure-ignore-tlog", false, "do not require a transparency-log entry")
+		fl.BoolVar(&f.ignoreSCT, "insecure-ignore-sct", false, "keyless: do not require a certificate-transparency SCT")
+		fl.StringVar(&f.policy, "policy", "", "check against this node trust policy instead of the flags above")
+		cmd.MarkFlagsMutuallyExclusive("certificate-identity", "certificate-identity-regexp")
+		cmd.MarkFlagsMutuallyExclusive("certificate-oidc-issuer", "certificate-oidc-issuer-regexp")
+		cmd.MarkFlagsMutuallyExclusive("trusted-root", "certificate-chain")
+		for _, fl := range []string{"key", "certificate-identity", "certificate-identity-regexp", "certificate-oidc-issuer", "certificate-oidc-issuer-regexp"} {
+			cmd.MarkFlagsMutuallyExclusive("policy", fl)
+		}
+		reg.add(fl)
+		return cmd
+	})
+}
+
+// envList seeds a repeatable flag from a cosign environment variable.
+func envList(name string) []string {
+	if v := os.Getenv(name); v != "" {
+		return []string{v}
+	}
+	return nil
+}
