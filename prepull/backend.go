@@ -5,19 +5,21 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
-// Backend is the node-side machinery a prepull drives: the very resolver, verifier and cache the driver mounts
-// from, so a prepulled model is exactly what a later mount finds.
+// Backend is the node-side machinery a prepull drives: the very registry access, verifier and cache the driver
+// mounts from, so a prepulled model is exactly what a later mount finds.
 type Backend interface {
-	// Resolve returns the manifest digest ref names now.
-	Resolve(ctx context.Context, ref string) (digest.Digest, error)
-	// Verify applies the node's trust policy to ref at dgst, as a mount would; an error refuses the pull.
-	Verify(ctx context.Context, ref string, dgst digest.Digest) error
-	// Pull makes the content of ref@dgst complete in the cache. progress may be called from any goroutine.
-	Pull(ctx context.Context, ref string, dgst digest.Digest, progress func(done, total int64)) error
-	// Pin keeps dgst from eviction under name until Unpin(name); pinning the same name again is no error.
-	Pin(ctx context.Context, name string, dgst digest.Digest) error
+	// Resolve returns the manifest or index ref names now.
+	Resolve(ctx context.Context, ref string) (ocispec.Descriptor, error)
+	// Verify applies the node's trust policy to ref at desc, as a mount would; an error refuses the pull.
+	Verify(ctx context.Context, ref string, desc ocispec.Descriptor) error
+	// Pull makes the content of desc complete in the cache and returns the manifest to pin (for an index, the
+	// node's platform). progress may be called from any goroutine.
+	Pull(ctx context.Context, ref string, desc ocispec.Descriptor, progress func(done, total int64)) (digest.Digest, error)
+	// Pin keeps manifest from eviction under name until Unpin(name); pinning the same name again is no error.
+	Pin(ctx context.Context, name string, manifest digest.Digest) error
 	// Unpin releases name; an unknown name is no error.
 	Unpin(ctx context.Context, name string) error
 	// Pins returns every pin the cache holds, by name, so pins left by an earlier run can be reconciled.
@@ -26,13 +28,13 @@ type Backend interface {
 	Cache(ctx context.Context) ([]CacheEntry, error)
 }
 
-// CacheEntry is one model in the node cache.
+// CacheEntry is one manifest in the node cache.
 type CacheEntry struct {
 	Digest   digest.Digest `json:"digest"`
-	Refs     []string      `json:"refs,omitempty"`
+	Name     string        `json:"name,omitempty"`
 	Size     int64         `json:"size"`
 	Complete bool          `json:"complete"`
-	// Owners say why the entry is kept: pins are "pin:<name>", mounts name their volume.
+	// Owners say why the entry is kept: pins are "pin:<name>", mounted volumes name their volume.
 	Owners   []string  `json:"owners,omitempty"`
 	LastUsed time.Time `json:"lastUsed,omitzero"`
 }

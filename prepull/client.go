@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -95,7 +96,12 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return fmt.Errorf("prepull API at %s: %w", c.socket, err)
+		// The URL is a placeholder; the socket is what the reader needs to see.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return fmt.Errorf("prepull API at %s (is the modelpack driver running on this node?): %w", c.socket, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 300 {

@@ -95,3 +95,7 @@ func validRef(ref string) error {
 	}
 	return nil
 }
+
+// DefaultSocket is where the driver serves the API inside its pod: the plugin directory, shared with the host at
+// /var/lib/kubelet/plugins/<driver>/.
+const DefaultSocket = "/csi/prepull.sock"

@@ -297,21 +297,22 @@ func (m *manager) attempt(ctx context.Context, it *item) error {
 	})
 	m.log.Info("prepull pulling", "list", it.e.List, "ref", ref)
 	start := time.Now()
-	d, err := m.be.Resolve(ctx, ref)
+	desc, err := m.be.Resolve(ctx, ref)
 	if err != nil {
 		return fmt.Errorf("resolve: %w", err)
 	}
-	m.update(it, func(e *Entry) { e.Digest = d })
-	if err := m.be.Verify(ctx, ref, d); err != nil {
+	m.update(it, func(e *Entry) { e.Digest = desc.Digest })
+	if err := m.be.Verify(ctx, ref, desc); err != nil {
 		return fmt.Errorf("trust policy: %w", err)
 	}
-	if err := m.be.Pull(ctx, ref, d, func(done, total int64) { m.progress(it, done, total) }); err != nil {
+	manifest, err := m.be.Pull(ctx, ref, desc, func(done, total int64) { m.progress(it, done, total) })
+	if err != nil {
 		return fmt.Errorf("pull: %w", err)
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := m.be.Pin(ctx, pin, d); err != nil {
+	if err := m.be.Pin(ctx, pin, manifest); err != nil {
 		return fmt.Errorf("pin: %w", err)
 	}
 	var size int64
@@ -320,7 +321,7 @@ func (m *manager) attempt(ctx context.Context, it *item) error {
 		e.Done = max(e.Done, e.Total)
 		size = e.Total
 	})
-	m.log.Info("prepull ready", "list", it.e.List, "ref", ref, "digest", d, "bytes", size,
+	m.log.Info("prepull ready", "list", it.e.List, "ref", ref, "digest", desc.Digest, "manifest", manifest, "bytes", size,
 		"seconds", time.Since(start).Round(time.Millisecond).Seconds())
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -47,16 +48,16 @@ func (f *fakeBackend) gate(ref string) chan struct{} {
 	return g
 }
 
-func (f *fakeBackend) Resolve(_ context.Context, ref string) (digest.Digest, error) {
+func (f *fakeBackend) Resolve(_ context.Context, ref string) (ocispec.Descriptor, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.bad[ref]; err != nil {
-		return "", err
+		return ocispec.Descriptor{}, err
 	}
-	return digest.FromString(ref), nil
+	return ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: digest.FromString(ref), Size: 100}, nil
 }
 
-func (f *fakeBackend) Verify(_ context.Context, ref string, _ digest.Digest) error {
+func (f *fakeBackend) Verify(_ context.Context, ref string, _ ocispec.Descriptor) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.verified = append(f.verified, ref)
@@ -66,7 +67,7 @@ func (f *fakeBackend) Verify(_ context.Context, ref string, _ digest.Digest) err
 	return nil
 }
 
-func (f *fakeBackend) Pull(ctx context.Context, ref string, _ digest.Digest, progress func(done, total int64)) error {
+func (f *fakeBackend) Pull(ctx context.Context, ref string, desc ocispec.Descriptor, progress func(done, total int64)) (digest.Digest, error) {
 	f.mu.Lock()
 	f.active++
 	f.maxSeen = max(f.maxSeen, f.active)
@@ -81,9 +82,9 @@ func (f *fakeBackend) Pull(ctx context.Context, ref string, _ digest.Digest, pro
 	select {
 	case <-f.gate(ref):
 		progress(100, 100)
-		return nil
+		return desc.Digest, nil
 	case <-ctx.Done():
-		return ctx.Err()
+		return "", ctx.Err()
 	}
 }
 

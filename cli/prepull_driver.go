@@ -1,0 +1,63 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/spf13/pflag"
+	"google.golang.org/grpc"
+
+	"github.com/modelpack/modelpack/csidriver/cachebackend"
+	"github.com/modelpack/modelpack/prepull"
+)
+
+// The driver serves the prepull API next to its CSI socket; `modelpack prepull` and the prepull DaemonSet talk to it.
+func init() {
+	var (
+		socket      string
+		concurrency int
+		bandwidth   string
+	)
+	registerCSIDriverExtension(csiDriverExtension{
+		AddFlags: func(fl *pflag.FlagSet) {
+			fl.StringVar(&socket, "prepull-socket", prepull.DefaultSocket, "unix socket serving the prepull API (empty disables it)")
+			fl.IntVar(&concurrency, "prepull-concurrency", 2, "references prepulled at once; the rest wait as pending")
+			fl.StringVar(&bandwidth, "prepull-bandwidth", "0", "cap on the registry reads of all prepulls together, bytes per second (e.g. 100MiB; 0 = no cap)")
+		},
+		Setup: func(ctx context.Context, env *CSIDriverEnv) error {
+			if socket == "" {
+				return nil
+			}
+			if concurrency < 1 {
+				return fmt.Errorf("--prepull-concurrency must be at least 1")
+			}
+			bps, err := parseByteSize(bandwidth)
+			if err != nil {
+				return fmt.Errorf("--prepull-bandwidth: %w", err)
+			}
+			// Extensions set up after this one may still install the verifier, so the API starts with the
+			// driver's gRPC server, once every Setup has run: prepull must never run without the policy mounts have.
+			var once sync.Once
+			start := make(chan struct{})
+			env.Driver.GRPCServices = append(env.Driver.GRPCServices, func(*grpc.Server) { once.Do(func() { close(start) }) })
+			go func() {
+				select {
+				case <-start:
+				case <-ctx.Done():
+					return
+				}
+				be := prepull.NewCacheBackend(env.Cache, cachebackend.Options{
+					Remote:              env.Remote,
+					PlainHTTPRegistries: env.PlainHTTPRegistries,
+					Verifier:            env.Verifier,
+				}, bps)
+				log := env.Logger.With("component", "prepull")
+				if err := prepull.Serve(ctx, socket, be, prepull.Options{Concurrency: concurrency, Logger: log}); err != nil {
+					log.Error("prepull API stopped", "error", err.Error())
+				}
+			}()
+			return nil
+		},
+	})
+}

@@ -1,0 +1,56 @@
+package prepull
+
+import (
+	"context"
+	"io"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/time/rate"
+	"oras.land/oras-go/v2"
+)
+
+// limitedTarget shares one byte budget among every blob read through it, so background prepulls leave the
+// node's link to the pods that are starting.
+type limitedTarget struct {
+	oras.ReadOnlyTarget
+	lim *rate.Limiter
+}
+
+// newLimiter returns a limiter of bytesPerSecond, or nil for no limit. Its burst is a tenth of a second's worth
+// (at least one read buffer) so throughput stays smooth without letting a burst exceed the limit by much.
+func newLimiter(bytesPerSecond int64) *rate.Limiter {
+	if bytesPerSecond <= 0 {
+		return nil
+	}
+	burst := int(min(max(bytesPerSecond/10, 32<<10), 4<<20))
+	return rate.NewLimiter(rate.Limit(bytesPerSecond), burst)
+}
+
+func (t limitedTarget) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
+	rc, err := t.ReadOnlyTarget.Fetch(ctx, desc)
+	if err != nil {
+		return nil, err
+	}
+	return &limitedReader{rc: rc, ctx: ctx, lim: t.lim}, nil
+}
+
+type limitedReader struct {
+	rc  io.ReadCloser
+	ctx context.Context
+	lim *rate.Limiter
+}
+
+func (r *limitedReader) Read(p []byte) (int, error) {
+	if b := r.lim.Burst(); len(p) > b {
+		p = p[:b]
+	}
+	n, err := r.rc.Read(p)
+	if n > 0 {
+		if werr := r.lim.WaitN(r.ctx, n); werr != nil && err == nil {
+			err = werr
+		}
+	}
+	return n, err
+}
+
+func (r *limitedReader) Close() error { return r.rc.Close() }
