@@ -1,0 +1,277 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	digest "github.com/opencontainers/go-digest"
+	"github.com/spf13/cobra"
+
+	"github.com/modelpack/modelpack/cache"
+)
+
+type cacheFlags struct {
+	root        string
+	lockTimeout time.Duration
+}
+
+func defaultCacheRoot() string {
+	if r := os.Getenv("MODELPACK_CACHE_ROOT"); r != "" {
+		return r
+	}
+	return "/var/lib/modelpack/cache"
+}
+
+func (f *cacheFlags) open(opts cache.Options) (*cache.Cache, error) {
+	if _, err := os.Stat(f.root); err != nil {
+		return nil, fmt.Errorf("cache root: %w", err)
+	}
+	opts.Root, opts.LockTimeout = f.root, f.lockTimeout
+	return cache.Open(opts)
+}
+
+func init() {
+	register(func(g *Globals) *cobra.Command {
+		f := &cacheFlags{}
+		cmd := &cobra.Command{
+			Use:   "cache",
+			Short: "Inspect and maintain a node cache (the CSI driver's content store)",
+			Long: `Inspect and maintain a node cache: the blobs, extracted layers and read-only views the CSI driver serves.
+
+A cache root is held by one process at a time: while the driver runs, these commands wait up to --lock-timeout.`,
+		}
+		cmd.PersistentFlags().StringVar(&f.root, "root", defaultCacheRoot(), "cache directory (env MODELPACK_CACHE_ROOT)")
+		cmd.PersistentFlags().DurationVar(&f.lockTimeout, "lock-timeout", 5*time.Second, "how long to wait for another process holding the cache")
+		cmd.AddCommand(cacheLsCmd(g, f), cacheDuCmd(g, f), cacheGCCmd(g, f), cacheVerifyCmd(g, f), cacheRmCmd(g, f))
+		return cmd
+	})
+}
+
+func cacheLsCmd(g *Globals, f *cacheFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "ls",
+		Short: "List the manifests in the cache, most recently used first",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := f.open(cache.Options{})
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			entries, err := c.List()
+			if err != nil {
+				return err
+			}
+			if g.IsJSON() {
+				if entries == nil {
+					entries = []cache.Entry{}
+				}
+				return PrintJSON(cmd.OutOrStdout(), entries)
+			}
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "DIGEST\tTYPE\tSIZE\tSTATE\tREFS\tVIEWS\tLAST USED\tNAME")
+			for _, e := range entries {
+				kind := "model"
+				if e.Image {
+					kind = "image"
+				}
+				state := "complete"
+				if !e.Complete {
+					state = "partial"
+				}
+				refs := "-"
+				if len(e.Refs) > 0 {
+					refs = strings.Join(e.Refs, ",")
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", shortHex(e.Descriptor.Digest), kind, humanBytes(e.Size), state,
+					refs, len(e.Views), ago(e.LastUsed), orDash(e.Name))
+			}
+			return w.Flush()
+		},
+	}
+}
+
+func cacheDuCmd(g *Globals, f *cacheFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "du",
+		Short: "Show what the cache holds on disk",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := f.open(cache.Options{})
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			u, err := c.Usage()
+			if err != nil {
+				return err
+			}
+			if g.IsJSON() {
+				return PrintJSON(cmd.OutOrStdout(), u)
+			}
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintf(w, "blobs\t%d\t%s\n", u.BlobCount, humanBytes(u.Blobs))
+			fmt.Fprintf(w, "extracted layers\t%d\t%s\n", u.LayerCount, humanBytes(u.Layers))
+			fmt.Fprintf(w, "partial downloads\t\t%s\n", humanBytes(u.Partials))
+			fmt.Fprintf(w, "total\t\t%s\n", humanBytes(u.Bytes))
+			fmt.Fprintf(w, "in use\t\t%s\n", humanBytes(u.Referenced))
+			fmt.Fprintf(w, "manifests\t%d\t\n", u.Manifests)
+			fmt.Fprintf(w, "views\t%d\t\n", u.Views)
+			fmt.Fprintf(w, "references\t%d\t\n", u.Refs)
+			return w.Flush()
+		},
+	}
+}
+
+func cacheGCCmd(g *Globals, f *cacheFlags) *cobra.Command {
+	var maxSize string
+	var minAge time.Duration
+	cmd := &cobra.Command{
+		Use:   "gc",
+		Short: "Evict least recently used, unreferenced manifests down to --max-size and delete unneeded content",
+		Long: `Evict least recently used manifests that no volume or pin references until the cache fits --max-size, then
+delete every blob, extracted layer, view and partial download that no remaining manifest needs. With --max-size 0
+nothing is evicted; only unneeded content is deleted.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			max, err := parseByteSize(maxSize)
+			if err != nil {
+				return fmt.Errorf("--max-size: %w", err)
+			}
+			if minAge == 0 {
+				minAge = -1 // cache.Options: negative means no protection
+			}
+			c, err := f.open(cache.Options{MaxBytes: max, MinAge: minAge})
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			st, err := c.GC(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if g.IsJSON() {
+				return PrintJSON(cmd.OutOrStdout(), st)
+			}
+			out := cmd.OutOrStdout()
+			for _, d := range st.Evicted {
+				fmt.Fprintf(out, "evicted %s\n", d)
+			}
+			fmt.Fprintf(out, "deleted %d blobs, %d layers, %d views, %d partial downloads; %s -> %s in %s\n",
+				st.Blobs, st.Layers, st.Views, st.Partials, humanBytes(st.Before), humanBytes(st.After), st.Duration.Round(time.Millisecond))
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&maxSize, "max-size", "0", "evict down to this size (e.g. 100GiB; 0 = evict nothing)")
+	cmd.Flags().DurationVar(&minAge, "min-age", 0, "never evict content used more recently than this")
+	return cmd
+}
+
+func cacheVerifyCmd(g *Globals, f *cacheFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "verify",
+		Short: "Re-hash every blob and check every manifest has its content; exits 1 on any problem",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := f.open(cache.Options{})
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			rep, err := c.Verify(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if g.IsJSON() {
+				if err := PrintJSON(cmd.OutOrStdout(), rep); err != nil {
+					return err
+				}
+			} else {
+				out := cmd.OutOrStdout()
+				for _, p := range rep.Problems {
+					fmt.Fprintf(out, "%s: %s\n", p.Digest, p.What)
+				}
+				fmt.Fprintf(out, "verified %d blobs (%s): %d problems\n", rep.Blobs, humanBytes(rep.Bytes), len(rep.Problems))
+			}
+			if len(rep.Problems) > 0 {
+				return fmt.Errorf("%d problems", len(rep.Problems))
+			}
+			return nil
+		},
+	}
+}
+
+func cacheRmCmd(g *Globals, f *cacheFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "rm DIGEST...",
+		Short: "Remove manifests (by digest or unique prefix) and the content only they use; refused while referenced",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := f.open(cache.Options{})
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			entries, err := c.List()
+			if err != nil {
+				return err
+			}
+			var removed []digest.Digest
+			for _, a := range args {
+				d, err := matchDigest(entries, a)
+				if err != nil {
+					return err
+				}
+				if err := c.Remove(d); err != nil {
+					return err
+				}
+				removed = append(removed, d)
+				if !g.IsJSON() {
+					fmt.Fprintf(cmd.OutOrStdout(), "removed %s\n", d)
+				}
+			}
+			if g.IsJSON() {
+				return PrintJSON(cmd.OutOrStdout(), map[string]any{"removed": removed})
+			}
+			return nil
+		},
+	}
+}
+
+// matchDigest resolves a full digest, or a unique prefix of a manifest's or index's hex, as ls prints them.
+func matchDigest(entries []cache.Entry, s string) (digest.Digest, error) {
+	s = strings.TrimPrefix(s, "sha256:")
+	var found []digest.Digest
+	for _, e := range entries {
+		for _, d := range append([]digest.Digest{e.Descriptor.Digest}, e.Indexes...) {
+			if strings.HasPrefix(d.Encoded(), s) && len(s) > 0 {
+				found = append(found, e.Descriptor.Digest)
+				break
+			}
+		}
+	}
+	switch len(found) {
+	case 0:
+		return "", fmt.Errorf("%s: %w", s, cache.ErrNotFound)
+	case 1:
+		return found[0], nil
+	}
+	return "", fmt.Errorf("%s matches %d manifests: give more of the digest", s, len(found))
+}
+
+func shortHex(d digest.Digest) string {
+	if e := d.Encoded(); len(e) > 12 {
+		return e[:12]
+	}
+	return d.Encoded()
+}
+
+func ago(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return time.Since(t).Round(time.Second).String() + " ago"
+}
