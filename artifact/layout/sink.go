@@ -14,11 +14,20 @@ import (
 // Sink is the pack.Sink that writes into the store.
 type Sink struct{ s *Store }
 
-var _ pack.Sink = (*Sink)(nil)
+var (
+	_ pack.Sink       = (*Sink)(nil)
+	_ pack.TagChecker = (*Sink)(nil)
+)
 
 // Sink returns a pack.Sink that writes into the store. Each blob is hashed and written in one pass (cas.Write);
 // the tag is written after the manifest, and every blob, is durable.
 func (s *Store) Sink() *Sink { return &Sink{s: s} }
+
+// CheckTag refuses a tag that is not a valid store reference, before Pack writes anything.
+func (k *Sink) CheckTag(tag string) error {
+	_, err := ParseReference(tag)
+	return err
+}
 
 // AddBlob stores what open returns, reading it once.
 func (k *Sink) AddBlob(ctx context.Context, mediaType string, open func() (io.ReadCloser, error)) (ocispec.Descriptor, error) {

@@ -38,6 +38,12 @@ type Sink interface {
 	Commit(ctx context.Context, manifest ocispec.Descriptor, manifestBytes []byte, tag string) error
 }
 
+// TagChecker is implemented by sinks that can refuse a tag up front, so that a bad reference fails the pack
+// before any blob is written.
+type TagChecker interface {
+	CheckTag(tag string) error
+}
+
 // Progress is told how many bytes of input Pack will read and, as it goes, how many it has read. Calls may come
 // from several goroutines. A sink that reads a layer twice is counted twice.
 type Progress interface {
@@ -86,6 +92,14 @@ func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Des
 	case artifact.FormatRaw, artifact.FormatTar, artifact.FormatTarGzip, artifact.FormatTarZstd:
 	default:
 		return ocispec.Descriptor{}, fmt.Errorf("unknown layer format %q (valid: raw, tar, tar+gzip, tar+zstd)", opts.LayerFormat)
+	}
+	if c, ok := sink.(TagChecker); ok && opts.Tag != "" {
+		if err := c.CheckTag(opts.Tag); err != nil {
+			return ocispec.Descriptor{}, err
+		}
+	}
+	if err := checkDir(dir); err != nil {
+		return ocispec.Descriptor{}, err
 	}
 	mf, mfRel, err := loadModelfile(dir, opts.Modelfile)
 	if err != nil {

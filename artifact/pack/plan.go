@@ -46,15 +46,8 @@ func badInput(p, format string, args ...any) error {
 // walk lists what dir holds, refusing what cannot be packed: special files, symlinks leading out of dir or to
 // directories, unreadable files and directories. Hidden entries (".git", ".cache", …) and skip are left out.
 func walk(dir string, skip map[string]bool) ([]node, error) {
-	fi, err := os.Stat(dir)
-	if err != nil {
-		if os.IsNotExist(err) {
-			return nil, badInput(dir, "no such directory")
-		}
-		return nil, badInput(dir, "%v", unwrapPathError(err))
-	}
-	if !fi.IsDir() {
-		return nil, badInput(dir, "not a directory")
+	if err := checkDir(dir); err != nil {
+		return nil, err
 	}
 	real, err := filepath.EvalSymlinks(dir)
 	if err != nil {
@@ -128,6 +121,21 @@ func walk(dir string, skip map[string]bool) ([]node, error) {
 		return nil, badInput(dir, "directory holds no files to pack")
 	}
 	return nodes, nil
+}
+
+// checkDir refuses a model directory that is missing or not a directory.
+func checkDir(dir string) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return badInput(dir, "no such directory")
+		}
+		return badInput(dir, "%v", unwrapPathError(err))
+	}
+	if !fi.IsDir() {
+		return badInput(dir, "not a directory")
+	}
+	return nil
 }
 
 func within(root, p string) bool {

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Pack benchmark: `modelpack pack` against `oras push --oci-layout` of the same model directory, side by side in
+# one run, medians of 3 (runs alternate which tool goes first, so neither always gets the warmer page cache).
+# Each run writes into a fresh store. Prints one line: times, ratio and modelpack's peak RSS, with the targets.
+# Needs MODEL_DIR (the generated benchmark model) and WORK (scratch dir); `make bench` sets both.
+source "$(dirname "$0")/lib.sh"
+cd "$ROOT"
+: "${MODEL_DIR:?MODEL_DIR must name the model directory}" "${WORK:?WORK must name a scratch directory}"
+RUNS=${RUNS:-3}
+MODELPACK=${MODELPACK:-modelpack}
+ORAS=${ORAS:-oras}
+scratch=$WORK/bench-pack
+rm -rf "$scratch"
+mkdir -p "$scratch"
+trap 'rm -rf "$scratch"' EXIT
+
+# oras is given the same top-level entries modelpack packs (hidden ones are skipped by both).
+mapfile -t entries < <(cd "$MODEL_DIR" && find . -mindepth 1 -maxdepth 1 ! -name '.*' -printf '%P\n' | sort)
+
+run_modelpack() {
+  local home=$scratch/home
+  rm -rf "$home"
+  /usr/bin/time -f '%e %M' -o "$scratch/time" env MODELPACK_HOME="$home" "$MODELPACK" pack "$MODEL_DIR" -t bench/model:v1 -q >/dev/null
+  read -r secs kib <"$scratch/time"
+  mp_times+=("$secs")
+  mp_rss+=("$((kib / 1024))")
+  rm -rf "$home"
+}
+
+run_oras() {
+  local layout=$scratch/oras-layout
+  rm -rf "$layout"
+  oras_times+=("$(cd "$MODEL_DIR" && timed "$ORAS" push --oci-layout "$layout:v1" "${entries[@]}" 2>/dev/null)")
+  rm -rf "$layout"
+}
+
+mp_times=() mp_rss=() oras_times=()
+for i in $(seq "$RUNS"); do
+  if ((i % 2)); then run_modelpack; run_oras; else run_oras; run_modelpack; fi
+done
+
+mp=$(median "${mp_times[@]}")
+or=$(median "${oras_times[@]}")
+rss=$(printf '%s\n' "${mp_rss[@]}" | sort -n | tail -1)
+ratio=$(awk -v a="$or" -v b="$mp" 'BEGIN{printf "%.2f", a/b}')
+echo "pack: modelpack ${mp}s oras ${or}s ratio ${ratio}x (target >=1.5x) rss ${rss}MiB (target <100MiB)"
+echo "pack runs: modelpack ${mp_times[*]} s; oras ${oras_times[*]} s; modelpack peak RSS ${mp_rss[*]} MiB"
