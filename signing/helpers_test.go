@@ -4,25 +4,20 @@ import (
 	"bytes"
 	"context"
 	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/asn1"
 	"encoding/base64"
-	"encoding/pem"
-	"math/big"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/sigstore/cosign/v2/pkg/oci"
 	"github.com/sigstore/cosign/v2/pkg/oci/mutate"
 	ociremote "github.com/sigstore/cosign/v2/pkg/oci/remote"
@@ -33,8 +28,7 @@ import (
 	"oras.land/oras-go/v2/registry/remote"
 
 	"github.com/modelpack/modelpack/internal/testenv"
-
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"github.com/modelpack/modelpack/signing/signingtest"
 )
 
 const testPassword = "correct horse"
@@ -143,88 +137,9 @@ func (c *countingTransport) contains(s string) bool {
 	return false
 }
 
-// testCA is a root → intermediate chain issuing Fulcio-like leaf certificates.
-type testCA struct {
-	root, inter       *x509.Certificate
-	rootKey, interKey *ecdsa.PrivateKey
-}
-
-func newTestCA(t *testing.T, cn string) *testCA {
-	t.Helper()
-	ca := &testCA{}
-	ca.rootKey = newECKey(t)
-	ca.root = issue(t, &x509.Certificate{
-		Subject: pkix.Name{CommonName: cn + " root"}, IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-	}, nil, ca.rootKey, &ca.rootKey.PublicKey)
-	ca.interKey = newECKey(t)
-	ca.inter = issue(t, &x509.Certificate{
-		Subject: pkix.Name{CommonName: cn + " intermediate"}, IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageCodeSigning},
-	}, ca.root, ca.rootKey, &ca.interKey.PublicKey)
-	return ca
-}
-
-var (
-	oidIssuerV1 = asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 57264, 1, 1}
-	oidIssuerV2 = asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 57264, 1, 8}
-)
-
-// leaf issues a short-lived code-signing certificate for email, recording issuer as Fulcio does.
-func (ca *testCA) leaf(t *testing.T, email, issuer string) (*x509.Certificate, *ecdsa.PrivateKey) {
-	t.Helper()
-	k := newECKey(t)
-	v2, err := asn1.MarshalWithParams(issuer, "utf8")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := issue(t, &x509.Certificate{
-		Subject: pkix.Name{}, EmailAddresses: []string{email},
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageCodeSigning},
-		ExtraExtensions: []pkix.Extension{{Id: oidIssuerV1, Value: []byte(issuer)}, {Id: oidIssuerV2, Value: v2}},
-	}, ca.inter, ca.interKey, &k.PublicKey)
-	return c, k
-}
-
-func (ca *testCA) rootPEM() string { return string(certPEM(ca.root)) }
-
-func newECKey(t *testing.T) *ecdsa.PrivateKey {
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k
-}
-
-var serial int64
-
-func issue(t *testing.T, tmpl, parent *x509.Certificate, parentKey *ecdsa.PrivateKey, pub *ecdsa.PublicKey) *x509.Certificate {
-	t.Helper()
-	serial++
-	tmpl.SerialNumber = big.NewInt(serial)
-	tmpl.NotBefore = time.Now().Add(-time.Hour)
-	tmpl.NotAfter = time.Now().Add(time.Hour)
-	if parent == nil {
-		parent = tmpl
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, pub, parentKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
-func certPEM(c *x509.Certificate) []byte {
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
-}
-
 // signKeyless attaches a keyless-style signature of digestRef made with leafKey, carrying the certificate and
 // chain annotations as cosign does.
-func signKeyless(t *testing.T, digestRef string, ca *testCA, leaf *x509.Certificate, leafKey *ecdsa.PrivateKey) {
+func signKeyless(t *testing.T, digestRef string, ca *signingtest.CA, leaf *x509.Certificate, leafKey *ecdsa.PrivateKey) {
 	t.Helper()
 	d, err := name.NewDigest(digestRef)
 	if err != nil {
@@ -239,8 +154,7 @@ func signKeyless(t *testing.T, digestRef string, ca *testCA, leaf *x509.Certific
 	if err != nil {
 		t.Fatal(err)
 	}
-	chain := append(certPEM(ca.inter), certPEM(ca.root)...)
-	sig, err := static.NewSignature(pl, base64.StdEncoding.EncodeToString(raw), static.WithCertChain(certPEM(leaf), chain))
+	sig, err := static.NewSignature(pl, base64.StdEncoding.EncodeToString(raw), static.WithCertChain(signingtest.CertPEM(leaf), ca.ChainPEM()))
 	if err != nil {
 		t.Fatal(err)
 	}

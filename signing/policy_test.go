@@ -5,12 +5,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/modelpack/modelpack/signing/signingtest"
 )
 
 func TestLoadPolicyErrors(t *testing.T) {
 	dir := t.TempDir()
 	_, pub := newKeys(t, dir, "k")
-	chain := writeFile(t, dir, "chain.pem", newTestCA(t, "p").rootPEM())
+	chain := writeFile(t, dir, "chain.pem", string(signingtest.NewCA(t, "p").RootPEM()))
 	cases := []struct{ name, yaml, want string }{
 		{"empty", "", "empty document"},
 		{"unknown field", "default:\n  none: true\n  kyes: [a]\n", "line 3: field kyes not found"},

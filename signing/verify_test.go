@@ -27,6 +27,7 @@ import (
 	"oras.land/oras-go/v2/registry/remote/auth"
 
 	"github.com/modelpack/modelpack/internal/testenv"
+	"github.com/modelpack/modelpack/signing/signingtest"
 )
 
 func registryOf(t *testing.T, v *Verifier) *prometheus.Registry {
@@ -56,10 +57,10 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func writeTrustedRoot(t *testing.T, dir string, ca *testCA) string {
+func writeTrustedRoot(t *testing.T, dir string, ca *signingtest.CA) string {
 	t.Helper()
 	tr, err := root.NewTrustedRoot(root.TrustedRootMediaType01,
-		[]root.CertificateAuthority{&root.FulcioCertificateAuthority{Root: ca.root, Intermediates: []*x509.Certificate{ca.inter}, URI: "https://fulcio.test"}},
+		[]root.CertificateAuthority{&root.FulcioCertificateAuthority{Root: ca.Root, Intermediates: []*x509.Certificate{ca.Intermediate}, URI: "https://fulcio.test"}},
 		nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -263,12 +264,12 @@ func copySignatures(t *testing.T, from, to string) {
 func TestVerifyKeyless(t *testing.T) {
 	host := startRegistry(t)
 	dir := t.TempDir()
-	ca := newTestCA(t, "test fulcio")
-	rogue := newTestCA(t, "rogue")
+	ca := signingtest.NewCA(t, "test fulcio")
+	rogue := signingtest.NewCA(t, "rogue")
 	const issuer = "https://oidc.example.com"
 	policy := func(id Identity) *Policy {
 		p, err := NewPolicy(PolicyFile{Default: Rule{
-			Keyless: []Identity{id}, TrustRoot: TrustRoot{CertificateChain: writeFile(t, dir, "root.pem", ca.rootPEM())},
+			Keyless: []Identity{id}, TrustRoot: TrustRoot{CertificateChain: writeFile(t, dir, "root.pem", string(ca.RootPEM()))},
 			TransparencyLog: Waive, CertificateTransparency: Waive,
 		}})
 		if err != nil {
@@ -278,7 +279,7 @@ func TestVerifyKeyless(t *testing.T) {
 	}
 	ctx := context.Background()
 	ref, _ := pushModel(t, host, "models/keyless", "v1", "keyless")
-	leaf, leafKey := ca.leaf(t, "alice@example.com", issuer)
+	leaf, leafKey := ca.Leaf(t, "alice@example.com", issuer)
 	signKeyless(t, ref, ca, leaf, leafKey)
 
 	t.Run("identity match", func(t *testing.T) {
@@ -303,7 +304,7 @@ func TestVerifyKeyless(t *testing.T) {
 	})
 	t.Run("certificate from another CA", func(t *testing.T) {
 		m, _ := pushModel(t, host, "models/keyless", "v2", "rogue")
-		l, k := rogue.leaf(t, "alice@example.com", issuer)
+		l, k := rogue.Leaf(t, "alice@example.com", issuer)
 		signKeyless(t, m, rogue, l, k)
 		dec, err := NewVerifier(policy(Identity{Issuer: issuer, Subject: "alice@example.com"}), RegistryOptions{}).Verify(ctx, m)
 		wantDenied(t, dec, err, ReasonUntrusted)
@@ -329,7 +330,7 @@ func TestVerifyKeyless(t *testing.T) {
 		}
 	})
 	t.Run("transparency log required", func(t *testing.T) {
-		rekor := newECKey(t)
+		rekor := signingtest.NewKey(t)
 		p, err := NewPolicy(PolicyFile{Default: Rule{
 			Keyless:                 []Identity{{Issuer: issuer, Subject: "alice@example.com"}},
 			TrustRoot:               TrustRoot{CertificateChain: filepath.Join(dir, "root.pem"), RekorKeys: []string{writePub(t, dir, "rekor.pub", &rekor.PublicKey)}},
