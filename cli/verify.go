@@ -34,6 +34,8 @@ func (f *verifyFlags) rule() (signing.Rule, error) {
 	}
 	if f.ignoreTlog {
 		r.TransparencyLog = signing.Waive
+	} else if f.trustedRoot == "" && len(f.rekorKeys) == 0 {
+		return r, errors.New("a transparency-log entry is required, as with cosign verify: give --rekor-public-key or --trusted-root to check it offline, or --insecure-ignore-tlog (signatures from modelpack sign have none)")
 	}
 	if f.ignoreSCT || !keyless {
 		r.CertificateTransparency = signing.Waive
