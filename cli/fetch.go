@@ -12,6 +12,7 @@ func init() {
 	register(func(g *Globals) *cobra.Command {
 		var rf remoteFlags
 		var filters, include []string
+		var sync bool
 		cmd := &cobra.Command{
 			Use:   "fetch REF DIR",
 			Short: "Write a model's files from a registry straight into a directory",
@@ -46,13 +47,14 @@ HTTP Range. --filter and --include select layers as for unpack.`,
 					return err
 				}
 				ui := newTransferUI(cmd, g, "fetched")
-				res, err := remote.Fetch(cmd.Context(), src, args[1], remote.FetchOptions{Reporter: ui.reporter(), Select: sel.Select})
+				res, err := remote.Fetch(cmd.Context(), src, args[1], remote.FetchOptions{Reporter: ui.reporter(), Select: sel.Select, Sync: sync})
 				return ui.done(res, err)
 			},
 		}
 		rf.register(cmd.Flags())
 		cmd.Flags().StringArrayVar(&filters, "filter", nil, "only layers of these kinds: weights, config, docs, code, dataset (repeatable or comma-separated)")
 		cmd.Flags().StringArrayVar(&include, "include", nil, "only layers whose path (or a parent directory) matches this glob (repeatable)")
+		cmd.Flags().BoolVar(&sync, "sync", false, "flush each file to disk before renaming it into place (survives power loss, runs at disk speed)")
 		_ = cmd.RegisterFlagCompletionFunc("filter", cobra.FixedCompletions([]string{"weights", "config", "docs", "code", "dataset"}, cobra.ShellCompDirectiveNoFileComp))
 		return cmd
 	})

@@ -32,6 +32,11 @@ type FetchOptions struct {
 	Select func(artifact.Layer) bool
 	// Archive tunes the extraction of tar layers (limits); ReadOnly and KeepWhiteouts are honoured.
 	Archive archive.Options
+	// Sync flushes each raw file to disk before it is renamed into place, so a power loss cannot leave a file
+	// with unwritten blocks under its final name. Like cp, curl and oras, Fetch does not by default: the rename
+	// already keeps interrupted and failed downloads away from final names, and flushing makes the download run
+	// at the disk's write speed instead of the page cache's.
+	Sync bool
 }
 
 // Fetch writes the files of the model src names straight into dir, with no copy in a local store. Every byte is
@@ -300,7 +305,7 @@ func (f *fetcher) rawFile(v *verifiedStream, l artifact.Layer) ([]string, error)
 	if err == nil {
 		err = v.finish()
 	}
-	if err == nil {
+	if err == nil && f.opts.Sync {
 		err = tmp.Sync()
 	}
 	if cerr := tmp.Close(); err == nil {
