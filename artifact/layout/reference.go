@@ -13,6 +13,9 @@ import (
 // A reference with neither tag nor digest gets the tag "latest". Names follow the distribution grammar, so any
 // stored reference can be pushed to a registry as it is.
 func ParseReference(s string) (string, error) {
+	if strings.HasSuffix(s, ":") || strings.HasSuffix(s, "@") {
+		return "", fmt.Errorf("%w %q: empty tag or digest", errdef.ErrInvalidReference, s)
+	}
 	host, _, hasSlash := strings.Cut(s, "/")
 	// As in Docker, a first component is a registry host only if it looks like one and something follows it.
 	withHost := hasSlash && (strings.ContainsAny(host, ".:") || host == "localhost")
