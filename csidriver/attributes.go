@@ -152,6 +152,11 @@ func ParseAttributes(ctx map[string]string) (*Attributes, error) {
 	if a.PullPolicy == "" {
 		a.PullPolicy = defaultPullPolicy(a.ref)
 	}
+	// No tag means latest, as for container images.
+	if a.ref.Reference == "" {
+		a.ref.Reference = "latest"
+		a.Reference = a.ref.String()
+	}
 	return a, nil
 }
 

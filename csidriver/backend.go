@@ -61,7 +61,8 @@ type Progress struct {
 // Stats are cache figures for the metrics.
 type Stats struct {
 	CacheBytes int64
-	Views      int
+	// Views are the views built (one per model and selector, shared by its volumes); Refs the holds on them.
+	Views, Refs int
 }
 
 // Errors a Backend wraps so the driver can return the CSI code the spec asks for.
@@ -74,4 +75,6 @@ var (
 	ErrInvalidReference = errors.New("invalid reference")
 	// ErrDenied is a policy refusal (an unsigned or untrusted artifact).
 	ErrDenied = errors.New("denied by policy")
+	// ErrUnsupported is content the node cannot mount (an unknown media type, a layer over the size limits).
+	ErrUnsupported = errors.New("unsupported content")
 )

@@ -112,7 +112,11 @@ func (f *fakeBackend) Release(owner string) error {
 func (f *fakeBackend) Stats() Stats {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return Stats{Views: len(f.owners)}
+	views := map[string]bool{}
+	for _, v := range f.owners {
+		views[v] = true
+	}
+	return Stats{Views: len(views), Refs: len(f.owners)}
 }
 
 var errFake = errors.New("fake failure")

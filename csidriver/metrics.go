@@ -21,7 +21,7 @@ type metrics struct {
 	collected     *prometheus.CounterVec
 }
 
-func newMetrics(backend Backend, countVolumes func() int) *metrics {
+func newMetrics(backend Backend, countVolumes func() int, extra []prometheus.Collector) *metrics {
 	const ns = "modelpack_csi"
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
@@ -74,17 +74,33 @@ func newMetrics(backend Backend, countVolumes func() int) *metrics {
 	}
 	m.reg.MustRegister(m.pulls, m.pullBytes, m.pullDuration, m.pullErrors, m.pullsInFlight, m.rpcs, m.rpcDuration,
 		m.probes, m.ready, m.volumes, m.collected,
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Namespace: ns, Name: "cache_bytes",
-			Help: "Bytes held by the node cache.",
-		}, func() float64 { return float64(backend.Stats().CacheBytes) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Namespace: ns, Name: "views",
-			Help: "Views the node cache holds open.",
-		}, func() float64 { return float64(backend.Stats().Views) }),
+		statsCollector{backend},
 		prometheus.NewGoCollector(),
 		prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}),
 	)
+	m.reg.MustRegister(extra...)
 	m.volumes.Set(float64(countVolumes()))
 	return m
+}
+
+var (
+	cacheBytesDesc = prometheus.NewDesc("modelpack_csi_cache_bytes", "Bytes held by the node cache.", nil, nil)
+	viewsDesc      = prometheus.NewDesc("modelpack_csi_views", "Views built in the node cache; every volume of one model and selector shares one.", nil, nil)
+	refsDesc       = prometheus.NewDesc("modelpack_csi_view_refs", "Holds on views by volumes and pins.", nil, nil)
+)
+
+// statsCollector reads the backend's figures once per scrape: they may cost a walk of the cache.
+type statsCollector struct{ b Backend }
+
+func (c statsCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- cacheBytesDesc
+	ch <- viewsDesc
+	ch <- refsDesc
+}
+
+func (c statsCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.b.Stats()
+	ch <- prometheus.MustNewConstMetric(cacheBytesDesc, prometheus.GaugeValue, float64(st.CacheBytes))
+	ch <- prometheus.MustNewConstMetric(viewsDesc, prometheus.GaugeValue, float64(st.Views))
+	ch <- prometheus.MustNewConstMetric(refsDesc, prometheus.GaugeValue, float64(st.Refs))
 }

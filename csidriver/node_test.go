@@ -121,7 +121,7 @@ func TestPublishUnpublishAndCodes(t *testing.T) {
 	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "v", TargetPath: target}); err != nil {
 		t.Fatalf("unpublish of an unknown target: %v", err)
 	}
-	if n := b.Stats().Views; n != 0 {
+	if n := b.Stats().Refs; n != 0 {
 		t.Fatalf("%d views still held after unpublish", n)
 	}
 
@@ -256,7 +256,7 @@ func TestRestartRecovery(t *testing.T) {
 	if _, ok := st.Volumes[gone]; ok {
 		t.Fatal("volume of a vanished pod was not collected")
 	}
-	if n := b.Stats().Views; n != 2 {
+	if n := b.Stats().Refs; n != 2 {
 		t.Fatalf("%d views held, want 2", n)
 	}
 	node = nodeClient(t, sock)

@@ -35,9 +35,12 @@ func (j *pullJob) describe() string {
 	if p == nil || p.TotalBytes == 0 {
 		return fmt.Sprintf("pull of %s (%s) in progress for %s", j.ref, j.digest, elapsed)
 	}
-	return fmt.Sprintf("pull of %s (%s) in progress for %s: %s of %s (%.0f%%), %d/%d layers",
-		j.ref, j.digest, elapsed, humanBytes(p.DoneBytes), humanBytes(p.TotalBytes),
-		100*float64(p.DoneBytes)/float64(p.TotalBytes), p.DoneLayers, p.TotalLayers)
+	msg := fmt.Sprintf("pull of %s (%s) in progress for %s: %s of %s (%.0f%%)",
+		j.ref, j.digest, elapsed, humanBytes(p.DoneBytes), humanBytes(p.TotalBytes), 100*float64(p.DoneBytes)/float64(p.TotalBytes))
+	if p.TotalLayers > 0 {
+		msg += fmt.Sprintf(", %d/%d layers", p.DoneLayers, p.TotalLayers)
+	}
+	return msg
 }
 
 // puller runs and joins pulls.
@@ -170,6 +173,8 @@ func codeOf(err error) codes.Code {
 		return codes.Unavailable
 	case errors.Is(err, ErrNoSpace):
 		return codes.ResourceExhausted
+	case errors.Is(err, ErrUnsupported):
+		return codes.FailedPrecondition
 	case errors.Is(err, ErrInvalidReference):
 		return codes.InvalidArgument
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

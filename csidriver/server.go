@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -63,6 +64,8 @@ type Options struct {
 	GRPCServices []func(*grpc.Server)
 	// HTTPHandlers are extra handlers on the metrics server, by pattern.
 	HTTPHandlers map[string]http.Handler
+	// Collectors are extra Prometheus collectors served on /metrics (the cache's own).
+	Collectors []prometheus.Collector
 }
 
 // Driver is a running CSI plugin.
@@ -123,7 +126,7 @@ func New(opts Options) (*Driver, error) {
 		state:   st,
 		targets: map[string]bool{},
 	}
-	d.m = newMetrics(opts.Backend, func() int { return len(st.Snapshot().Volumes) })
+	d.m = newMetrics(opts.Backend, func() int { return len(st.Snapshot().Volumes) }, opts.Collectors)
 	d.ids = &identityServer{d: d}
 	d.ns = &nodeServer{d: d}
 	d.cs = &controllerServer{d: d}

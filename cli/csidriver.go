@@ -1,0 +1,242 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/modelpack/modelpack/artifact/remote"
+	"github.com/modelpack/modelpack/cache"
+	"github.com/modelpack/modelpack/csidriver"
+	"github.com/modelpack/modelpack/csidriver/cachebackend"
+)
+
+// csiDriverExtension lets another feature's command file add to `modelpack csi-driver` without editing this one
+// (prepull's socket, signing policy): flags of its own, and a setup step that runs once the cache is open.
+type csiDriverExtension struct {
+	AddFlags func(*pflag.FlagSet)
+	// Setup may add gRPC services and HTTP handlers to env.Driver, set env.Verifier, and start goroutines bound
+	// to ctx (the driver's lifetime).
+	Setup func(ctx context.Context, env *CSIDriverEnv) error
+}
+
+// CSIDriverEnv is what an extension's Setup sees and may change before the driver starts.
+type CSIDriverEnv struct {
+	Cache               *cache.Cache
+	Remote              remote.Options
+	PlainHTTPRegistries []string
+	Root                string
+	Logger              *slog.Logger
+	// Driver are the options the driver will start with: append to GRPCServices and HTTPHandlers.
+	Driver *csidriver.Options
+	// Verifier, if set, must accept an artifact before the driver pulls or mounts it.
+	Verifier cachebackend.Verifier
+}
+
+var csiDriverExtensions []csiDriverExtension
+
+func registerCSIDriverExtension(e csiDriverExtension) {
+	csiDriverExtensions = append(csiDriverExtensions, e)
+}
+
+type csiDriverFlags struct {
+	endpoint, nodeID, root, driverName, metricsAddr string
+	hostsDir, registryConfig, caFile                string
+	plainHTTP                                       []string
+	cacheMax                                        string
+	gcInterval                                      time.Duration
+	logFormat, logLevel                             string
+}
+
+func init() {
+	register(func(g *Globals) *cobra.Command {
+		f := &csiDriverFlags{}
+		cmd := &cobra.Command{
+			Use:   "csi-driver",
+			Short: "Run the CSI node plugin that mounts models read-only into pods",
+			Long: `Run the CSI node plugin. Pods name a model in a volume's attributes and the node mounts it read-only,
+with the semantics of Kubernetes image volumes:
+
+  volumeAttributes:
+    reference: registry.example.com/models/llama:v1   # required: a tag or a digest
+    pullPolicy: IfNotPresent                          # Always | IfNotPresent | Never
+    filter: weights,config                            # weights, config, docs, code, dataset
+    include: "*.safetensors,tokenizer*"               # path globs
+    subPath: tokenizer                                # a directory inside the model
+    platform: linux/amd64                             # for multi-platform artifacts
+    noexec: "true"
+
+Pulls outlive kubelet's deadline: a publish that runs out of time returns ABORTED with the progress and the
+retry joins the pull under way. State under --root survives restarts, SIGKILL included.`,
+			Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error { return runCSIDriver(cmd.Context(), f) },
+		}
+		fl := cmd.Flags()
+		fl.StringVar(&f.endpoint, "endpoint", envOr("CSI_ENDPOINT", csidriver.DefaultEndpoint), "CSI endpoint, unix:///path/to/csi.sock (env CSI_ENDPOINT)")
+		fl.StringVar(&f.nodeID, "node-id", os.Getenv("NODE_NAME"), "node id reported to Kubernetes, normally the node name (env NODE_NAME)")
+		fl.StringVar(&f.root, "root", "/var/lib/modelpack", "node directory for the cache and the driver's state")
+		fl.StringVar(&f.driverName, "driver-name", csidriver.DefaultDriverName, "CSI driver name")
+		fl.StringVar(&f.metricsAddr, "metrics-addr", csidriver.DefaultMetricsAddr, "address serving /metrics and /healthz (empty disables)")
+		fl.StringVar(&f.hostsDir, "hosts-dir", "", "containerd-style hosts directory with per-registry mirrors and TLS (hosts.toml)")
+		fl.StringVar(&f.registryConfig, "registry-config", "", "docker config.json with the node's registry credentials and helpers (default: docker's)")
+		fl.StringVar(&f.caFile, "ca-file", "", "PEM CA bundle trusted for registries in addition to the system roots")
+		fl.StringSliceVar(&f.plainHTTP, "plain-http-registries", nil, "registries (host[:port]) reached over plain HTTP")
+		fl.StringVar(&f.cacheMax, "cache-max-size", "0", "evict least recently used models above this size (e.g. 200GiB; 0 = no limit)")
+		fl.DurationVar(&f.gcInterval, "gc-interval", 5*time.Minute, "how often orphaned volumes and the cache are collected")
+		fl.StringVar(&f.logFormat, "log-format", "json", "log format: json or text")
+		fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+		for _, e := range csiDriverExtensions {
+			if e.AddFlags != nil {
+				e.AddFlags(fl)
+			}
+		}
+		return cmd
+	})
+}
+
+func runCSIDriver(parent context.Context, f *csiDriverFlags) error {
+	log, err := newLogger(f.logFormat, f.logLevel)
+	if err != nil {
+		return err
+	}
+	if f.nodeID == "" {
+		if f.nodeID, err = os.Hostname(); err != nil {
+			return fmt.Errorf("--node-id not given and no hostname: %w", err)
+		}
+	}
+	maxBytes, err := parseByteSize(f.cacheMax)
+	if err != nil {
+		return fmt.Errorf("--cache-max-size: %w", err)
+	}
+	if parent == nil {
+		parent = context.Background()
+	}
+	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	c, err := cache.Open(cache.Options{Root: filepath.Join(f.root, "cache"), MaxBytes: maxBytes})
+	if err != nil {
+		return fmt.Errorf("open cache: %w", err)
+	}
+	defer c.Close()
+
+	opts := csidriver.Options{
+		DriverName:  f.driverName,
+		Version:     Version,
+		NodeID:      f.nodeID,
+		Endpoint:    f.endpoint,
+		StateDir:    filepath.Join(f.root, "csi"),
+		MetricsAddr: f.metricsAddr,
+		Logger:      log,
+		GCInterval:  f.gcInterval,
+		Collectors:  []prometheus.Collector{c.Collector()},
+	}
+	env := &CSIDriverEnv{
+		Cache: c,
+		Remote: remote.Options{
+			RegistryConfig: f.registryConfig,
+			HostsDir:       f.hostsDir,
+			CAFile:         f.caFile,
+			UserAgent:      "modelpack-csi/" + Version,
+		},
+		PlainHTTPRegistries: f.plainHTTP,
+		Root:                f.root,
+		Logger:              log,
+		Driver:              &opts,
+	}
+	for _, e := range csiDriverExtensions {
+		if e.Setup != nil {
+			if err := e.Setup(ctx, env); err != nil {
+				return err
+			}
+		}
+	}
+	opts.Backend = cachebackend.New(c, cachebackend.Options{
+		Remote:              env.Remote,
+		PlainHTTPRegistries: env.PlainHTTPRegistries,
+		Verifier:            env.Verifier,
+	})
+	d, err := csidriver.New(opts)
+	if err != nil {
+		return err
+	}
+	if maxBytes > 0 {
+		go collectCache(ctx, c, f.gcInterval, log)
+	}
+	return d.Run(ctx)
+}
+
+// collectCache keeps the cache under its size limit; volumes in use are never evicted.
+func collectCache(ctx context.Context, c *cache.Cache, every time.Duration, log *slog.Logger) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, err := c.GC(ctx); err != nil && ctx.Err() == nil {
+			log.Warn("cache collection failed", "error", err.Error())
+		}
+	}
+}
+
+func newLogger(format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: valid: debug, info, warn, error", level)
+	}
+	o := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, o)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, o)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: valid: json, text", format)
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+// parseByteSize reads a byte count with an optional binary or decimal unit (512MiB, 200G, 1.5TiB).
+func parseByteSize(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	units := []struct {
+		suffix string
+		mult   float64
+	}{
+		{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+		{"Ki", 1 << 10}, {"Mi", 1 << 20}, {"Gi", 1 << 30}, {"Ti", 1 << 40},
+		{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+		{"K", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12}, {"B", 1},
+	}
+	mult := 1.0
+	for _, u := range units {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSuffix(s, u.suffix), u.mult
+			break
+		}
+	}
+	v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+	if err != nil || v < 0 {
+		return 0, fmt.Errorf("invalid size %q", s)
+	}
+	return int64(v * mult), nil
+}

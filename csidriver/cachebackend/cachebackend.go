@@ -1,0 +1,223 @@
+// Package cachebackend connects the CSI driver to the node cache and the registry transport: it is the
+// csidriver.Backend of a real node.
+package cachebackend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+
+	digest "github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/content"
+	"oras.land/oras-go/v2/registry"
+
+	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/artifact/remote"
+	"github.com/modelpack/modelpack/cache"
+	"github.com/modelpack/modelpack/csidriver"
+)
+
+// Verifier checks an artifact before any of it is pulled (signature policy). An error refuses the volume with
+// PERMISSION_DENIED.
+type Verifier interface {
+	Verify(ctx context.Context, repo *remote.Repository, ref string, desc ocispec.Descriptor) error
+}
+
+// Options configure a Backend.
+type Options struct {
+	// Remote is how registries are reached (mirrors, CA, the node's docker config); per-request credentials are
+	// layered on top.
+	Remote remote.Options
+	// PlainHTTPRegistries are hosts (host[:port]) reached over plain HTTP.
+	PlainHTTPRegistries []string
+	// Verifier, if set, must accept an artifact before it is pulled or mounted.
+	Verifier Verifier
+}
+
+// Backend is a csidriver.Backend on a cache.Cache.
+type Backend struct {
+	cache *cache.Cache
+	opts  Options
+}
+
+var _ csidriver.Backend = (*Backend)(nil)
+
+// New returns a backend on an open cache.
+func New(c *cache.Cache, opts Options) *Backend {
+	return &Backend{cache: c, opts: opts}
+}
+
+// Ready is nil once the cache is open, which New requires.
+func (b *Backend) Ready() error {
+	if b.cache == nil {
+		return errors.New("cache not open")
+	}
+	return nil
+}
+
+func (b *Backend) repository(ref string, creds csidriver.Credentials) (*remote.Repository, registry.Reference, error) {
+	opts := b.opts.Remote
+	if len(creds.DockerConfigJSON) > 0 {
+		cf, err := remote.CredentialsFromDockerConfigJSON(creds.DockerConfigJSON)
+		if err != nil {
+			// The parse error may quote the secret.
+			return nil, registry.Reference{}, fmt.Errorf("%w: the pull secret is not a docker config", csidriver.ErrUnauthorized)
+		}
+		opts.Credential = cf
+	}
+	parsed, err := registry.ParseReference(ref)
+	if err != nil {
+		return nil, registry.Reference{}, fmt.Errorf("%w: %v", csidriver.ErrInvalidReference, err)
+	}
+	if slices.Contains(b.opts.PlainHTTPRegistries, parsed.Registry) {
+		opts.PlainHTTP = true
+	}
+	repo, parsed, err := remote.NewRepository(ref, opts)
+	if err != nil {
+		return nil, registry.Reference{}, classify(err)
+	}
+	return repo, parsed, nil
+}
+
+// Resolve asks the registry (or its mirror) for the reference's current digest.
+func (b *Backend) Resolve(ctx context.Context, ref string, creds csidriver.Credentials) (digest.Digest, error) {
+	repo, parsed, err := b.repository(ref, creds)
+	if err != nil {
+		return "", err
+	}
+	desc, err := repo.Resolve(ctx, parsed.Reference)
+	if err != nil {
+		return "", classify(err)
+	}
+	return desc.Digest, nil
+}
+
+// Has reports whether the manifest or index is complete in the cache.
+func (b *Backend) Has(d digest.Digest) bool { return b.cache.Has(d) }
+
+// Pull pulls dgst into the cache. For an index and an explicit platform the manifest is chosen here, since the
+// cache narrows indexes to the node's platform.
+func (b *Backend) Pull(ctx context.Context, ref string, dgst digest.Digest, platform string, creds csidriver.Credentials, progress func(csidriver.Progress)) (digest.Digest, error) {
+	repo, _, err := b.repository(ref, creds)
+	if err != nil {
+		return "", err
+	}
+	desc, err := repo.Resolve(ctx, dgst.String())
+	if err != nil {
+		return "", classify(err)
+	}
+	if platform != "" && isIndex(desc.MediaType) {
+		if desc, err = pickPlatform(ctx, repo, desc, platform); err != nil {
+			return "", err
+		}
+	}
+	if b.opts.Verifier != nil {
+		if err := b.opts.Verifier.Verify(ctx, repo, ref, desc); err != nil {
+			return "", fmt.Errorf("%w: %v", csidriver.ErrDenied, err)
+		}
+	}
+	got, err := b.cache.Pull(ctx, repo, desc, func(p cache.Progress) {
+		progress(csidriver.Progress{DoneBytes: p.Done, TotalBytes: p.Total})
+	})
+	if err != nil {
+		return "", classify(err)
+	}
+	return got.Digest, nil
+}
+
+// Acquire holds the view of a manifest for owner.
+func (b *Backend) Acquire(owner string, manifest digest.Digest, sel csidriver.Selector) (string, error) {
+	cs := cache.Selector{Include: sel.Include}
+	for _, k := range sel.Kinds {
+		kind, err := artifact.ParseKind(k)
+		if err != nil {
+			return "", err
+		}
+		cs.Kinds = append(cs.Kinds, kind)
+	}
+	dir, err := b.cache.Acquire(owner, manifest, cs)
+	if err != nil {
+		return "", classify(err)
+	}
+	return dir, nil
+}
+
+// Release drops owner's view.
+func (b *Backend) Release(owner string) error { return b.cache.Release(owner) }
+
+// Stats reads the cache's usage.
+func (b *Backend) Stats() csidriver.Stats {
+	u, err := b.cache.Usage()
+	if err != nil {
+		return csidriver.Stats{}
+	}
+	return csidriver.Stats{CacheBytes: u.Bytes, Views: u.Views, Refs: u.Refs}
+}
+
+func isIndex(mt string) bool {
+	return mt == ocispec.MediaTypeImageIndex || mt == "application/vnd.docker.distribution.manifest.list.v2+json"
+}
+
+// pickPlatform chooses the manifest of an index for "os/arch[/variant]".
+func pickPlatform(ctx context.Context, repo *remote.Repository, desc ocispec.Descriptor, platform string) (ocispec.Descriptor, error) {
+	b, err := content.FetchAll(ctx, repo, desc)
+	if err != nil {
+		return ocispec.Descriptor{}, classify(err)
+	}
+	var idx ocispec.Index
+	if err := json.Unmarshal(b, &idx); err != nil {
+		return ocispec.Descriptor{}, fmt.Errorf("index %s: %w", desc.Digest, err)
+	}
+	parts := strings.Split(platform, "/")
+	for _, m := range idx.Manifests {
+		p := m.Platform
+		if p == nil || p.OS != parts[0] || p.Architecture != parts[1] {
+			continue
+		}
+		if len(parts) == 3 && p.Variant != parts[2] {
+			continue
+		}
+		return m, nil
+	}
+	return ocispec.Descriptor{}, fmt.Errorf("%w: no manifest for platform %s in index %s (node is %s/%s)",
+		csidriver.ErrNotFound, platform, desc.Digest, runtime.GOOS, runtime.GOARCH)
+}
+
+// classify maps transport and cache errors to the driver's sentinels, keeping the message.
+func classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	var sentinel error
+	switch remote.Classify(err) {
+	case remote.ErrUnauthorized:
+		sentinel = csidriver.ErrUnauthorized
+	case remote.ErrForbidden:
+		sentinel = csidriver.ErrForbidden
+	case remote.ErrNotFound:
+		sentinel = csidriver.ErrNotFound
+	case remote.ErrUnavailable, remote.ErrTLS, remote.ErrNotOCI:
+		sentinel = csidriver.ErrUnavailable
+	case remote.ErrNoSpace:
+		sentinel = csidriver.ErrNoSpace
+	}
+	switch {
+	case sentinel != nil:
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		sentinel = csidriver.ErrNoSpace
+	case errors.Is(err, cache.ErrTooLarge), errors.Is(err, cache.ErrUnsupported):
+		sentinel = csidriver.ErrUnsupported
+	case errors.Is(err, cache.ErrNotFound):
+		sentinel = csidriver.ErrNotFound
+	}
+	if sentinel == nil {
+		return err
+	}
+	return fmt.Errorf("%w: %w", sentinel, err)
+}

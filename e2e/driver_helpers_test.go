@@ -1,0 +1,429 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	digest "github.com/opencontainers/go-digest"
+	specs "github.com/opencontainers/image-spec/specs-go"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"oras.land/oras-go/v2"
+	"oras.land/oras-go/v2/content/memory"
+	"oras.land/oras-go/v2/registry/remote"
+	"oras.land/oras-go/v2/registry/remote/auth"
+
+	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/internal/testenv"
+)
+
+// drvModel is a small ModelPack artifact: file path → content. Kinds follow the file names.
+type drvModel map[string][]byte
+
+// drvPush pushes a ModelPack artifact to host/repo:tag and returns its manifest digest.
+func drvPush(t *testing.T, host, repo, tag string, files drvModel, cred *auth.Credential) digest.Digest {
+	t.Helper()
+	ctx := context.Background()
+	mem := memory.New()
+	push := func(mt string, b []byte, ann map[string]string) ocispec.Descriptor {
+		d := ocispec.Descriptor{MediaType: mt, Digest: digest.FromBytes(b), Size: int64(len(b)), Annotations: ann}
+		if err := mem.Push(ctx, d, bytes.NewReader(b)); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	var layers []ocispec.Descriptor
+	var diffIDs []digest.Digest
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		kind := artifact.KindOf(name)
+		d := push(artifact.LayerMediaType(kind, artifact.FormatRaw), files[name], map[string]string{
+			artifact.AnnotationFilepath: name, artifact.AnnotationTitle: name,
+		})
+		layers = append(layers, d)
+		diffIDs = append(diffIDs, d.Digest)
+	}
+	cfg, err := json.Marshal(artifact.Model{
+		Descriptor: artifact.ModelDescriptor{Name: repo + "-" + tag},
+		Config:     artifact.ModelConfig{Format: "safetensors"},
+		ModelFS:    artifact.ModelFS{Type: "layers", DiffIDs: diffIDs},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgDesc := push(artifact.MediaTypeModelConfig, cfg, nil)
+	man, err := json.Marshal(ocispec.Manifest{
+		Versioned:    specs.Versioned{SchemaVersion: 2},
+		MediaType:    ocispec.MediaTypeImageManifest,
+		ArtifactType: artifact.ArtifactTypeModelManifest,
+		Config:       cfgDesc,
+		Layers:       layers,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	manDesc := push(ocispec.MediaTypeImageManifest, man, nil)
+	if err := mem.Tag(ctx, manDesc, tag); err != nil {
+		t.Fatal(err)
+	}
+	r, err := remote.NewRepository(host + "/" + repo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.PlainHTTP = true
+	if cred != nil {
+		r.Client = &auth.Client{Credential: auth.StaticCredential(host, *cred)}
+	}
+	if _, err := oras.Copy(ctx, mem, tag, r, tag, oras.DefaultCopyOptions); err != nil {
+		t.Fatal(err)
+	}
+	return manDesc.Digest
+}
+
+// drvProxy sits between the driver and the registry: it counts requests and can throttle blob downloads.
+type drvProxy struct {
+	Host string
+	srv  *httptest.Server
+	// rate is the blob download rate in bytes per second; 0 means unthrottled.
+	rate atomic.Int64
+
+	mu        sync.Mutex
+	blobGets  map[string]int // digest → GETs
+	manifests int            // GET or HEAD of manifests
+}
+
+func drvStartProxy(t *testing.T, registryHost string) *drvProxy {
+	t.Helper()
+	u, _ := url.Parse("http://" + registryHost)
+	p := &drvProxy{blobGets: map[string]int{}}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.FlushInterval = -1
+	rp.ModifyResponse = func(resp *http.Response) error {
+		if strings.Contains(resp.Request.URL.Path, "/blobs/") && resp.Request.Method == http.MethodGet {
+			if r := p.rate.Load(); r > 0 {
+				resp.Body = &throttled{rc: resp.Body, p: p}
+			}
+		}
+		return nil
+	}
+	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p.mu.Lock()
+		switch {
+		case strings.Contains(r.URL.Path, "/blobs/") && r.Method == http.MethodGet:
+			p.blobGets[r.URL.Path[strings.LastIndex(r.URL.Path, "/")+1:]]++
+		case strings.Contains(r.URL.Path, "/manifests/"):
+			p.manifests++
+		}
+		p.mu.Unlock()
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(p.srv.Close)
+	p.Host = strings.TrimPrefix(p.srv.URL, "http://")
+	return p
+}
+
+func (p *drvProxy) blobGetsOf(d digest.Digest) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.blobGets[d.String()]
+}
+
+func (p *drvProxy) manifestRequests() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.manifests
+}
+
+type throttled struct {
+	rc io.ReadCloser
+	p  *drvProxy
+}
+
+func (r *throttled) Read(b []byte) (int, error) {
+	n, err := r.rc.Read(b)
+	if rate := r.p.rate.Load(); rate > 0 && n > 0 {
+		time.Sleep(time.Duration(int64(n) * int64(time.Second) / rate))
+	}
+	return n, err
+}
+
+func (r *throttled) Close() error { return r.rc.Close() }
+
+// drvProc is `modelpack csi-driver` running as a child process, as on a node.
+type drvProc struct {
+	t       *testing.T
+	Root    string
+	Sock    string
+	Metrics string
+	args    []string
+	cmd     *exec.Cmd
+	done    chan struct{}
+	log     string
+}
+
+func drvStart(t *testing.T, root string, plainHTTP ...string) *drvProc {
+	t.Helper()
+	testenv.RequireRoot(t)
+	bin := testenv.Modelpack(t)
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// An empty docker config keeps the host's credentials out of the test.
+	dockerCfg := filepath.Join(root, "docker-config.json")
+	if err := os.WriteFile(dockerCfg, []byte(`{"auths":{}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := &drvProc{t: t, Root: root, Sock: filepath.Join(root, "csi.sock"), Metrics: testenv.FreeAddr(t),
+		log: filepath.Join(root, "driver.log")}
+	p.args = []string{"csi-driver", "--endpoint", "unix://" + p.Sock, "--node-id", "e2e-node", "--root", root,
+		"--metrics-addr", p.Metrics, "--registry-config", dockerCfg, "--log-format", "text", "--log-level", "debug",
+		"--plain-http-registries", strings.Join(plainHTTP, ",")}
+	p.cmd = nil
+	p.start(bin)
+	t.Cleanup(func() {
+		p.stop()
+		if t.Failed() {
+			b, _ := os.ReadFile(p.log)
+			t.Logf("driver log:\n%s", b)
+		}
+	})
+	return p
+}
+
+func (p *drvProc) start(bin string) {
+	p.t.Helper()
+	logf, err := os.OpenFile(p.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.cmd = exec.Command(bin, p.args...)
+	p.cmd.Stdout, p.cmd.Stderr = logf, logf
+	if err := p.cmd.Start(); err != nil {
+		p.t.Fatal(err)
+	}
+	logf.Close()
+	p.done = make(chan struct{})
+	go func(cmd *exec.Cmd, done chan struct{}) { cmd.Wait(); close(done) }(p.cmd, p.done)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		conn, err := grpc.NewClient("unix://"+p.Sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			resp, perr := csi.NewIdentityClient(conn).Probe(ctx, &csi.ProbeRequest{})
+			cancel()
+			conn.Close()
+			if perr == nil && resp.GetReady().GetValue() {
+				return
+			}
+		}
+		select {
+		case <-p.done:
+			b, _ := os.ReadFile(p.log)
+			p.t.Fatalf("driver exited at start:\n%s", b)
+		default:
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatal("driver not ready after 30s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// restart starts the driver again on the same root, as the DaemonSet would after a crash.
+func (p *drvProc) restart() { p.t.Helper(); p.start(testenv.Modelpack(p.t)) }
+
+// kill is SIGKILL: no cleanup of any kind runs in the driver.
+func (p *drvProc) kill() {
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+func (p *drvProc) stop() {
+	if p.cmd == nil {
+		return
+	}
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(20 * time.Second):
+		p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+func (p *drvProc) node() csi.NodeClient {
+	conn, err := grpc.NewClient("unix://"+p.Sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.t.Cleanup(func() { conn.Close() })
+	return csi.NewNodeClient(conn)
+}
+
+// metric returns the sum of the series of a metric whose labels contain every given label pair.
+func (p *drvProc) metric(name string, labels ...string) float64 {
+	p.t.Helper()
+	resp, err := http.Get("http://" + p.Metrics + "/metrics")
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var sum float64
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name+" ") && !strings.HasPrefix(line, name+"{") {
+			continue
+		}
+		ok := true
+		for _, l := range labels {
+			if !strings.Contains(line, l) {
+				ok = false
+			}
+		}
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[strings.LastIndex(line, " ")+1:], 64)
+		if err == nil {
+			sum += v
+		}
+	}
+	return sum
+}
+
+// drvKubelet makes the directories kubelet makes for a pod's CSI volume and returns the target path.
+func drvKubelet(t *testing.T, root, pod string) string {
+	t.Helper()
+	parent := filepath.Join(root, "kubelet", "pods", pod, "volumes", "kubernetes.io~csi", "model")
+	if err := os.MkdirAll(parent, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(parent, "mount")
+}
+
+func drvPublishReq(volID, target string, attrs map[string]string) *csi.NodePublishVolumeRequest {
+	return &csi.NodePublishVolumeRequest{
+		VolumeId:      volID,
+		TargetPath:    target,
+		VolumeContext: attrs,
+		VolumeCapability: &csi.VolumeCapability{
+			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY},
+		},
+	}
+}
+
+// drvPublish calls NodePublishVolume with the given deadline.
+func drvPublish(node csi.NodeClient, req *csi.NodePublishVolumeRequest, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	_, err := node.NodePublishVolume(ctx, req)
+	return err
+}
+
+func drvUnpublish(t *testing.T, node csi.NodeClient, volID, target string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: volID, TargetPath: target}); err != nil {
+		t.Fatalf("unpublish %s: %v", target, err)
+	}
+	if _, err := os.Stat(target); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("target %s still there after unpublish: %v", target, err)
+	}
+}
+
+func drvWantCode(t *testing.T, err error, code codes.Code, contains string) {
+	t.Helper()
+	if status.Code(err) != code || !strings.Contains(status.Convert(err).Message(), contains) {
+		t.Fatalf("got %v, want %v with %q in the message", err, code, contains)
+	}
+}
+
+func drvRead(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// drvCleanupMounts unmounts whatever a failing test left under dir, and fails the test if anything was left.
+func drvCleanupMounts(t *testing.T, dir string) {
+	t.Cleanup(func() {
+		b, err := os.ReadFile("/proc/self/mountinfo")
+		if err != nil {
+			return
+		}
+		var leaked []string
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) > 4 && strings.HasPrefix(f[4], dir) {
+				leaked = append(leaked, f[4])
+			}
+		}
+		for i := len(leaked) - 1; i >= 0; i-- {
+			syscall.Unmount(leaked[i], syscall.MNT_DETACH)
+		}
+		if len(leaked) > 0 {
+			t.Errorf("mounts left behind: %v", leaked)
+		}
+	})
+}
+
+// drvMountOptions returns the per-mount options of a mount point from mountinfo.
+func drvMountOptions(t *testing.T, target string) string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 5 && f[4] == target {
+			return f[5]
+		}
+	}
+	t.Fatalf("%s is not a mount point", target)
+	return ""
+}
+
+func drvDockerConfig(host, user, pass string) string {
+	a := base64.StdEncoding.EncodeToString([]byte(user + ":" + pass))
+	return fmt.Sprintf(`{"auths":{%q:{"auth":%q}}}`, host, a)
+}
+
+func digestOf(b []byte) digest.Digest { return digest.FromBytes(b) }

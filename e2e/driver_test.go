@@ -1,0 +1,422 @@
+package e2e
+
+// End-to-end tests of `modelpack csi-driver`: the test plays kubelet over the driver's unix socket, the driver
+// runs as a child process with its real cache, and models come from a real distribution registry.
+
+import (
+	"bytes"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"oras.land/oras-go/v2/registry/remote/auth"
+
+	"github.com/modelpack/modelpack/internal/testenv"
+)
+
+func smallModel(tag string) drvModel {
+	return drvModel{
+		"model.safetensors": []byte("weights of " + tag),
+		"config.json":       []byte(`{"tag":"` + tag + `"}`),
+		"README.md":         []byte("# model " + tag),
+	}
+}
+
+func randomBytes(t *testing.T, n int) []byte {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestDriverInlineAndStaticPV(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	drvCleanupMounts(t, dir)
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	drvPush(t, reg.Host, "models/tiny", "v1", smallModel("v1"), nil)
+	d := drvStart(t, filepath.Join(dir, "node"), reg.Host)
+	node := d.node()
+	ref := reg.Host + "/models/tiny:v1"
+
+	// Inline (ephemeral) volume, as kubelet sends it with podInfoOnMount.
+	inline := drvKubelet(t, dir, "pod-a")
+	req := drvPublishReq("csi-inline-1", inline, map[string]string{
+		"reference":                              ref,
+		"csi.storage.k8s.io/ephemeral":           "true",
+		"csi.storage.k8s.io/pod.name":            "pod-a",
+		"csi.storage.k8s.io/pod.namespace":       "default",
+		"csi.storage.k8s.io/pod.uid":             "uid-a",
+		"csi.storage.k8s.io/serviceAccount.name": "default",
+	})
+	if err := drvPublish(node, req, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if got := drvRead(t, filepath.Join(inline, "model.safetensors")); got != "weights of v1" {
+		t.Fatalf("weights: %q", got)
+	}
+	opts := drvMountOptions(t, inline)
+	for _, o := range []string{"ro", "nosuid", "nodev"} {
+		if !strings.Contains(","+opts+",", ","+o+",") {
+			t.Errorf("mount options %q lack %s", opts, o)
+		}
+	}
+	err := os.WriteFile(filepath.Join(inline, "new"), []byte("x"), 0o644)
+	if !errors.Is(err, syscall.EROFS) {
+		t.Fatalf("create in the volume: %v, want EROFS", err)
+	}
+	if err := os.WriteFile(filepath.Join(inline, "model.safetensors"), []byte("x"), 0o644); !errors.Is(err, syscall.EROFS) {
+		t.Fatalf("overwrite in the volume: %v, want EROFS", err)
+	}
+	// kubelet retries are idempotent; the same target with other arguments conflicts.
+	if err := drvPublish(node, req, time.Minute); err != nil {
+		t.Fatalf("republish: %v", err)
+	}
+	other := drvPublishReq("csi-inline-1", inline, map[string]string{"reference": ref, "filter": "docs"})
+	drvWantCode(t, drvPublish(node, other, time.Minute), codes.AlreadyExists, "other arguments")
+
+	// Static PV: the PV's volumeAttributes, a partial view (configs only) and noexec.
+	static := drvKubelet(t, dir, "pod-b")
+	pv := drvPublishReq("pv-tiny", static, map[string]string{"reference": ref, "filter": "config", "noexec": "true"})
+	if err := drvPublish(node, pv, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if got := drvRead(t, filepath.Join(static, "config.json")); got != `{"tag":"v1"}` {
+		t.Fatalf("config: %q", got)
+	}
+	if _, err := os.Stat(filepath.Join(static, "model.safetensors")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("filter=config shows the weights: %v", err)
+	}
+	if o := drvMountOptions(t, static); !strings.Contains(","+o+",", ",noexec,") {
+		t.Fatalf("noexec missing from %q", o)
+	}
+	if n := d.metric("modelpack_csi_volumes"); n != 2 {
+		t.Fatalf("volumes metric %v, want 2", n)
+	}
+
+	drvUnpublish(t, node, "csi-inline-1", inline)
+	drvUnpublish(t, node, "pv-tiny", static)
+	// Unpublishing again (a kubelet retry) is fine.
+	drvUnpublish(t, node, "pv-tiny", static)
+	if n := d.metric("modelpack_csi_volumes"); n != 0 {
+		t.Fatalf("volumes metric %v after unpublish, want 0", n)
+	}
+}
+
+func TestDriverPullPolicyMatrix(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	drvCleanupMounts(t, dir)
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	proxy := drvStartProxy(t, reg.Host)
+	d := drvStart(t, filepath.Join(dir, "node"), proxy.Host)
+	node := d.node()
+	repo := proxy.Host + "/models/policy"
+	pod := 0
+	// publish mounts ref with policy in a new pod and returns what the weights file says.
+	publish := func(ref, policy string) (string, error) {
+		pod++
+		target := drvKubelet(t, dir, fmt.Sprint("pod-", pod))
+		attrs := map[string]string{"reference": ref}
+		if policy != "" {
+			attrs["pullPolicy"] = policy
+		}
+		if err := drvPublish(node, drvPublishReq(fmt.Sprint("vol-", pod), target, attrs), time.Minute); err != nil {
+			return "", err
+		}
+		defer drvUnpublish(t, node, fmt.Sprint("vol-", pod), target)
+		return drvRead(t, filepath.Join(target, "model.safetensors")), nil
+	}
+	must := func(ref, policy, want string) {
+		t.Helper()
+		got, err := publish(ref, policy)
+		if err != nil {
+			t.Fatalf("%s with %q: %v", ref, policy, err)
+		}
+		if got != "weights of "+want {
+			t.Fatalf("%s with %q mounted %q, want the %s content", ref, policy, got, want)
+		}
+	}
+
+	first := drvPush(t, reg.Host, "models/policy", "v1", smallModel("one"), nil)
+	_, err := publish(repo+":v1", "Never")
+	drvWantCode(t, err, codes.FailedPrecondition, "Never")
+
+	must(repo+":v1", "IfNotPresent", "one")
+	// The tag moves in the registry.
+	drvPush(t, reg.Host, "models/policy", "v1", smallModel("two"), nil)
+	before := proxy.manifestRequests()
+	must(repo+":v1", "IfNotPresent", "one")
+	must(repo+":v1", "Never", "one")
+	must(repo+":v1", "", "one") // a tag other than latest defaults to IfNotPresent
+	if n := proxy.manifestRequests(); n != before {
+		t.Fatalf("IfNotPresent/Never with the content present asked the registry (%d manifest requests)", n-before)
+	}
+	must(repo+":v1", "Always", "two")
+	must(repo+":v1", "IfNotPresent", "two") // the node's copy of the tag is now the new one
+	must(repo+"@"+first.String(), "Never", "one")
+
+	// :latest and no tag default to Always: each publish sees the tag's current content.
+	drvPush(t, reg.Host, "models/policy", "latest", smallModel("three"), nil)
+	must(repo+":latest", "", "three")
+	drvPush(t, reg.Host, "models/policy", "latest", smallModel("four"), nil)
+	must(repo+":latest", "", "four")
+	must(repo, "", "four")
+
+	// Always fails when the registry cannot be asked, even with content on the node; IfNotPresent does not.
+	reg.Stop()
+	_, err = publish(repo+":v1", "Always")
+	drvWantCode(t, err, codes.Unavailable, "")
+	must(repo+":v1", "IfNotPresent", "two")
+}
+
+func TestDriverConcurrentPodsShareOneDownloadAndView(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	drvCleanupMounts(t, dir)
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	proxy := drvStartProxy(t, reg.Host)
+	weights := randomBytes(t, 4<<20)
+	model := smallModel("shared")
+	model["model.safetensors"] = weights
+	drvPush(t, reg.Host, "models/shared", "v1", model, nil)
+	d := drvStart(t, filepath.Join(dir, "node"), proxy.Host)
+	node := d.node()
+	ref := proxy.Host + "/models/shared:v1"
+
+	const pods = 20
+	targets := make([]string, pods)
+	errs := make([]error, pods)
+	var wg sync.WaitGroup
+	for i := range pods {
+		targets[i] = drvKubelet(t, dir, fmt.Sprint("pod-", i))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = drvPublish(node, drvPublishReq(fmt.Sprint("vol-", i), targets[i], map[string]string{"reference": ref}), time.Minute)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("pod %d: %v", i, err)
+		}
+	}
+	for name, b := range model {
+		dg := digestOf(b)
+		if n := proxy.blobGetsOf(dg); n != 1 {
+			t.Errorf("%s downloaded %d times, want once", name, n)
+		}
+	}
+	if n := d.metric("modelpack_csi_pulls_total", `result="ok"`); n != 1 {
+		t.Errorf("%v pulls, want 1", n)
+	}
+	if n := d.metric("modelpack_csi_views"); n != 1 {
+		t.Errorf("%v views, want 1 shared by all pods", n)
+	}
+	first, err := os.Stat(filepath.Join(targets[0], "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tg := range targets[1:] {
+		fi, err := os.Stat(filepath.Join(tg, "model.safetensors"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !os.SameFile(first, fi) {
+			t.Fatalf("%s shows another copy of the weights than %s", tg, targets[0])
+		}
+	}
+	if got, _ := os.ReadFile(filepath.Join(targets[pods-1], "model.safetensors")); !bytes.Equal(got, weights) {
+		t.Fatal("weights differ from what was pushed")
+	}
+	for i, tg := range targets {
+		drvUnpublish(t, node, fmt.Sprint("vol-", i), tg)
+	}
+	if n := d.metric("modelpack_csi_view_refs"); n != 0 {
+		t.Errorf("%v holds on views after every pod left, want 0", n)
+	}
+}
+
+func TestDriverSlowRegistryAbortsThenJoins(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	drvCleanupMounts(t, dir)
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	proxy := drvStartProxy(t, reg.Host)
+	weights := randomBytes(t, 6<<20)
+	model := drvModel{"model.safetensors": weights, "config.json": []byte("{}")}
+	drvPush(t, reg.Host, "models/slow", "v1", model, nil)
+	d := drvStart(t, filepath.Join(dir, "node"), proxy.Host)
+	node := d.node()
+	proxy.rate.Store(2 << 20) // 2 MiB/s: about 3 s for the weights
+
+	target := drvKubelet(t, dir, "pod-slow")
+	req := drvPublishReq("vol-slow", target, map[string]string{"reference": proxy.Host + "/models/slow:v1"})
+	start := time.Now()
+	err := drvPublish(node, req, 800*time.Millisecond)
+	drvWantCode(t, err, codes.Aborted, "in progress")
+	if el := time.Since(start); el > 800*time.Millisecond {
+		t.Fatalf("ABORTED arrived after the deadline (%v)", el)
+	}
+	t.Logf("first answer: %s", status.Convert(err).Message())
+	aborted := 1
+	for {
+		err := drvPublish(node, req, 800*time.Millisecond)
+		if err == nil {
+			break
+		}
+		drvWantCode(t, err, codes.Aborted, "")
+		aborted++
+		if time.Since(start) > time.Minute {
+			t.Fatal("pull did not finish within a minute")
+		}
+	}
+	t.Logf("mounted after %d ABORTED answers in %v", aborted, time.Since(start).Round(time.Millisecond))
+	if aborted < 2 {
+		t.Fatalf("only %d ABORTED answers: the throttle did not slow the pull", aborted)
+	}
+	if n := proxy.blobGetsOf(digestOf(weights)); n != 1 {
+		t.Fatalf("weights requested %d times: retries restarted the download", n)
+	}
+	if got, _ := os.ReadFile(filepath.Join(target, "model.safetensors")); !bytes.Equal(got, weights) {
+		t.Fatal("weights differ from what was pushed")
+	}
+	if n := d.metric("modelpack_csi_pulls_total"); n != 1 {
+		t.Fatalf("%v pulls, want 1", n)
+	}
+	drvUnpublish(t, node, "vol-slow", target)
+}
+
+func TestDriverSIGKILLRecovery(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	drvCleanupMounts(t, dir)
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	proxy := drvStartProxy(t, reg.Host)
+	drvPush(t, reg.Host, "models/small", "v1", smallModel("small"), nil)
+	weights := randomBytes(t, 8<<20)
+	drvPush(t, reg.Host, "models/big", "v1", drvModel{"model.safetensors": weights}, nil)
+	d := drvStart(t, filepath.Join(dir, "node"), proxy.Host)
+	node := d.node()
+
+	kept := drvKubelet(t, dir, "pod-kept")
+	vanished := drvKubelet(t, dir, "pod-vanished")
+	for i, tg := range []string{kept, vanished} {
+		if err := drvPublish(node, drvPublishReq(fmt.Sprint("vol-", i), tg, map[string]string{"reference": proxy.Host + "/models/small:v1"}), time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proxy.rate.Store(2 << 20)
+	big := drvKubelet(t, dir, "pod-big")
+	bigReq := drvPublishReq("vol-big", big, map[string]string{"reference": proxy.Host + "/models/big:v1"})
+	drvWantCode(t, drvPublish(node, bigReq, time.Second), codes.Aborted, "in progress")
+
+	d.kill()
+	// The kernel keeps the bind mounts: the running pod still reads its model.
+	if got := drvRead(t, filepath.Join(kept, "model.safetensors")); got != "weights of small" {
+		t.Fatalf("volume unreadable while the driver is down: %q", got)
+	}
+	// While the driver is down the node reboots the other pod away: its mount and pod directory are gone.
+	if err := syscall.Unmount(vanished, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(dir, "kubelet", "pods", "pod-vanished")); err != nil {
+		t.Fatal(err)
+	}
+
+	proxy.rate.Store(8 << 20)
+	d.restart()
+	node = d.node()
+	if n := d.metric("modelpack_csi_volumes_collected_total", `reason="pod_gone"`); n != 1 {
+		t.Errorf("%v volumes collected for vanished pods, want 1", n)
+	}
+	if got := drvRead(t, filepath.Join(kept, "model.safetensors")); got != "weights of small" {
+		t.Fatalf("volume unreadable after restart: %q", got)
+	}
+	drvUnpublish(t, node, "vol-0", kept)
+
+	// kubelet retries the publish that was in flight: the pull resumes and the volume mounts.
+	start := time.Now()
+	for {
+		err := drvPublish(node, bigReq, 2*time.Second)
+		if err == nil {
+			break
+		}
+		drvWantCode(t, err, codes.Aborted, "")
+		if time.Since(start) > time.Minute {
+			t.Fatal("interrupted pull did not complete after the restart")
+		}
+	}
+	if got, _ := os.ReadFile(filepath.Join(big, "model.safetensors")); !bytes.Equal(got, weights) {
+		t.Fatal("weights differ from what was pushed")
+	}
+	drvUnpublish(t, node, "vol-big", big)
+	if n := d.metric("modelpack_csi_volumes"); n != 0 {
+		t.Fatalf("%v volumes left", n)
+	}
+	if n := d.metric("modelpack_csi_view_refs"); n != 0 {
+		t.Fatalf("%v holds on views after every volume was unpublished or collected", n)
+	}
+}
+
+func TestDriverErrorCodes(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	drvCleanupMounts(t, dir)
+	const htpasswd = "e2e:$2a$04$0VolbSl0.TW28FM1h47Wo.UonH/J9lu5n1xtU0R4LC0jPGN6wfZJC\n"
+	private := testenv.StartRegistry(t, testenv.RegistryOptions{Htpasswd: htpasswd})
+	drvPush(t, private.Host, "models/private", "v1", smallModel("private"), &auth.Credential{Username: "e2e", Password: "e2e-secret"})
+	unreachable := testenv.FreeAddr(t)
+	d := drvStart(t, filepath.Join(dir, "node"), private.Host, unreachable)
+	node := d.node()
+	ref := private.Host + "/models/private:v1"
+	target := drvKubelet(t, dir, "pod")
+	publish := func(attrs map[string]string, secrets map[string]string) error {
+		req := drvPublishReq("vol", target, attrs)
+		req.Secrets = secrets
+		return drvPublish(node, req, time.Minute)
+	}
+
+	drvWantCode(t, publish(map[string]string{"reference": ref, "model": "llama"}, nil), codes.InvalidArgument,
+		`unknown volume attribute "model"; valid keys: reference`)
+	err := publish(map[string]string{"reference": ref, "pullPolicy": "Sometimes"}, nil)
+	drvWantCode(t, err, codes.InvalidArgument, "Always, IfNotPresent or Never")
+	drvWantCode(t, publish(map[string]string{"reference": "registry.example.com/Models/UPPER::v1"}, nil), codes.InvalidArgument, "reference")
+	drvWantCode(t, publish(map[string]string{}, nil), codes.InvalidArgument, `"reference" is required`)
+	drvWantCode(t, publish(map[string]string{"reference": ref}, nil), codes.Unauthenticated, "")
+	drvWantCode(t, publish(map[string]string{"reference": ref}, map[string]string{".dockerconfigjson": drvDockerConfig(private.Host, "e2e", "wrong")}), codes.Unauthenticated, "")
+	drvWantCode(t, publish(map[string]string{"reference": private.Host + "/models/private:nope"},
+		map[string]string{".dockerconfigjson": drvDockerConfig(private.Host, "e2e", "e2e-secret")}), codes.NotFound, "")
+	drvWantCode(t, publish(map[string]string{"reference": unreachable + "/models/x:v1"}, nil), codes.Unavailable, "")
+	drvWantCode(t, publish(map[string]string{"reference": ref, "pullPolicy": "Never"}, nil), codes.FailedPrecondition, "not on this node")
+	if _, err := os.Stat(target); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("failed publishes left the target behind: %v", err)
+	}
+
+	secret := map[string]string{".dockerconfigjson": drvDockerConfig(private.Host, "e2e", "e2e-secret")}
+	if err := publish(map[string]string{"reference": ref}, secret); err != nil {
+		t.Fatalf("with the pull secret: %v", err)
+	}
+	if got := drvRead(t, filepath.Join(target, "model.safetensors")); got != "weights of private" {
+		t.Fatalf("weights: %q", got)
+	}
+	drvUnpublish(t, node, "vol", target)
+	log, err := os.ReadFile(filepath.Join(dir, "node", "driver.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(log, []byte("e2e-secret")) || bytes.Contains(log, []byte(drvDockerConfig(private.Host, "e2e", "e2e-secret")[20:40])) {
+		t.Fatal("the driver logged the pull secret")
+	}
+}
