@@ -205,6 +205,13 @@ func TestPrune(t *testing.T) {
 	if ok, _ := s.Exists(ctx, sig); !ok {
 		t.Fatal("referrer of a tagged manifest pruned")
 	}
+	preds, err := s.Predecessors(ctx, a)
+	if err != nil || len(preds) != 1 || preds[0].Digest != sig.Digest {
+		t.Fatalf("Predecessors(a) = %v, %v; want the referrer", preds, err)
+	}
+	if preds, _ := s.Predecessors(ctx, b); len(preds) != 0 {
+		t.Fatalf("Predecessors(b) = %v", preds)
+	}
 	// Untag a: its unique blobs and its referrer go, b stays whole.
 	if err := s.Untag(ctx, "m:a"); err != nil {
 		t.Fatal(err)

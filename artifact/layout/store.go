@@ -44,6 +44,8 @@ var (
 	_ content.Untagger    = (*Store)(nil)
 	_ content.Deleter     = (*Store)(nil)
 	_ registry.TagLister  = (*Store)(nil)
+	// With Predecessors, oras.ExtendedCopy (push --referrers) finds the signatures and SBOMs of a stored artifact.
+	_ content.ReadOnlyGraphStorage = (*Store)(nil)
 )
 
 const (
@@ -325,6 +327,38 @@ func (s *Store) Untag(ctx context.Context, reference string) error {
 		idx.Manifests = keep
 		return nil
 	})
+}
+
+// Predecessors lists the manifests recorded in index.json that point at node: referrers whose subject it is, and
+// indexes that list it. Layers and configs are not indexed back to their manifests.
+func (s *Store) Predecessors(ctx context.Context, node ocispec.Descriptor) ([]ocispec.Descriptor, error) {
+	idx, err := s.readIndex()
+	if err != nil {
+		return nil, err
+	}
+	seen := map[digest.Digest]bool{}
+	var out []ocispec.Descriptor
+	for _, d := range idx.Manifests {
+		if seen[d.Digest] || d.Digest == node.Digest {
+			continue
+		}
+		seen[d.Digest] = true
+		m, err := s.readManifest(d)
+		if err != nil {
+			if errors.Is(err, errdef.ErrNotFound) {
+				continue
+			}
+			return nil, err
+		}
+		points := m.Subject != nil && m.Subject.Digest == node.Digest
+		for _, c := range m.Manifests {
+			points = points || c.Digest == node.Digest
+		}
+		if points {
+			out = append(out, plain(d))
+		}
+	}
+	return out, nil
 }
 
 // Tags lists the references in lexical order after last (registry.TagLister).
