@@ -108,10 +108,10 @@ func runPack(cmd *cobra.Command, g *Globals, f *packFlags, dir string, pushSink 
 	var sink pack.Sink
 	where := "local store"
 	if f.push {
-		if sink, err = pushSink(ctx, f.tag); err != nil {
+		if sink, err = pushSink(ctx, ref); err != nil {
 			return err
 		}
-		opts.Tag, where = f.tag, "registry"
+		where = "registry"
 	} else {
 		store, err := layout.Open(g.Home)
 		if err != nil {
