@@ -1,0 +1,720 @@
+package deploy_test
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"oras.land/oras-go/v2/registry"
+	"sigs.k8s.io/yaml"
+
+	"github.com/modelpack/modelpack/internal/testenv"
+	"github.com/modelpack/modelpack/prepull"
+	"github.com/modelpack/modelpack/signing"
+)
+
+// newObject maps every kind the manifests may contain to its Go type; any other kind fails the test.
+var newObject = map[string]func() any{
+	"v1/Namespace":                                    func() any { return &corev1.Namespace{} },
+	"v1/ServiceAccount":                               func() any { return &corev1.ServiceAccount{} },
+	"v1/ConfigMap":                                    func() any { return &corev1.ConfigMap{} },
+	"v1/Pod":                                          func() any { return &corev1.Pod{} },
+	"v1/PersistentVolume":                             func() any { return &corev1.PersistentVolume{} },
+	"v1/PersistentVolumeClaim":                        func() any { return &corev1.PersistentVolumeClaim{} },
+	"apps/v1/DaemonSet":                               func() any { return &appsv1.DaemonSet{} },
+	"apps/v1/Deployment":                              func() any { return &appsv1.Deployment{} },
+	"storage.k8s.io/v1/CSIDriver":                     func() any { return &storagev1.CSIDriver{} },
+	"storage.k8s.io/v1/StorageClass":                  func() any { return &storagev1.StorageClass{} },
+	"rbac.authorization.k8s.io/v1/ClusterRole":        func() any { return &rbacv1.ClusterRole{} },
+	"rbac.authorization.k8s.io/v1/ClusterRoleBinding": func() any { return &rbacv1.ClusterRoleBinding{} },
+	"rbac.authorization.k8s.io/v1/Role":               func() any { return &rbacv1.Role{} },
+	"rbac.authorization.k8s.io/v1/RoleBinding":        func() any { return &rbacv1.RoleBinding{} },
+}
+
+type object struct {
+	kind, name, namespace string
+	obj                   any
+}
+
+var docSep = regexp.MustCompile(`(?m)^---[ \t]*$`)
+
+// decode splits a multi-document YAML stream and decodes each document strictly into its k8s.io/api type.
+func decode(t *testing.T, src string, data []byte) []object {
+	t.Helper()
+	var out []object
+	for i, doc := range docSep.Split(string(data), -1) {
+		if strings.TrimSpace(stripComments(doc)) == "" {
+			continue
+		}
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(doc), &tm); err != nil {
+			t.Fatalf("%s: document %d: %v", src, i, err)
+		}
+		mk, ok := newObject[tm.APIVersion+"/"+tm.Kind]
+		if !ok {
+			t.Fatalf("%s: document %d: unexpected kind %s/%s", src, i, tm.APIVersion, tm.Kind)
+		}
+		obj := mk()
+		if err := yaml.UnmarshalStrict([]byte(doc), obj); err != nil {
+			t.Fatalf("%s: %s (document %d) does not decode strictly: %v", src, tm.Kind, i, err)
+		}
+		meta := obj.(metav1.Object)
+		if meta.GetName() == "" {
+			t.Fatalf("%s: %s (document %d) has no name", src, tm.Kind, i)
+		}
+		out = append(out, object{kind: tm.Kind, name: meta.GetName(), namespace: meta.GetNamespace(), obj: obj})
+	}
+	if len(out) == 0 {
+		t.Fatalf("%s: no objects", src)
+	}
+	return out
+}
+
+func stripComments(doc string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(doc, "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(l), "#") {
+			b.WriteString(l + "\n")
+		}
+	}
+	return b.String()
+}
+
+func run(t *testing.T, name string, args ...string) []byte {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	home := t.TempDir()
+	// helm keeps caches under $HOME; a test must not touch the user's.
+	cmd.Env = append(os.Environ(), "HOME="+home, "HELM_CACHE_HOME="+home+"/cache", "HELM_CONFIG_HOME="+home+"/config", "HELM_DATA_HOME="+home+"/data")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", filepath.Base(name), strings.Join(args, " "), err, stderr.String())
+	}
+	return out
+}
+
+func kustomize(t *testing.T, overlay string) []object {
+	t.Helper()
+	return decode(t, "overlays/"+overlay, run(t, testenv.Tool(t, "kustomize"), "build", filepath.Join("overlays", overlay)))
+}
+
+func helm(t *testing.T, sets ...string) []object {
+	t.Helper()
+	args := []string{"template", "modelpack", "helm/modelpack", "--namespace", "modelpack"}
+	for _, s := range sets {
+		args = append(args, "--set", s)
+	}
+	return decode(t, "helm "+strings.Join(sets, " "), run(t, testenv.Tool(t, "helm"), args...))
+}
+
+func TestKustomizeOverlays(t *testing.T) {
+	entries, err := os.ReadDir("overlays")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		t.Run(e.Name(), func(t *testing.T) { checkInstall(t, kustomize(t, e.Name())) })
+	}
+}
+
+func TestHelmChart(t *testing.T) {
+	for name, sets := range map[string][]string{
+		"defaults": nil,
+		"everything": {
+			`mirrors.docker\.io[0]=https://mirror.gcr.io`, `mirrors._default[0]=http://spegel.spegel.svc:5000`,
+			"policy.keysSecret=modelpack-keys", "prepull.bandwidth=200MiB", "prepull.models[0]=registry.example.com/m/a:1",
+			"cache.maxSize=500GiB", "plainHTTPRegistries[0]=registry.local:5000", "image.digest=sha256:" + strings.Repeat("a", 64),
+			"kubeletDir=/var/snap/microk8s/common/var/lib/kubelet", "driverName=models.example.com",
+		},
+		"minimal": {"prepull.enabled=false", "controller.enabled=false", "policy.existingConfigMap=site-policy"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			objs := helm(t, sets...)
+			if name == "minimal" {
+				// The policy ConfigMap is the site's own; give the checks a stand-in.
+				objs = append(objs, object{kind: "ConfigMap", name: "site-policy", namespace: "modelpack",
+					obj: &corev1.ConfigMap{Data: map[string]string{"policy.yaml": "default: {none: true}\n"}}})
+			}
+			checkInstall(t, objs)
+			if name == "everything" {
+				checkMirrors(t, objs)
+			}
+			if name == "minimal" {
+				for _, o := range objs {
+					if o.kind == "Deployment" || o.name == "modelpack-prepull" {
+						t.Errorf("%s %s rendered though disabled", o.kind, o.name)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestHelmMatchesKustomize holds the chart to the same objects as the default overlay, down to every
+// container's image and arguments, so the two installs cannot drift apart.
+func TestHelmMatchesKustomize(t *testing.T) {
+	k := index(kustomize(t, "default"))
+	h := index(helm(t))
+	for key := range k {
+		if key == "Namespace/modelpack" { // helm installs into a namespace it is given (--create-namespace)
+			continue
+		}
+		if _, ok := h[key]; !ok {
+			t.Errorf("the chart does not render %s", key)
+		}
+	}
+	for key := range h {
+		if _, ok := k[key]; !ok {
+			t.Errorf("the chart renders %s, which the default overlay has not", key)
+		}
+	}
+	for key, ko := range k {
+		ho, ok := h[key]
+		if !ok {
+			continue
+		}
+		kp, hp := podSpec(ko), podSpec(ho)
+		if kp == nil {
+			continue
+		}
+		for _, kc := range kp.Containers {
+			hc := container(hp, kc.Name)
+			if hc == nil {
+				t.Errorf("%s: the chart has no container %s", key, kc.Name)
+				continue
+			}
+			if kc.Image != hc.Image {
+				t.Errorf("%s/%s: image %s in kustomize, %s in the chart", key, kc.Name, kc.Image, hc.Image)
+			}
+			if !slices.Equal(kc.Args, hc.Args) {
+				t.Errorf("%s/%s: args differ:\n kustomize %q\n chart     %q", key, kc.Name, kc.Args, hc.Args)
+			}
+		}
+	}
+	for _, name := range []string{"modelpack-policy", "modelpack-prepull"} {
+		kc, hc := k["ConfigMap/"+name].obj.(*corev1.ConfigMap), h["ConfigMap/"+name].obj.(*corev1.ConfigMap)
+		for key, v := range kc.Data {
+			if strings.TrimSpace(stripComments(v)) != strings.TrimSpace(stripComments(hc.Data[key])) {
+				t.Errorf("ConfigMap %s key %s differs:\n kustomize %q\n chart     %q", name, key, v, hc.Data[key])
+			}
+		}
+	}
+}
+
+func TestRenderedIsCurrent(t *testing.T) {
+	want := run(t, testenv.Tool(t, "kustomize"), "build", "overlays/default")
+	got, err := os.ReadFile("rendered/modelpack.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, body, _ := bytes.Cut(got, []byte("\n"))
+	if !bytes.Equal(body, want) {
+		t.Fatal("deploy/rendered/modelpack.yaml is stale: run `make manifests`")
+	}
+	checkInstall(t, decode(t, "rendered", got))
+}
+
+func TestExamples(t *testing.T) {
+	driver := only[*storagev1.CSIDriver](t, kustomize(t, "default")).Name
+	files, _ := filepath.Glob("examples/*.yaml")
+	if len(files) < 3 {
+		t.Fatalf("examples: %v", files)
+	}
+	seen := map[string]bool{}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range decode(t, f, data) {
+			var drivers []string
+			var attrs []map[string]string
+			switch v := o.obj.(type) {
+			case *storagev1.StorageClass:
+				drivers, attrs = append(drivers, v.Provisioner), append(attrs, v.Parameters)
+			case *corev1.PersistentVolume:
+				if v.Spec.CSI != nil {
+					drivers, attrs = append(drivers, v.Spec.CSI.Driver), append(attrs, v.Spec.CSI.VolumeAttributes)
+				}
+			case *corev1.Pod:
+				for _, vol := range v.Spec.Volumes {
+					if vol.CSI != nil {
+						drivers, attrs = append(drivers, vol.CSI.Driver), append(attrs, vol.CSI.VolumeAttributes)
+					}
+				}
+			}
+			for _, d := range drivers {
+				if d != driver {
+					t.Errorf("%s: %s %s names driver %q, the CSIDriver is %q", f, o.kind, o.name, d, driver)
+				}
+			}
+			for _, a := range attrs {
+				if _, err := registry.ParseReference(a["reference"]); err != nil {
+					t.Errorf("%s: %s %s: reference %q: %v", f, o.kind, o.name, a["reference"], err)
+				}
+			}
+			if len(drivers) > 0 {
+				seen[o.kind] = true
+			}
+		}
+	}
+	for _, k := range []string{"Pod", "PersistentVolume", "StorageClass"} {
+		if !seen[k] {
+			t.Errorf("no example %s uses the driver", k)
+		}
+	}
+}
+
+// checkInstall holds one rendered install to the invariants a working deployment needs.
+func checkInstall(t *testing.T, objs []object) {
+	t.Helper()
+	ix := index(objs)
+	for _, o := range objs {
+		switch o.kind {
+		case "Namespace", "CSIDriver", "ClusterRole", "ClusterRoleBinding", "StorageClass", "PersistentVolume":
+		default:
+			if o.namespace != "modelpack" {
+				t.Errorf("%s %s is in namespace %q, want modelpack", o.kind, o.name, o.namespace)
+			}
+		}
+		if ps := podSpec(o); ps != nil {
+			checkImages(t, o, ps)
+		}
+	}
+
+	drv := only[*storagev1.CSIDriver](t, objs)
+	if drv.Spec.AttachRequired == nil || *drv.Spec.AttachRequired {
+		t.Error("CSIDriver: attachRequired must be false")
+	}
+	if drv.Spec.PodInfoOnMount == nil || !*drv.Spec.PodInfoOnMount {
+		t.Error("CSIDriver: podInfoOnMount must be true")
+	}
+	if !slices.Contains(drv.Spec.VolumeLifecycleModes, storagev1.VolumeLifecycleEphemeral) ||
+		!slices.Contains(drv.Spec.VolumeLifecycleModes, storagev1.VolumeLifecyclePersistent) {
+		t.Errorf("CSIDriver: volumeLifecycleModes = %v", drv.Spec.VolumeLifecycleModes)
+	}
+	if drv.Spec.FSGroupPolicy == nil || *drv.Spec.FSGroupPolicy != storagev1.NoneFSGroupPolicy {
+		t.Errorf("CSIDriver: fsGroupPolicy must be None for a shared read-only volume")
+	}
+
+	node := ix["DaemonSet/modelpack-node"]
+	if node.obj == nil {
+		t.Fatal("no node DaemonSet")
+	}
+	ps := podSpec(node)
+	plugin := container(ps, "modelpack")
+	flags := parseFlags(plugin.Args)
+	if flags["driver-name"] != drv.Name {
+		t.Errorf("plugin --driver-name %q, CSIDriver %q", flags["driver-name"], drv.Name)
+	}
+	if ps.PriorityClassName != "system-node-critical" {
+		t.Errorf("node priorityClassName = %q", ps.PriorityClassName)
+	}
+	if plugin.SecurityContext == nil || plugin.SecurityContext.Privileged == nil || !*plugin.SecurityContext.Privileged {
+		t.Error("the plugin must be privileged to mount into pods")
+	}
+	// The kubelet directory: mounted Bidirectional at the same path as on the host.
+	var kubeletDir string
+	for _, m := range plugin.VolumeMounts {
+		if m.MountPropagation != nil && *m.MountPropagation == corev1.MountPropagationBidirectional {
+			kubeletDir = hostPath(t, ps, m.Name)
+			if m.MountPath != kubeletDir {
+				t.Errorf("kubelet dir mounted at %s, host path %s: target paths would not match", m.MountPath, kubeletDir)
+			}
+		}
+	}
+	if kubeletDir == "" {
+		t.Fatal("no Bidirectional mount of the kubelet directory")
+	}
+	pluginDir := kubeletDir + "/plugins/" + drv.Name
+	endpoint := strings.TrimPrefix(flags["endpoint"], "unix://")
+	if hp := hostPathAt(t, ps, plugin, path.Dir(endpoint)); hp != pluginDir {
+		t.Errorf("plugin socket dir %s is host %q, want %s", path.Dir(endpoint), hp, pluginDir)
+	}
+	if hostPathAt(t, ps, plugin, "/var/lib/modelpack") == "" && flags["root"] == "/var/lib/modelpack" {
+		t.Error("the cache root is not a hostPath")
+	}
+	checkRequests(t, node, ps)
+
+	reg := container(ps, "node-driver-registrar")
+	if reg == nil {
+		t.Fatal("no node-driver-registrar")
+	}
+	rf := parseFlags(reg.Args)
+	if got := rf["kubelet-registration-path"]; got != pluginDir+"/"+path.Base(endpoint) {
+		t.Errorf("registrar --kubelet-registration-path %s, plugin socket on the host is %s/%s", got, pluginDir, path.Base(endpoint))
+	}
+	if rf["csi-address"] != endpoint || hostPathAt(t, ps, reg, path.Dir(endpoint)) != pluginDir {
+		t.Errorf("registrar reaches %s (host %s), plugin listens on %s (host %s)", rf["csi-address"], hostPathAt(t, ps, reg, path.Dir(rf["csi-address"])), endpoint, pluginDir)
+	}
+	if hostPathAt(t, ps, reg, "/registration") != kubeletDir+"/plugins_registry" {
+		t.Errorf("registrar /registration is not %s/plugins_registry", kubeletDir)
+	}
+
+	lp := container(ps, "liveness-probe")
+	if lp == nil {
+		t.Fatal("no liveness-probe sidecar")
+	}
+	lf := parseFlags(lp.Args)
+	if lf["csi-address"] != endpoint || hostPathAt(t, ps, lp, path.Dir(endpoint)) != pluginDir {
+		t.Errorf("liveness-probe reaches %s, plugin listens on %s", lf["csi-address"], endpoint)
+	}
+	_, lport, _ := net.SplitHostPort(lf["http-endpoint"])
+	if plugin.LivenessProbe == nil || plugin.LivenessProbe.HTTPGet == nil {
+		t.Fatal("the plugin has no HTTP liveness probe")
+	}
+	if got := portNumber(t, plugin, plugin.LivenessProbe.HTTPGet.Port.String()); got != lport {
+		t.Errorf("plugin liveness probe on port %s, liveness-probe sidecar serves %s", got, lport)
+	}
+	if _, mport, _ := net.SplitHostPort(flags["metrics-addr"]); mport == lport {
+		t.Errorf("metrics and liveness share port %s in one pod", mport)
+	}
+
+	checkPolicy(t, ix, ps, plugin, flags["policy"])
+
+	if sock := flags["prepull-socket"]; sock != "" {
+		if hostPathAt(t, ps, plugin, path.Dir(sock)) != pluginDir {
+			t.Errorf("prepull socket %s is not in the plugin dir", sock)
+		}
+		if pre, ok := ix["DaemonSet/modelpack-prepull"]; ok {
+			checkPrepull(t, ix, pre, pluginDir+"/"+path.Base(sock))
+		}
+	} else if _, ok := ix["DaemonSet/modelpack-prepull"]; ok {
+		t.Error("a prepull DaemonSet without a prepull socket on the plugin")
+	}
+
+	if ctl, ok := ix["Deployment/modelpack-controller"]; ok {
+		cps := podSpec(ctl)
+		cp, prov := container(cps, "modelpack"), container(cps, "csi-provisioner")
+		if cp == nil || prov == nil {
+			t.Fatal("the controller needs the plugin and csi-provisioner")
+		}
+		cf, pf := parseFlags(cp.Args), parseFlags(prov.Args)
+		if cf["driver-name"] != drv.Name {
+			t.Errorf("controller --driver-name %q, CSIDriver %q", cf["driver-name"], drv.Name)
+		}
+		cend := strings.TrimPrefix(cf["endpoint"], "unix://")
+		if pf["csi-address"] != cend || mountOf(cps, cp, path.Dir(cend)) != mountOf(cps, prov, path.Dir(cend)) || mountOf(cps, cp, path.Dir(cend)) == "" {
+			t.Errorf("provisioner reaches %s, controller plugin listens on %s", pf["csi-address"], cend)
+		}
+		if cf["prepull-socket"] != "" {
+			t.Error("the controller serves prepulls")
+		}
+		if !boundTo(ix, cps.ServiceAccountName, "ClusterRoleBinding", "modelpack-provisioner") {
+			t.Error("the provisioner's ServiceAccount is not bound to its ClusterRole")
+		}
+		checkRequests(t, ctl, cps)
+	}
+}
+
+func checkPrepull(t *testing.T, ix map[string]object, pre object, hostSocket string) {
+	t.Helper()
+	ps := podSpec(pre)
+	c := container(ps, "prepull")
+	if c == nil {
+		t.Fatal("prepull DaemonSet has no prepull container")
+	}
+	f := parseFlags(c.Args)
+	if got := hostPathAt(t, ps, c, path.Dir(f["socket"])) + "/" + path.Base(f["socket"]); got != hostSocket {
+		t.Errorf("prepull reaches %s on the host, the plugin serves %s", got, hostSocket)
+	}
+	watch := f["watch"]
+	var cm string
+	for _, m := range c.VolumeMounts {
+		if m.MountPath == path.Dir(watch) {
+			if m.SubPath != "" {
+				t.Error("the list is mounted with subPath: ConfigMap updates would never arrive")
+			}
+			for _, v := range ps.Volumes {
+				if v.Name == m.Name && v.ConfigMap != nil {
+					cm = v.ConfigMap.Name
+				}
+			}
+		}
+	}
+	cmo, ok := ix["ConfigMap/"+cm]
+	if !ok {
+		t.Fatalf("--watch %s is not a mounted ConfigMap of the install", watch)
+	}
+	list, ok := cmo.obj.(*corev1.ConfigMap).Data[path.Base(watch)]
+	if !ok {
+		t.Fatalf("ConfigMap %s has no key %s", cm, path.Base(watch))
+	}
+	if _, err := prepull.ParseList([]byte(list)); err != nil {
+		t.Errorf("ConfigMap %s: %v", cm, err)
+	}
+	if ps.AutomountServiceAccountToken == nil || *ps.AutomountServiceAccountToken {
+		t.Error("the prepull DaemonSet mounts an API token it has no use for")
+	}
+	for _, kind := range []string{"RoleBinding", "ClusterRoleBinding"} {
+		if boundTo(ix, ps.ServiceAccountName, kind, "") {
+			t.Errorf("the prepull ServiceAccount has a %s: it needs no API permissions", kind)
+		}
+	}
+	if _, mport, _ := net.SplitHostPort(f["metrics-addr"]); portNumber(t, c, "metrics") != mport {
+		t.Errorf("prepull metrics on %s, port named metrics differs", f["metrics-addr"])
+	}
+	checkRequests(t, pre, ps)
+}
+
+// checkPolicy loads the policy the plugin is given with the real policy loader, key files included.
+func checkPolicy(t *testing.T, ix map[string]object, ps *corev1.PodSpec, plugin *corev1.Container, policyPath string) {
+	t.Helper()
+	if policyPath == "" {
+		t.Fatal("the plugin has no --policy")
+	}
+	var cm string
+	for _, m := range plugin.VolumeMounts {
+		if m.MountPath == path.Dir(policyPath) {
+			for _, v := range ps.Volumes {
+				if v.Name == m.Name && v.ConfigMap != nil {
+					cm = v.ConfigMap.Name
+				}
+			}
+		}
+	}
+	cmo, ok := ix["ConfigMap/"+cm]
+	if !ok {
+		t.Fatalf("--policy %s is not a mounted ConfigMap of the install", policyPath)
+	}
+	content, ok := cmo.obj.(*corev1.ConfigMap).Data[path.Base(policyPath)]
+	if !ok {
+		t.Fatalf("ConfigMap %s has no key %s", cm, path.Base(policyPath))
+	}
+	// Key files the policy names must be mounted; stand-ins take their place so the loader can read them.
+	dir := t.TempDir()
+	content = regexp.MustCompile(`(?m)#.*$`).ReplaceAllString(content, "")
+	content = regexp.MustCompile(`/etc/modelpack/[^\s,\]"']+`).ReplaceAllStringFunc(content, func(m string) string {
+		if mountOf(ps, plugin, path.Dir(m)) == "" {
+			t.Errorf("the policy reads %s, which is not mounted", m)
+		}
+		local := filepath.Join(dir, filepath.FromSlash(m))
+		if _, err := os.Stat(local); err != nil {
+			if err := os.MkdirAll(filepath.Dir(local), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			writePublicKey(t, local)
+		}
+		return local
+	})
+	p := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := signing.LoadPolicy(p); err != nil {
+		t.Errorf("ConfigMap %s: %v", cm, err)
+	}
+}
+
+func writePublicKey(t *testing.T, p string) {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.MarshalPKIXPublicKey(&k.PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func checkMirrors(t *testing.T, objs []object) {
+	t.Helper()
+	ix := index(objs)
+	ps := podSpec(ix["DaemonSet/modelpack-node"])
+	plugin := container(ps, "modelpack")
+	dir := parseFlags(plugin.Args)["hosts-dir"]
+	var vol *corev1.Volume
+	for _, m := range plugin.VolumeMounts {
+		if m.MountPath == dir {
+			for i := range ps.Volumes {
+				if ps.Volumes[i].Name == m.Name {
+					vol = &ps.Volumes[i]
+				}
+			}
+		}
+	}
+	if dir == "" || vol == nil || vol.ConfigMap == nil {
+		t.Fatalf("--hosts-dir %q is not a mounted ConfigMap", dir)
+	}
+	cm := ix["ConfigMap/"+vol.ConfigMap.Name].obj.(*corev1.ConfigMap)
+	var paths []string
+	for _, it := range vol.ConfigMap.Items {
+		if _, ok := cm.Data[it.Key]; !ok {
+			t.Errorf("mirrors item %s names a missing key", it.Key)
+		}
+		paths = append(paths, it.Path)
+	}
+	slices.Sort(paths)
+	if want := []string{"_default/hosts.toml", "docker.io/hosts.toml"}; !slices.Equal(paths, want) {
+		t.Errorf("hosts.toml files %v, want %v", paths, want)
+	}
+}
+
+var pinned = regexp.MustCompile(`^[^@]+(@sha256:[0-9a-f]{64}|:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})$`)
+
+func checkImages(t *testing.T, o object, ps *corev1.PodSpec) {
+	t.Helper()
+	for _, c := range append(slices.Clone(ps.InitContainers), ps.Containers...) {
+		name := c.Image
+		if i := strings.LastIndex(name, "/"); i >= 0 {
+			name = name[i+1:]
+		}
+		if !pinned.MatchString(name) || strings.HasSuffix(c.Image, ":latest") {
+			t.Errorf("%s %s container %s: image %q is not pinned to a tag or digest", o.kind, o.name, c.Name, c.Image)
+		}
+	}
+}
+
+func checkRequests(t *testing.T, o object, ps *corev1.PodSpec) {
+	t.Helper()
+	for _, c := range ps.Containers {
+		if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() {
+			t.Errorf("%s %s container %s has no CPU and memory requests", o.kind, o.name, c.Name)
+		}
+	}
+}
+
+func index(objs []object) map[string]object {
+	m := map[string]object{}
+	for _, o := range objs {
+		m[o.kind+"/"+o.name] = o
+	}
+	return m
+}
+
+func only[T any](t *testing.T, objs []object) T {
+	t.Helper()
+	var found []T
+	for _, o := range objs {
+		if v, ok := o.obj.(T); ok {
+			found = append(found, v)
+		}
+	}
+	if len(found) != 1 {
+		var zero T
+		t.Fatalf("want exactly one %T, have %d", zero, len(found))
+	}
+	return found[0]
+}
+
+func podSpec(o object) *corev1.PodSpec {
+	switch v := o.obj.(type) {
+	case *appsv1.DaemonSet:
+		return &v.Spec.Template.Spec
+	case *appsv1.Deployment:
+		return &v.Spec.Template.Spec
+	case *corev1.Pod:
+		return &v.Spec
+	}
+	return nil
+}
+
+func container(ps *corev1.PodSpec, name string) *corev1.Container {
+	for i := range ps.Containers {
+		if ps.Containers[i].Name == name {
+			return &ps.Containers[i]
+		}
+	}
+	return nil
+}
+
+// parseFlags reads --name=value arguments; a flag given twice takes its last value, as pflag does.
+func parseFlags(args []string) map[string]string {
+	m := map[string]string{}
+	for _, a := range args {
+		if k, v, ok := strings.Cut(strings.TrimPrefix(a, "--"), "="); ok && strings.HasPrefix(a, "--") {
+			m[k] = v
+		} else if strings.HasPrefix(a, "--") {
+			m[k] = "true"
+		}
+	}
+	return m
+}
+
+// mountOf returns the volume mounted at dir in c, or "".
+func mountOf(ps *corev1.PodSpec, c *corev1.Container, dir string) string {
+	for _, m := range c.VolumeMounts {
+		if m.MountPath == dir {
+			return m.Name
+		}
+	}
+	return ""
+}
+
+// hostPathAt returns the host path of the hostPath volume mounted at dir in c, or "".
+func hostPathAt(t *testing.T, ps *corev1.PodSpec, c *corev1.Container, dir string) string {
+	t.Helper()
+	name := mountOf(ps, c, dir)
+	if name == "" {
+		return ""
+	}
+	return hostPath(t, ps, name)
+}
+
+func hostPath(t *testing.T, ps *corev1.PodSpec, volume string) string {
+	t.Helper()
+	for _, v := range ps.Volumes {
+		if v.Name == volume && v.HostPath != nil {
+			return v.HostPath.Path
+		}
+	}
+	return ""
+}
+
+func portNumber(t *testing.T, c *corev1.Container, port string) string {
+	t.Helper()
+	for _, p := range c.Ports {
+		if p.Name == port {
+			return fmt.Sprint(p.ContainerPort)
+		}
+	}
+	return port
+}
+
+func boundTo(ix map[string]object, sa, kind, role string) bool {
+	for _, o := range ix {
+		var subjects []rbacv1.Subject
+		var ref rbacv1.RoleRef
+		switch v := o.obj.(type) {
+		case *rbacv1.ClusterRoleBinding:
+			subjects, ref = v.Subjects, v.RoleRef
+		case *rbacv1.RoleBinding:
+			subjects, ref = v.Subjects, v.RoleRef
+		default:
+			continue
+		}
+		if o.kind != kind || (role != "" && ref.Name != role) {
+			continue
+		}
+		for _, s := range subjects {
+			if s.Kind == "ServiceAccount" && s.Name == sa {
+				return true
+			}
+		}
+	}
+	return false
+}
