@@ -2,6 +2,9 @@
 # Pack benchmark: `modelpack pack` against `oras push --oci-layout` of the same model directory, side by side in
 # one run, medians of 3 (runs alternate which tool goes first, so neither always gets the warmer page cache).
 # Each run writes into a fresh store. Prints one line: times, ratio and modelpack's peak RSS, with the targets.
+# modelpack fsyncs every blob before it writes the tag (an interrupted pack never leaves a tag to missing data);
+# oras leaves its blobs in the page cache. A second line therefore also times oras followed by an fsync of the
+# blobs it wrote (coreutils `sync FILE...`), the same durability, so the cost of the guarantee is visible.
 # Needs MODEL_DIR (the generated benchmark model) and WORK (scratch dir); `make bench` sets both.
 source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
@@ -30,11 +33,15 @@ run_modelpack() {
 run_oras() {
   local layout=$scratch/oras-layout
   rm -rf "$layout"
-  oras_times+=("$(cd "$MODEL_DIR" && timed "$ORAS" push --oci-layout "$layout:v1" "${entries[@]}" 2>/dev/null)")
+  local push flush
+  push=$(cd "$MODEL_DIR" && timed "$ORAS" push --oci-layout "$layout:v1" "${entries[@]}" 2>/dev/null)
+  flush=$(timed sync "$layout"/blobs/sha256/* "$layout/index.json")
+  oras_times+=("$push")
+  oras_durable+=("$(awk -v a="$push" -v b="$flush" 'BEGIN{printf "%.3f", a+b}')")
   rm -rf "$layout"
 }
 
-mp_times=() mp_rss=() oras_times=()
+mp_times=() mp_rss=() oras_times=() oras_durable=()
 for i in $(seq "$RUNS"); do
   if ((i % 2)); then run_modelpack; run_oras; else run_oras; run_modelpack; fi
 done
@@ -42,6 +49,9 @@ done
 mp=$(median "${mp_times[@]}")
 or=$(median "${oras_times[@]}")
 rss=$(printf '%s\n' "${mp_rss[@]}" | sort -n | tail -1)
+ord=$(median "${oras_durable[@]}")
 ratio=$(awk -v a="$or" -v b="$mp" 'BEGIN{printf "%.2f", a/b}')
+ratio_durable=$(awk -v a="$ord" -v b="$mp" 'BEGIN{printf "%.2f", a/b}')
 echo "pack: modelpack ${mp}s oras ${or}s ratio ${ratio}x (target >=1.5x) rss ${rss}MiB (target <100MiB)"
-echo "pack runs: modelpack ${mp_times[*]} s; oras ${oras_times[*]} s; modelpack peak RSS ${mp_rss[*]} MiB"
+echo "pack durable: modelpack ${mp}s oras+fsync ${ord}s ratio ${ratio_durable}x"
+echo "pack runs: modelpack ${mp_times[*]} s; oras ${oras_times[*]} s; oras+fsync ${oras_durable[*]} s; modelpack peak RSS ${mp_rss[*]} MiB"
