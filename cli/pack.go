@@ -41,7 +41,8 @@ files become weight.config layers, README/LICENSE/*.md doc layers, *.py and frie
 --kind, or a modctl-style Modelfile in DIR, override the classification; a rule that matches a directory packs
 it as one tar layer. With --layer-format tar, tar+gzip or tar+zstd, each top-level sub-directory's non-weight
 files become one archive. The config is inferred from safetensors/GGUF headers and config.json; flags override.
-The same directory always gives the same digest unless --created is given.`,
+Hidden files and directories (.git, .cache, …) and the Modelfile are not packed. The same directory always
+gives the same digest unless --created is given.`,
 			Example: `  modelpack pack ./llama3-8b -t llama3:8b
   modelpack pack ./model -t registry.local/org/model:v1 --dataset data --layer-format tar+zstd`,
 			Args: cobra.ExactArgs(1),

@@ -51,8 +51,7 @@ type Progress interface {
 	Add(n int64)
 }
 
-// ModelfileName is the Modelfile Pack reads from the model directory when Options.Modelfile is empty. It is
-// not packed.
+// ModelfileName is the Modelfile Pack reads from the model directory when Options.Modelfile is empty.
 const ModelfileName = "Modelfile"
 
 // Options control Pack. The zero value packs with defaults.
@@ -105,7 +104,13 @@ func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Des
 	if err != nil {
 		return ocispec.Descriptor{}, err
 	}
-	nodes, err := walk(dir, map[string]bool{mfRel: mfRel != ""})
+	// The Modelfile is the recipe, not part of the model: DIR/Modelfile is never packed, nor is one named by
+	// Options.Modelfile inside DIR.
+	skip := map[string]bool{ModelfileName: true}
+	if mfRel != "" {
+		skip[mfRel] = true
+	}
+	nodes, err := walk(dir, skip)
 	if err != nil {
 		return ocispec.Descriptor{}, err
 	}
