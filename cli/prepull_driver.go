@@ -3,6 +3,8 @@ package cli
 import (
 	"context"
 	"fmt"
+	"path/filepath"
+	"strings"
 	"sync"
 
 	"github.com/spf13/pflag"
@@ -15,19 +17,24 @@ import (
 // The driver serves the prepull API next to its CSI socket; `modelpack prepull` and the prepull DaemonSet talk to it.
 func init() {
 	var (
+		enabled     bool
 		socket      string
 		concurrency int
 		bandwidth   string
 	)
 	registerCSIDriverExtension(csiDriverExtension{
 		AddFlags: func(fl *pflag.FlagSet) {
-			fl.StringVar(&socket, "prepull-socket", prepull.DefaultSocket, "unix socket serving the prepull API (empty disables it)")
+			fl.BoolVar(&enabled, "prepull", true, "serve the prepull API (node plugins; the controller needs none)")
+			fl.StringVar(&socket, "prepull-socket", "", "unix socket of the prepull API (default: prepull.sock next to the CSI socket, "+prepull.DefaultSocket+" in the DaemonSet)")
 			fl.IntVar(&concurrency, "prepull-concurrency", 2, "references prepulled at once; the rest wait as pending")
 			fl.StringVar(&bandwidth, "prepull-bandwidth", "0", "cap on the registry reads of all prepulls together, bytes per second (e.g. 100MiB; 0 = no cap)")
 		},
 		Setup: func(ctx context.Context, env *CSIDriverEnv) error {
-			if socket == "" {
+			if !enabled {
 				return nil
+			}
+			if socket == "" {
+				socket = filepath.Join(filepath.Dir(strings.TrimPrefix(env.Driver.Endpoint, "unix://")), "prepull.sock")
 			}
 			if concurrency < 1 {
 				return fmt.Errorf("--prepull-concurrency must be at least 1")

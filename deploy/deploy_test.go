@@ -392,7 +392,7 @@ func checkInstall(t *testing.T, objs []object) {
 
 	checkPolicy(t, ix, ps, plugin, flags["policy"])
 
-	if sock := flags["prepull-socket"]; sock != "" {
+	if sock := flags["prepull-socket"]; flags["prepull"] != "false" {
 		if hostPathAt(t, ps, plugin, path.Dir(sock)) != pluginDir {
 			t.Errorf("prepull socket %s is not in the plugin dir", sock)
 		}
@@ -417,7 +417,7 @@ func checkInstall(t *testing.T, objs []object) {
 		if pf["csi-address"] != cend || mountOf(cps, cp, path.Dir(cend)) != mountOf(cps, prov, path.Dir(cend)) || mountOf(cps, cp, path.Dir(cend)) == "" {
 			t.Errorf("provisioner reaches %s, controller plugin listens on %s", pf["csi-address"], cend)
 		}
-		if cf["prepull-socket"] != "" {
+		if cf["prepull"] != "false" {
 			t.Error("the controller serves prepulls")
 		}
 		if !boundTo(ix, cps.ServiceAccountName, "ClusterRoleBinding", "modelpack-provisioner") {

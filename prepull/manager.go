@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/opencontainers/go-digest"
 )
 
 // Options tune the prepull server.
@@ -305,15 +307,22 @@ func (m *manager) attempt(ctx context.Context, it *item) error {
 	if err := m.be.Verify(ctx, ref, desc); err != nil {
 		return fmt.Errorf("trust policy: %w", err)
 	}
-	manifest, err := m.be.Pull(ctx, ref, desc, func(done, total int64) { m.progress(it, done, total) })
-	if err != nil {
-		return fmt.Errorf("pull: %w", err)
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if err := m.be.Pin(ctx, pin, manifest); err != nil {
-		return fmt.Errorf("pin: %w", err)
+	// Between the end of a pull and the pin, cache GC may evict the model: nothing holds it yet. Pulling again
+	// fetches whatever went, and a second failure is a real one.
+	var manifest digest.Digest
+	for try := 1; ; try++ {
+		if manifest, err = m.be.Pull(ctx, ref, desc, func(done, total int64) { m.progress(it, done, total) }); err != nil {
+			return fmt.Errorf("pull: %w", err)
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err = m.be.Pin(ctx, pin, manifest); err == nil {
+			break
+		}
+		if try == 2 || ctx.Err() != nil {
+			return fmt.Errorf("pin: %w", err)
+		}
 	}
 	var size int64
 	m.update(it, func(e *Entry) {

@@ -1,6 +1,7 @@
 package prepull
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"oras.land/oras-go/v2/content/memory"
 )
 
 // fakeBackend pulls by waiting on per-ref gates, so tests control timing exactly.
@@ -30,6 +32,7 @@ type fakeBackend struct {
 	maxSeen  int
 	pulls    map[string]int
 	verified []string
+	pinFails int // the next Pins fail, as when GC evicted the model first
 }
 
 func newFake() *fakeBackend {
@@ -91,6 +94,10 @@ func (f *fakeBackend) Pull(ctx context.Context, ref string, desc ocispec.Descrip
 func (f *fakeBackend) Pin(_ context.Context, name string, d digest.Digest) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.pinFails > 0 {
+		f.pinFails--
+		return errors.New("manifest not found (pull it first)")
+	}
 	f.pins[name] = d
 	return nil
 }
@@ -508,5 +515,66 @@ func eventually(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met in time")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestPrepullPullsAgainWhenEvictedBeforePin(t *testing.T) {
+	be := newFake()
+	be.pinFails = 1
+	close(be.gate("r/a:1"))
+	c := serve(t, be, Options{RetryDelay: time.Hour})
+	if _, err := c.Add(context.Background(), "", []string{"r/a:1"}); err != nil {
+		t.Fatal(err)
+	}
+	m := waitFor(t, c, DefaultList, func(m map[string]Entry) bool { return m["r/a:1"].State == StateReady })
+	if be.pulls["r/a:1"] != 2 || m["r/a:1"].Attempts != 1 {
+		t.Errorf("pulls = %d, attempts = %d; want the pull repeated within one attempt", be.pulls["r/a:1"], m["r/a:1"].Attempts)
+	}
+	be.pinFails = 2
+	close(be.gate("r/b:1"))
+	if _, err := c.Add(context.Background(), "", []string{"r/b:1"}); err != nil {
+		t.Fatal(err)
+	}
+	m = waitFor(t, c, DefaultList, func(m map[string]Entry) bool { return m["r/b:1"].State == StateFailed })
+	if !strings.HasPrefix(m["r/b:1"].Error, "pin: ") {
+		t.Errorf("error = %q", m["r/b:1"].Error)
+	}
+}
+
+func TestBandwidthLimit(t *testing.T) {
+	ctx := context.Background()
+	store := memory.New()
+	blob := bytes.Repeat([]byte("x"), 512<<10)
+	desc := ocispec.Descriptor{MediaType: "application/octet-stream", Digest: digest.FromBytes(blob), Size: int64(len(blob))}
+	if err := store.Push(ctx, desc, bytes.NewReader(blob)); err != nil {
+		t.Fatal(err)
+	}
+	if newLimiter(0) != nil {
+		t.Fatal("0 must mean no limit")
+	}
+	src := limitedTarget{ReadOnlyTarget: store, lim: newLimiter(1 << 20)}
+	start := time.Now()
+	rc, err := src.Fetch(ctx, desc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil || !bytes.Equal(got, blob) {
+		t.Fatalf("read %d bytes, %v", len(got), err)
+	}
+	// 512 KiB at 1 MiB/s with a burst of 100 KiB: at least ~0.4 s.
+	if el := time.Since(start); el < 350*time.Millisecond || el > 3*time.Second {
+		t.Errorf("512 KiB at 1 MiB/s took %s", el)
+	}
+	// A cancelled context ends a throttled read instead of waiting out the budget.
+	cctx, cancel := context.WithCancel(ctx)
+	rc, err = limitedTarget{ReadOnlyTarget: store, lim: newLimiter(64 << 10)}.Fetch(cctx, desc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if _, err := io.ReadAll(rc); err == nil {
+		t.Error("read went on after cancel")
 	}
 }
