@@ -27,6 +27,8 @@ type Backend interface {
 	Acquire(owner string, manifest digest.Digest, sel Selector) (string, error)
 	// Release drops owner's hold on its view. Releasing an unknown owner is not an error.
 	Release(owner string) error
+	// Owners lists the owners holding views whose names start with prefix.
+	Owners(prefix string) ([]string, error)
 	// Stats reports the cache's size for the metrics.
 	Stats() Stats
 }

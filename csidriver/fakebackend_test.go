@@ -109,6 +109,18 @@ func (f *fakeBackend) Release(owner string) error {
 	return nil
 }
 
+func (f *fakeBackend) Owners(prefix string) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for o := range f.owners {
+		if strings.HasPrefix(o, prefix) {
+			out = append(out, o)
+		}
+	}
+	return out, nil
+}
+
 func (f *fakeBackend) Stats() Stats {
 	f.mu.Lock()
 	defer f.mu.Unlock()

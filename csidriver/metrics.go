@@ -69,7 +69,7 @@ func newMetrics(backend Backend, countVolumes func() int, extra []prometheus.Col
 		}),
 		collected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "volumes_collected_total",
-			Help: "Volumes cleaned up by the driver itself, by reason (pod_gone, half_published, unpublish_interrupted).",
+			Help: "Volumes cleaned up by the driver itself, by reason (pod_gone, half_published, unpublish_interrupted, orphaned_view).",
 		}, []string{"reason"}),
 	}
 	m.reg.MustRegister(m.pulls, m.pullBytes, m.pullDuration, m.pullErrors, m.pullsInFlight, m.rpcs, m.rpcDuration,

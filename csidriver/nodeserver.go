@@ -93,7 +93,9 @@ func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublish
 		}
 	}
 
+	start := time.Now()
 	img, err := d.ensureImage(ctx, attrs, creds, log)
+	tImage := time.Since(start)
 	if err != nil {
 		if status.Code(err) != codes.Aborted {
 			log.Warn("publish failed", "code", status.Code(err).String(), "error", status.Convert(err).Message())
@@ -123,7 +125,9 @@ func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublish
 	if _, err := os.Lstat(target); errors.Is(err, fs.ErrNotExist) {
 		vol.CreatedTarget = true
 	}
-	if err := d.putVolume(vol); err != nil {
+	// The intent only has to survive the driver being killed, not the node losing power (which takes the mount
+	// with it), so it is not synced to disk: the record of the finished publish below is.
+	if err := d.stageVolume(vol); err != nil {
 		return nil, status.Errorf(codes.Internal, "record publish of %s: %v", target, err)
 	}
 	published := false
@@ -135,21 +139,25 @@ func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublish
 		}
 	}()
 
+	tRecord := time.Since(start)
 	source, err := d.acquireSource(vol, attrs.Selector)
 	if err != nil {
 		return nil, err
 	}
+	tAcquire := time.Since(start)
 	vol.Source = source
 	if err := d.mountTarget(vol); err != nil {
 		return nil, status.Errorf(codes.Internal, "mount %s on %s: %v", source, target, err)
 	}
+	tMount := time.Since(start)
 	vol.Phase = state.PhasePublished
 	vol.UpdatedAt = time.Now().UTC()
 	if err := d.putVolume(vol); err != nil {
 		return nil, status.Errorf(codes.Internal, "record publish of %s: %v", target, err)
 	}
 	published = true
-	log.Info("volume published", "digest", img.Digest, "manifest", img.Manifest, "subPath", attrs.SubPath)
+	log.Info("volume published", "digest", img.Digest, "manifest", img.Manifest, "subPath", attrs.SubPath,
+		"image", tImage, "recorded", tRecord, "acquired", tAcquire, "mounted", tMount, "total", time.Since(start))
 	return &csi.NodePublishVolumeResponse{}, nil
 }
 
@@ -174,6 +182,9 @@ func (s *nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpub
 		// directory behind, which is what the caller wants.
 		if err := d.unmountTarget(target, true); err != nil {
 			return nil, status.Errorf(codes.Internal, "unmount %s: %v", target, err)
+		}
+		if err := d.backend.Release(ownerOf(target)); err != nil {
+			return nil, status.Errorf(codes.Internal, "release view of %s: %v", target, err)
 		}
 		return &csi.NodeUnpublishVolumeResponse{}, nil
 	}
@@ -381,10 +392,14 @@ func (d *Driver) recordPullFinished(j *pullJob) {
 	}
 }
 
-// ownerOf names a target's hold on its view in the cache.
+// ownerPrefix marks the driver's holds on views in the cache, which it shares with other users (pins).
+const ownerPrefix = "csi-"
+
+// ownerOf names a target's hold on its view in the cache. It derives from the target alone so a hold whose
+// record was lost (a crash between acquiring and recording) can still be found and released.
 func ownerOf(target string) string {
 	sum := sha256.Sum256([]byte(target))
-	return "csi-" + hex.EncodeToString(sum[:12])
+	return ownerPrefix + hex.EncodeToString(sum[:12])
 }
 
 // acquireSource holds the view for vol and returns the directory to bind-mount: the view or its subPath.
@@ -501,6 +516,13 @@ func (d *Driver) putVolume(vol state.Volume) error {
 		d.m.volumes.Set(float64(n))
 	}
 	return err
+}
+
+func (d *Driver) stageVolume(vol state.Volume) error {
+	return d.state.UpdateNoSync(func(st *state.State) error {
+		st.Volumes[vol.TargetPath] = vol
+		return nil
+	})
 }
 
 func (d *Driver) deleteVolume(target string) error {

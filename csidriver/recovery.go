@@ -25,6 +25,7 @@ func (d *Driver) recover(ctx context.Context) {
 		d.reconcile(vol, true)
 		d.unlockTarget(vol.TargetPath)
 	}
+	d.releaseOrphanViews()
 	for _, p := range st.Pulls {
 		dgst, err := digest.Parse(p.Digest)
 		if err != nil {
@@ -37,6 +38,31 @@ func (d *Driver) recover(ctx context.Context) {
 		d.pulls.start(p.Reference, dgst, p.Platform, Credentials{})
 	}
 	d.m.volumes.Set(float64(len(d.state.Snapshot().Volumes)))
+}
+
+// releaseOrphanViews drops the driver's holds on views that no recorded volume accounts for (a crash between
+// acquiring a view and recording it, or a lost state), so the cache can evict their content.
+func (d *Driver) releaseOrphanViews() {
+	owners, err := d.backend.Owners(ownerPrefix)
+	if err != nil {
+		d.log.Error("list view holds", "error", err.Error())
+		return
+	}
+	known := map[string]bool{}
+	for _, v := range d.state.Snapshot().Volumes {
+		known[v.Owner] = true
+	}
+	for _, o := range owners {
+		if known[o] {
+			continue
+		}
+		if err := d.backend.Release(o); err != nil {
+			d.log.Error("release orphaned view hold", "owner", o, "error", err.Error())
+			continue
+		}
+		d.m.collected.WithLabelValues("orphaned_view").Inc()
+		d.log.Info("released orphaned view hold", "owner", o)
+	}
 }
 
 // reconcile brings one recorded volume in line with the node. Repairs happen at start-up only; the periodic pass

@@ -56,7 +56,7 @@ type Options struct {
 	MetricsAddr string
 	// Logger receives structured logs; slog.Default() if nil.
 	Logger *slog.Logger
-	// Mounter does the mounts; a mount-utils mounter without systemd if nil.
+	// Mounter does the mounts; mount-utils (without systemd) with bind mounts as system calls if nil.
 	Mounter mount.Interface
 	// GCInterval is how often volumes whose pods vanished are looked for after start-up (5 minutes if zero).
 	GCInterval time.Duration
@@ -105,7 +105,7 @@ func New(opts Options) (*Driver, error) {
 		opts.Logger = slog.Default()
 	}
 	if opts.Mounter == nil {
-		opts.Mounter = mount.NewWithoutSystemd("")
+		opts.Mounter = newBindMounter()
 	}
 	if opts.GCInterval == 0 {
 		opts.GCInterval = 5 * time.Minute

@@ -151,6 +151,21 @@ func (b *Backend) Acquire(owner string, manifest digest.Digest, sel csidriver.Se
 // Release drops owner's view.
 func (b *Backend) Release(owner string) error { return b.cache.Release(owner) }
 
+// Owners lists the owners of views whose names start with prefix.
+func (b *Backend) Owners(prefix string) ([]string, error) {
+	refs, err := b.cache.Refs()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, r := range refs {
+		if strings.HasPrefix(r.Owner, prefix) {
+			out = append(out, r.Owner)
+		}
+	}
+	return out, nil
+}
+
 // Stats reads the cache's usage.
 func (b *Backend) Stats() csidriver.Stats {
 	u, err := b.cache.Usage()

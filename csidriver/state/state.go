@@ -181,22 +181,29 @@ func (s *Store) Snapshot() *State {
 	return s.st.clone()
 }
 
-// Update applies fn to a copy of the state and persists the result; if fn or the write fails nothing changes.
-func (s *Store) Update(fn func(*State) error) error {
+// Update applies fn to a copy of the state and persists the result durably; if fn or the write fails nothing
+// changes.
+func (s *Store) Update(fn func(*State) error) error { return s.update(fn, true) }
+
+// UpdateNoSync is Update without waiting for the disk: the new state survives the process being killed (the
+// rename is atomic and the kernel has the data) but maybe not a power loss, after which the old state is read.
+func (s *Store) UpdateNoSync(fn func(*State) error) error { return s.update(fn, false) }
+
+func (s *Store) update(fn func(*State) error, sync bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	next := s.st.clone()
 	if err := fn(next); err != nil {
 		return err
 	}
-	if err := s.write(next); err != nil {
+	if err := s.write(next, sync); err != nil {
 		return err
 	}
 	s.st = next
 	return nil
 }
 
-func (s *Store) write(st *State) error {
+func (s *Store) write(st *State, sync bool) error {
 	b, err := json.MarshalIndent(st, "", " ")
 	if err != nil {
 		return err
@@ -217,9 +224,11 @@ func (s *Store) write(st *State) error {
 		f.Close()
 		return err
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
+	if sync {
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return err
+		}
 	}
 	if err := f.Close(); err != nil {
 		return err
@@ -228,6 +237,9 @@ func (s *Store) write(st *State) error {
 		return err
 	}
 	committed = true
+	if !sync {
+		return nil
+	}
 	d, err := os.Open(dir)
 	if err != nil {
 		return err
