@@ -212,7 +212,7 @@ func (c *Cache) gcLocked(ctx context.Context, st *GCStats, remove *digest.Digest
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			if err := tx.Bucket(bucketManifests).Delete([]byte(d)); err != nil {
+			if err := deleteManifest(tx, d); err != nil {
 				return err
 			}
 			st.Evicted = append(st.Evicted, d)

@@ -21,7 +21,10 @@ var (
 	bucketIndexes   = []byte("indexes")   // index digest -> indexRecord (the manifest chosen for this node)
 	bucketRefs      = []byte("refs")      // owner -> refRecord
 	bucketLayers    = []byte("layers")    // layer digest -> archive.Stats of its extraction
-	buckets         = [][]byte{bucketManifests, bucketIndexes, bucketRefs, bucketLayers}
+	// bucketState holds the small, often-written part of a manifest's record, so that an Acquire or a cache hit
+	// does not rewrite a manifest of thousands of layers.
+	bucketState = []byte("state") // manifest digest -> manifestState
+	buckets     = [][]byte{bucketManifests, bucketIndexes, bucketRefs, bucketLayers, bucketState}
 )
 
 type manifestRecord struct {
@@ -32,9 +35,16 @@ type manifestRecord struct {
 	Image      bool               `json:"image"`
 	// From is the index the manifest was chosen from, if any: needed until the pull records it in bucketIndexes.
 	From     *ocispec.Descriptor `json:"from,omitempty"`
-	Complete bool                `json:"complete"`
 	PulledAt time.Time           `json:"pulledAt"`
-	LastUsed time.Time           `json:"lastUsed"`
+	// Complete and LastUsed live in bucketState.
+	Complete bool      `json:"-"`
+	LastUsed time.Time `json:"-"`
+}
+
+type manifestState struct {
+	Descriptor ocispec.Descriptor `json:"descriptor"`
+	Complete   bool               `json:"complete"`
+	LastUsed   time.Time          `json:"lastUsed"`
 }
 
 // blobs lists every blob the manifest needs, itself included.
@@ -84,20 +94,44 @@ func (c *Cache) manifest(tx *bolt.Tx, d digest.Digest) (*manifestRecord, error) 
 	if err != nil || !ok {
 		return nil, err
 	}
-	return &r, nil
+	return &r, loadState(tx, &r)
 }
 
-// resolveTx maps a manifest or index digest to its manifest record (nil if absent).
-func (c *Cache) resolveTx(tx *bolt.Tx, d digest.Digest) (*manifestRecord, error) {
+func loadState(tx *bolt.Tx, r *manifestRecord) error {
+	st, _, err := stateOf(tx, r.Descriptor.Digest)
+	r.Complete, r.LastUsed = st.Complete, st.LastUsed
+	return err
+}
+
+func stateOf(tx *bolt.Tx, d digest.Digest) (manifestState, bool, error) {
+	var st manifestState
+	ok, err := getJSON(tx.Bucket(bucketState), string(d), &st)
+	return st, ok, err
+}
+
+// putManifest writes a manifest's record and its state.
+func putManifest(tx *bolt.Tx, r *manifestRecord) error {
+	if err := putJSON(tx.Bucket(bucketManifests), string(r.Descriptor.Digest), r); err != nil {
+		return err
+	}
+	return putJSON(tx.Bucket(bucketState), string(r.Descriptor.Digest), manifestState{r.Descriptor, r.Complete, r.LastUsed})
+}
+
+func deleteManifest(tx *bolt.Tx, d digest.Digest) error {
+	if err := tx.Bucket(bucketManifests).Delete([]byte(d)); err != nil {
+		return err
+	}
+	return tx.Bucket(bucketState).Delete([]byte(d))
+}
+
+// resolveDigest maps an index digest to the manifest chosen from it; other digests map to themselves.
+func resolveDigest(tx *bolt.Tx, d digest.Digest) (digest.Digest, error) {
 	var ix indexRecord
 	ok, err := getJSON(tx.Bucket(bucketIndexes), string(d), &ix)
-	if err != nil {
-		return nil, err
-	}
 	if ok {
 		d = ix.Manifest
 	}
-	return c.manifest(tx, d)
+	return d, err
 }
 
 func allManifests(tx *bolt.Tx) ([]*manifestRecord, error) {
@@ -108,7 +142,7 @@ func allManifests(tx *bolt.Tx) ([]*manifestRecord, error) {
 			return err
 		}
 		out = append(out, &r)
-		return nil
+		return loadState(tx, &r)
 	})
 	return out, err
 }

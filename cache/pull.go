@@ -35,6 +35,7 @@ type flight struct {
 	cancel context.CancelFunc
 
 	mu      sync.Mutex
+	pubMu   sync.Mutex // callbacks run one at a time, never after their Pull returned
 	nextID  int
 	subs    map[int]func(Progress)
 	linger  *time.Timer
@@ -58,7 +59,10 @@ func (f *flight) publish(force bool) {
 	if !force && p.Done-f.lastPub.Load() < 64<<10 {
 		return
 	}
+	f.pubMu.Lock()
+	defer f.pubMu.Unlock()
 	f.lastPub.Store(p.Done)
+	p = f.progress()
 	f.mu.Lock()
 	subs := make([]func(Progress), 0, len(f.subs))
 	for _, s := range f.subs {
@@ -149,6 +153,8 @@ func (f *flight) join(progress func(Progress)) int {
 
 // leave drops a waiter; when none are left the pull is cancelled after linger, unless someone joins meanwhile.
 func (f *flight) leave(id int, linger time.Duration) {
+	f.pubMu.Lock()
+	defer f.pubMu.Unlock()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.subs, id)
@@ -173,9 +179,13 @@ func (c *Cache) completeManifest(d digest.Digest) (ocispec.Descriptor, bool) {
 	var out ocispec.Descriptor
 	var ok bool
 	c.db.View(func(tx *bolt.Tx) error {
-		r, err := c.resolveTx(tx, d)
-		if err == nil && r != nil && r.Complete {
-			out, ok = r.Descriptor, true
+		md, err := resolveDigest(tx, d)
+		if err != nil {
+			return err
+		}
+		st, found, err := stateOf(tx, md)
+		if err == nil && found && st.Complete {
+			out, ok = st.Descriptor, true
 		}
 		return nil
 	})
@@ -199,12 +209,12 @@ func (c *Cache) Resolve(d digest.Digest) (ocispec.Descriptor, error) {
 
 func (c *Cache) touch(d digest.Digest) {
 	c.db.Update(func(tx *bolt.Tx) error {
-		r, err := c.manifest(tx, d)
-		if err != nil || r == nil {
+		st, ok, err := stateOf(tx, d)
+		if err != nil || !ok {
 			return err
 		}
-		r.LastUsed = time.Now()
-		return putJSON(tx.Bucket(bucketManifests), string(d), r)
+		st.LastUsed = time.Now()
+		return putJSON(tx.Bucket(bucketState), string(d), st)
 	})
 }
 
@@ -340,7 +350,7 @@ func (c *Cache) beginPull(rec *manifestRecord) error {
 		if old != nil && !old.PulledAt.IsZero() {
 			rec.PulledAt = old.PulledAt
 		}
-		return putJSON(tx.Bucket(bucketManifests), string(rec.Descriptor.Digest), rec)
+		return putManifest(tx, rec)
 	})
 	if err != nil {
 		c.pulling[rec.Descriptor.Digest]--
@@ -361,7 +371,7 @@ func (c *Cache) finishPull(rec *manifestRecord, top ocispec.Descriptor) error {
 	return c.db.Update(func(tx *bolt.Tx) error {
 		rec.Complete = true
 		rec.LastUsed = time.Now()
-		if err := putJSON(tx.Bucket(bucketManifests), string(rec.Descriptor.Digest), rec); err != nil {
+		if err := putManifest(tx, rec); err != nil {
 			return err
 		}
 		if top.Digest != rec.Descriptor.Digest {
@@ -419,16 +429,9 @@ func (c *Cache) fetchBlob(ctx context.Context, f *flight, i int, src oras.ReadOn
 		return err
 	}
 	return c.blobs.Ingest(ctx, desc.Digest, desc.Size, func(ctx context.Context, offset int64) (io.ReadCloser, int64, error) {
-		rc, err := src.Fetch(ctx, desc)
+		rc, start, err := openBlob(ctx, src, desc, offset)
 		if err != nil {
 			return nil, 0, err
-		}
-		start := int64(0)
-		if s, ok := rc.(io.Seeker); ok && offset > 0 {
-			// oras-go's blob reader turns a seek into an HTTP Range request when the registry supports it.
-			if _, err := s.Seek(offset, io.SeekStart); err == nil {
-				start = offset
-			}
 		}
 		f.running[i].Store(start)
 		return &countingReader{rc: rc, n: &f.running[i], fetched: c.m.fetchedBytes.Add, publish: f.publish}, start, nil

@@ -142,34 +142,38 @@ func (c *Cache) Acquire(owner string, manifest digest.Digest, sel Selector) (str
 	}
 	sel = sel.canonical()
 	start := time.Now()
-	var rec *manifestRecord
+	var md digest.Digest
 	var prev []byte
-	// Resolve and record the reference in one step under mu, so GC cannot evict the manifest in between.
+	// Resolve and record the reference in one step under mu, so GC cannot evict the manifest in between. Only
+	// the small state record is read and written: the manifest itself is read only to build a missing view.
 	c.mu.Lock()
 	err := c.db.Update(func(tx *bolt.Tx) error {
-		r, err := c.resolveTx(tx, manifest)
+		var err error
+		if md, err = resolveDigest(tx, manifest); err != nil {
+			return err
+		}
+		st, ok, err := stateOf(tx, md)
 		if err != nil {
 			return err
 		}
-		if r == nil || !r.Complete {
+		if !ok || !st.Complete {
 			return fmt.Errorf("manifest %s: %w (pull it first)", manifest, ErrNotFound)
 		}
-		rec = r
 		refs := tx.Bucket(bucketRefs)
 		if old := refs.Get([]byte(owner)); old != nil {
 			prev = append([]byte(nil), old...)
 		}
-		r.LastUsed = time.Now()
-		if err := putJSON(tx.Bucket(bucketManifests), string(r.Descriptor.Digest), r); err != nil {
+		st.LastUsed = time.Now()
+		if err := putJSON(tx.Bucket(bucketState), string(md), st); err != nil {
 			return err
 		}
-		return putJSON(refs, owner, refRecord{Manifest: r.Descriptor.Digest, Selector: sel, View: viewKey(r.Descriptor.Digest, sel), Since: time.Now()})
+		return putJSON(refs, owner, refRecord{Manifest: md, Selector: sel, View: viewKey(md, sel), Since: time.Now()})
 	})
 	c.mu.Unlock()
 	if err != nil {
 		return "", err
 	}
-	dir, err := c.ensureView(rec, sel)
+	dir, err := c.ensureView(md, sel)
 	if err != nil {
 		// Put the owner's previous reference back (or drop the new one).
 		c.db.Update(func(tx *bolt.Tx) error {
@@ -192,9 +196,9 @@ func (c *Cache) Release(owner string) error {
 	})
 }
 
-// ensureView returns the view directory, building it once.
-func (c *Cache) ensureView(rec *manifestRecord, sel Selector) (string, error) {
-	key := viewKey(rec.Descriptor.Digest, sel)
+// ensureView returns the view directory, building it once. The caller holds a reference on the manifest.
+func (c *Cache) ensureView(md digest.Digest, sel Selector) (string, error) {
+	key := viewKey(md, sel)
 	dir := c.viewDir(key)
 	if _, err := os.Lstat(dir); err == nil {
 		return dir, nil
@@ -202,6 +206,17 @@ func (c *Cache) ensureView(rec *manifestRecord, sel Selector) (string, error) {
 	_, err, _ := c.viewFlight.Do(key, func() (any, error) {
 		if _, err := os.Lstat(dir); err == nil {
 			return nil, nil
+		}
+		var rec *manifestRecord
+		if err := c.db.View(func(tx *bolt.Tx) error {
+			var err error
+			rec, err = c.manifest(tx, md)
+			return err
+		}); err != nil {
+			return nil, err
+		}
+		if rec == nil {
+			return nil, fmt.Errorf("manifest %s: %w", md, ErrNotFound)
 		}
 		return nil, c.buildView(rec, sel, dir)
 	})
