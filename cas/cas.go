@@ -222,7 +222,7 @@ func (s *Store) ingest(ctx context.Context, d digest.Digest, size int64, open Op
 		offset = 0
 	}
 	// Read one byte more than expected so an oversized source is caught rather than truncated.
-	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(ctxReader{ctx, rc}, size-offset+1))
+	n, err := io.Copy(io.MultiWriter(writeBehind(f, offset), h), io.LimitReader(ctxReader{ctx, rc}, size-offset+1))
 	if err != nil {
 		return fmt.Errorf("fetch %s: %w", d, err)
 	}
@@ -281,7 +281,7 @@ func (s *Store) Write(ctx context.Context, r io.Reader) (digest.Digest, int64, e
 		}
 	}()
 	digester := digest.Canonical.Digester()
-	n, err := io.Copy(io.MultiWriter(f, digester.Hash()), ctxReader{ctx, r})
+	n, err := io.Copy(io.MultiWriter(writeBehind(f, 0), digester.Hash()), ctxReader{ctx, r})
 	if err != nil {
 		return "", 0, err
 	}
