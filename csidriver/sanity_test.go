@@ -58,6 +58,9 @@ func waitSocket(t *testing.T, sock string) {
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
+// CleanupMounts is cleanupMounts for the package's external tests.
+var CleanupMounts = cleanupMounts
+
 // cleanupMounts unmounts anything a failed test left below dir.
 func cleanupMounts(t *testing.T, dir string) {
 	t.Cleanup(func() {
@@ -84,15 +87,24 @@ func cleanupMounts(t *testing.T, dir string) {
 // TestSanity runs the real csi-sanity against the driver, with real bind mounts.
 func TestSanity(t *testing.T) {
 	testenv.RequireRoot(t)
-	bin := testenv.Tool(t, "csi-sanity")
 	dir := t.TempDir()
 	cleanupMounts(t, dir)
 	b := newFakeBackend(filepath.Join(dir, "cache"))
 	b.push("registry.example.com/models/tiny:v1", "tiny model")
 	_, sock := startDriver(t, dir, b)
+	runSanity(t, dir, sock, "reference: registry.example.com/models/tiny:v1\nfilter: weights,config\n")
+}
 
+// RunSanity is runSanity for the package's external tests.
+var RunSanity = runSanity
+
+// runSanity runs csi-sanity against the driver on sock, with paramsYAML as the StorageClass parameters of the
+// volumes it creates, and requires 0 failures and skips only for capabilities the driver does not advertise.
+func runSanity(t *testing.T, dir, sock, paramsYAML string) {
+	t.Helper()
+	bin := testenv.Tool(t, "csi-sanity")
 	params := filepath.Join(dir, "params.yaml")
-	if err := os.WriteFile(params, []byte("reference: registry.example.com/models/tiny:v1\nfilter: weights,config\n"), 0o644); err != nil {
+	if err := os.WriteFile(params, []byte(paramsYAML), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	report := filepath.Join(dir, "junit.xml")
