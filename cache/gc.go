@@ -321,11 +321,12 @@ func (c *Cache) sweep(tx *bolt.Tx, s *snapshot, evict map[digest.Digest]bool, st
 		if !blobs[d] {
 			base := filepath.Join(c.root, "ingest", d.Algorithm().String()+"-"+d.Encoded())
 			if err := os.Remove(base + ".partial"); err == nil {
-				os.Remove(base + ".lock")
 				st.Partials++
+				delete(partials, d)
 			}
 		}
 	}
+	c.removeStaleLocks(partials, blobs)
 	for d := range s.layers {
 		if !layers[d] {
 			if err := c.trash(c.layerDir(d)); err != nil {
@@ -353,6 +354,31 @@ func (c *Cache) sweep(tx *bolt.Tx, s *snapshot, evict map[digest.Digest]bool, st
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// removeStaleLocks deletes the lock files cas leaves behind after each ingest: those of committed blobs (an ingest
+// returns before locking when the blob exists) and of blobs nothing needs. Locks of partial downloads and of
+// needed blobs not yet here are kept: an ingest may be about to take them. One process holds the cache.
+func (c *Cache) removeStaleLocks(partials map[digest.Digest]int64, needed map[digest.Digest]bool) {
+	dir := filepath.Join(c.root, "ingest")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), ".lock")
+		if !ok {
+			continue
+		}
+		alg, hex, _ := strings.Cut(name, "-")
+		d := digest.NewDigestFromEncoded(digest.Algorithm(alg), hex)
+		if _, busy := partials[d]; busy || d.Validate() != nil {
+			continue
+		}
+		if _, err := c.blobs.Stat(d); err == nil || !needed[d] {
+			os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
 }
 
 func users(s *snapshot, d digest.Digest, pulling map[digest.Digest]int) []string {
