@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -86,7 +87,10 @@ modelpack sign have none. With --policy, REF is checked as the node driver check
 				if err != nil {
 					return err
 				}
-				dec, err := signing.NewVerifier(p, ro).Verify(cmd.Context(), ref)
+				v := signing.NewVerifier(p, ro)
+				// The refusal is the command's error; only warn-rule failures are worth a log line here.
+				v.Log = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+				dec, err := v.Verify(cmd.Context(), ref)
 				if err != nil {
 					return err
 				}

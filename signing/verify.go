@@ -295,7 +295,10 @@ type fetchedBundle struct {
 	err    error
 }
 
-const bundleArtifactTypePrefix = "application/vnd.dev.sigstore.bundle"
+const (
+	bundleArtifactTypePrefix = "application/vnd.dev.sigstore.bundle"
+	emptyConfigMediaType     = "application/vnd.oci.empty.v1+json"
+)
 
 func sigstoreBundles(d name.Digest, c client) ([]fetchedBundle, error) {
 	idx, err := ociremote.Referrers(d, "", c.oci...)
@@ -304,10 +307,17 @@ func sigstoreBundles(d name.Digest, c client) ([]fetchedBundle, error) {
 	}
 	var out []fetchedBundle
 	for _, m := range idx.Manifests {
-		if !strings.HasPrefix(m.ArtifactType, bundleArtifactTypePrefix) {
+		advertised := strings.HasPrefix(m.ArtifactType, bundleArtifactTypePrefix)
+		// The referrers-tag fallback index go-containerregistry writes (registries without the referrers API,
+		// such as distribution 3.1) records the config media type, the empty config, instead of the artifact
+		// type: such entries are looked at, and skipped if they turn out not to be bundles.
+		if !advertised && m.ArtifactType != "" && m.ArtifactType != emptyConfigMediaType {
 			continue
 		}
 		b, err := ociremote.Bundle(d.Context().Digest(m.Digest.String()), c.oci...)
+		if err != nil && !advertised {
+			continue
+		}
 		out = append(out, fetchedBundle{digest: m.Digest.String(), bundle: b, err: err})
 	}
 	return out, nil
