@@ -114,9 +114,14 @@ func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Des
 	if err != nil {
 		return ocispec.Descriptor{}, err
 	}
-	layers, err := plan(dir, nodes, opts.LayerFormat, opts.Rules, mf.Rules)
+	layers, unused, err := plan(dir, nodes, opts.LayerFormat, opts.Rules, mf.Rules)
 	if err != nil {
 		return ocispec.Descriptor{}, err
+	}
+	for _, r := range unused {
+		if opts.Warn != nil {
+			opts.Warn(fmt.Sprintf("%s %s %q matches nothing in %s", r.Source, r.Kind, r.Pattern, dir))
+		}
 	}
 	model := inferModel(dir, layers, opts.Warn)
 	applyModelfile(&model, mf)
@@ -146,7 +151,7 @@ func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Des
 	for i := range layers {
 		g.Go(func() error {
 			l := &layers[i]
-			w := &layerWriter{plan: l, dir: dir, mtime: mtime, progress: opts.Progress}
+			w := &layerWriter{plan: l, mtime: mtime, progress: opts.Progress}
 			d, err := sink.AddBlob(gctx, artifact.LayerMediaType(l.kind, l.format), w.open)
 			if err != nil {
 				return fmt.Errorf("%s: %w", filepath.Join(dir, filepath.FromSlash(l.path)), err)
@@ -265,7 +270,6 @@ func annotations(l *layerPlan, mtime time.Time, diffID digest.Digest) (map[strin
 // layerWriter produces one layer's bytes each time the sink opens it.
 type layerWriter struct {
 	plan     *layerPlan
-	dir      string
 	mtime    time.Time
 	progress Progress
 

@@ -673,3 +673,34 @@ func TestFileChangedWhilePacking(t *testing.T) {
 		t.Fatalf("tagged after a failed pack: %v", entries)
 	}
 }
+
+// Flag rules override Modelfile rules, which override the defaults; a rule that matches nothing is warned about.
+func TestRules(t *testing.T) {
+	src := sampleModel(t)
+	os.WriteFile(filepath.Join(src, "Modelfile"), []byte("CODE README.md\nDATASET LICENSE\nDATASET nothing-*\nMODEL docs\n"), 0o644)
+	var warnings []string
+	s := openStore(t)
+	m, _ := readManifest(t, s, packInto(t, s, src, pack.Options{
+		Rules: []pack.Rule{{Kind: artifact.KindDoc, Pattern: "LICENSE", Source: "--kind"}},
+		Warn:  func(msg string) { warnings = append(warnings, msg) },
+	}))
+	kinds := map[string]string{}
+	for _, l := range m.Layers {
+		kinds[l.Annotations[artifact.AnnotationFilepath]] = l.MediaType
+	}
+	for p, want := range map[string]string{
+		"README.md": artifact.LayerMediaType(artifact.KindCode, artifact.FormatRaw),   // Modelfile over default
+		"LICENSE":   artifact.LayerMediaType(artifact.KindDoc, artifact.FormatRaw),    // flag over Modelfile
+		"docs":      artifact.LayerMediaType(artifact.KindWeight, artifact.FormatTar), // a directory rule: one uncompressed tar
+	} {
+		if kinds[p] != want {
+			t.Errorf("%s: %s, want %s", p, kinds[p], want)
+		}
+	}
+	if _, ok := kinds["Modelfile"]; ok {
+		t.Error("the Modelfile was packed")
+	}
+	if len(warnings) != 1 || !strings.Contains(warnings[0], `"nothing-*" matches nothing`) {
+		t.Errorf("warnings %q", warnings)
+	}
+}

@@ -173,9 +173,14 @@ func unwrapPathError(err error) error {
 //     whose kind is the kind most of them have.
 //
 // Flag rules override Modelfile rules; conflicting rules of one source, or a file claimed both on its own and as
-// part of a claimed directory, are duplicate layer paths.
-func plan(dir string, nodes []node, format artifact.Format, sources ...[]Rule) ([]layerPlan, error) {
+// part of a claimed directory, are duplicate layer paths. The rules that matched nothing are returned, since they
+// are usually typos.
+func plan(dir string, nodes []node, format artifact.Format, sources ...[]Rule) ([]layerPlan, []Rule, error) {
+	used := map[*Rule]bool{}
+	// match returns the rule of the first source that has one for rel. Every source is consulted, so a rule that
+	// is overridden is not reported as matching nothing, and a source that contradicts itself is an error.
 	match := func(rel string) (*Rule, error) {
+		var first *Rule
 		for _, rules := range sources {
 			var hit *Rule
 			for i := range rules {
@@ -183,6 +188,7 @@ func plan(dir string, nodes []node, format artifact.Format, sources ...[]Rule) (
 				if ok, _ := path.Match(r.Pattern, rel); !ok {
 					continue
 				}
+				used[r] = true
 				if hit != nil && hit.Kind != r.Kind {
 					return nil, badInput(filepath.Join(dir, rel), "duplicate layer path: %s makes it %s and %s makes it %s", hit.Source, hit.Kind, r.Source, r.Kind)
 				}
@@ -190,11 +196,11 @@ func plan(dir string, nodes []node, format artifact.Format, sources ...[]Rule) (
 					hit = r
 				}
 			}
-			if hit != nil {
-				return hit, nil
+			if first == nil {
+				first = hit
 			}
 		}
-		return nil, nil
+		return first, nil
 	}
 	dirFormat := format
 	if dirFormat == artifact.FormatRaw || dirFormat == "" {
@@ -209,10 +215,10 @@ func plan(dir string, nodes []node, format artifact.Format, sources ...[]Rule) (
 		if claimed != nil && strings.HasPrefix(n.rel, claimed.path+"/") {
 			r, err := match(n.rel)
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			if r != nil {
-				return nil, badInput(filepath.Join(dir, n.rel), "duplicate layer path: it is inside %s, packed whole by %s, and also matched by %s", claimed.path, claimedBy.Source, r.Source)
+				return nil, nil, badInput(filepath.Join(dir, n.rel), "duplicate layer path: it is inside %s, packed whole by %s, and also matched by %s", claimed.path, claimedBy.Source, r.Source)
 			}
 			claimed.nodes = append(claimed.nodes, n)
 			claimed.size += n.size
@@ -224,7 +230,7 @@ func plan(dir string, nodes []node, format artifact.Format, sources ...[]Rule) (
 		}
 		r, err := match(n.rel)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if n.dir {
 			if r != nil {
@@ -301,11 +307,19 @@ func plan(dir string, nodes []node, format artifact.Format, sources ...[]Rule) (
 	seen := map[string]bool{}
 	for _, l := range layers {
 		if seen[l.path] {
-			return nil, badInput(filepath.Join(dir, l.path), "duplicate layer path")
+			return nil, nil, badInput(filepath.Join(dir, l.path), "duplicate layer path")
 		}
 		seen[l.path] = true
 	}
-	return layers, nil
+	var unused []Rule
+	for _, rules := range sources {
+		for i := range rules {
+			if !used[&rules[i]] {
+				unused = append(unused, rules[i])
+			}
+		}
+	}
+	return layers, unused, nil
 }
 
 // majorityKind is the kind most files of a group have; ties go to the earlier kind in spec order.
