@@ -362,10 +362,11 @@ func checkClassic(ctx context.Context, a *authority, sig oci.Signature, h v1.Has
 				return &failure{ReasonTlog, "no transparency-log entry verifiable offline with the trust root's Rekor keys: " + err.Error()}
 			}
 		}
+		msg, _, _ := strings.Cut(err.Error(), ". Check your TUF root") // cosign's hint is about its public-good root
 		if a.keyless {
-			return &failure{ReasonUntrusted, err.Error()}
+			return &failure{ReasonUntrusted, msg}
 		}
-		return &failure{ReasonInvalid, err.Error()}
+		return &failure{ReasonInvalid, msg}
 	}
 	if err := cosign.SimpleClaimVerifier(sig, h, nil); err != nil {
 		return &failure{ReasonOtherDigest, fmt.Sprintf("a signature by %s names %s, not %s", a.desc, claimedDigest(sig), h)}

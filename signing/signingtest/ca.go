@@ -3,6 +3,7 @@
 package signingtest
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -45,20 +46,25 @@ func NewCA(t testing.TB, cn string) *CA {
 	return ca
 }
 
-// Leaf issues a code-signing certificate for email with issuer recorded as Fulcio records it.
+// Leaf issues a code-signing certificate for email with issuer recorded as Fulcio records it, and its key.
 func (ca *CA) Leaf(t testing.TB, email, issuer string) (*x509.Certificate, *ecdsa.PrivateKey) {
 	t.Helper()
 	k := NewKey(t)
+	return ca.Issue(t, &k.PublicKey, email, issuer), k
+}
+
+// Issue certifies pub as Fulcio would for an OIDC token of email from issuer.
+func (ca *CA) Issue(t testing.TB, pub crypto.PublicKey, email, issuer string) *x509.Certificate {
+	t.Helper()
 	v2, err := asn1.MarshalWithParams(issuer, "utf8")
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := issue(t, &x509.Certificate{
+	return issue(t, &x509.Certificate{
 		EmailAddresses: []string{email},
 		KeyUsage:       x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageCodeSigning},
 		ExtraExtensions: []pkix.Extension{{Id: OIDIssuerV1, Value: []byte(issuer)}, {Id: OIDIssuerV2, Value: v2}},
-	}, ca.Intermediate, ca.IntermediateKey, &k.PublicKey)
-	return c, k
+	}, ca.Intermediate, ca.IntermediateKey, pub)
 }
 
 // RootPEM is the root certificate alone, what a policy's certificateChain needs for classic signatures.
@@ -104,7 +110,7 @@ func WriteFile(t testing.TB, dir, name string, content []byte) string {
 
 var serial atomic.Int64
 
-func issue(t testing.TB, tmpl, parent *x509.Certificate, parentKey *ecdsa.PrivateKey, pub *ecdsa.PublicKey) *x509.Certificate {
+func issue(t testing.TB, tmpl, parent *x509.Certificate, parentKey *ecdsa.PrivateKey, pub crypto.PublicKey) *x509.Certificate {
 	t.Helper()
 	tmpl.SerialNumber = big.NewInt(serial.Add(1))
 	tmpl.NotBefore = time.Now().Add(-time.Hour)
