@@ -176,9 +176,13 @@ func (c *Cache) gcLocked(ctx context.Context, st *GCStats, remove *digest.Digest
 		return err
 	}
 	st.Before = u.Bytes
-	return c.db.Update(func(tx *bolt.Tx) error {
-		s, err := c.snapshot(tx)
-		if err != nil {
+	// Metadata first, files after its commit: a crash in between leaves files no record needs, which the next
+	// collection sweeps, never a record whose files are gone.
+	var s *snapshot
+	evict := map[digest.Digest]bool{}
+	err = c.db.Update(func(tx *bolt.Tx) error {
+		var err error
+		if s, err = c.snapshot(tx); err != nil {
 			return err
 		}
 		inUse := map[digest.Digest]bool{}
@@ -188,7 +192,6 @@ func (c *Cache) gcLocked(ctx context.Context, st *GCStats, remove *digest.Digest
 		for d := range c.pulling {
 			inUse[d] = true
 		}
-		evict := map[digest.Digest]bool{}
 		if remove != nil {
 			target := *remove
 			if ix, ok := s.indexes[target]; ok {
@@ -225,8 +228,20 @@ func (c *Cache) gcLocked(ctx context.Context, st *GCStats, remove *digest.Digest
 			}
 		}
 		sort.Slice(st.Evicted, func(i, j int) bool { return st.Evicted[i] < st.Evicted[j] })
-		return c.sweep(tx, s, evict, st)
+		_, layers := s.needs(func(m *manifestRecord) bool { return !evict[m.Descriptor.Digest] })
+		for d := range s.layers {
+			if !layers[d] {
+				if err := tx.Bucket(bucketLayers).Delete([]byte(d)); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
 	})
+	if err != nil {
+		return err
+	}
+	return c.sweep(s, evict, st)
 }
 
 // chooseEvictions picks LRU victims among unused manifests until what remains fits MaxBytes. A victim frees the
@@ -290,8 +305,9 @@ func (c *Cache) chooseEvictions(s *snapshot, u Usage, inUse, evict map[digest.Di
 }
 
 // sweep deletes what no kept manifest needs: blobs, extracted layers, partial downloads and the views of evicted
-// or vanished manifests.
-func (c *Cache) sweep(tx *bolt.Tx, s *snapshot, evict map[digest.Digest]bool, st *GCStats) error {
+// or vanished manifests. It runs under c.mu, so no pull can start needing something between the snapshot and
+// the deletions.
+func (c *Cache) sweep(s *snapshot, evict map[digest.Digest]bool, st *GCStats) error {
 	blobs, layers := s.needs(func(m *manifestRecord) bool { return !evict[m.Descriptor.Digest] })
 	kept := map[string]bool{}
 	for _, m := range s.manifests {
@@ -327,14 +343,15 @@ func (c *Cache) sweep(tx *bolt.Tx, s *snapshot, evict map[digest.Digest]bool, st
 		}
 	}
 	c.removeStaleLocks(partials, blobs)
-	for d := range s.layers {
-		if !layers[d] {
+	extracted, err := os.ReadDir(filepath.Join(c.root, "layers", "sha256"))
+	if err != nil {
+		return err
+	}
+	for _, e := range extracted {
+		if d := digest.NewDigestFromEncoded(digest.SHA256, e.Name()); !layers[d] {
 			if err := c.trash(c.layerDir(d)); err != nil {
 				errs = append(errs, err)
 				continue
-			}
-			if err := tx.Bucket(bucketLayers).Delete([]byte(d)); err != nil {
-				return err
 			}
 			st.Layers++
 		}

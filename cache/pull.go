@@ -347,8 +347,9 @@ func (c *Cache) beginPull(rec *manifestRecord) error {
 		if err != nil {
 			return err
 		}
-		if old != nil && !old.PulledAt.IsZero() {
-			rec.PulledAt = old.PulledAt
+		if old != nil {
+			// Pulled again (through another index): what is complete stays usable meanwhile.
+			rec.PulledAt, rec.Complete = old.PulledAt, old.Complete
 		}
 		return putManifest(tx, rec)
 	})
