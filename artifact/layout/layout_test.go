@@ -355,9 +355,15 @@ func TestOrasCLIPull(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// oras copy reads the store as a layout and pushes to a registry, from which oras pull writes the files too.
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	if b, err := exec.Command(orasBin, "copy", "--from-oci-layout-path", s.Root(), "org/model:v1", "--to-plain-http", reg.Host+"/copied/model:v1").CombinedOutput(); err != nil {
+		t.Fatalf("oras copy from the store: %v\n%s", err, b)
+	}
 	for name, args := range map[string][]string{
-		"by reference": {"pull", "--oci-layout-path", s.Root(), "org/model:v1"},
-		"by digest":    {"pull", "--oci-layout", s.Root() + "@" + desc.Digest.String()},
+		"by reference":       {"pull", "--oci-layout-path", s.Root(), "org/model:v1"},
+		"by digest":          {"pull", "--oci-layout", s.Root() + "@" + desc.Digest.String()},
+		"copied to registry": {"pull", "--plain-http", reg.Host + "/copied/model:v1"},
 	} {
 		out := t.TempDir()
 		cmd := exec.Command(orasBin, append(args, "-o", out)...)
