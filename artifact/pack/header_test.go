@@ -2,11 +2,19 @@ package pack
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	digest "github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/modelpack/modelpack/artifact"
 )
 
 // safetensorsBytes builds a safetensors file with the given tensors (name → dtype, shape) and zeroed data.
@@ -225,4 +233,77 @@ func checkInfo(t *testing.T, info *weightInfo) {
 	}
 	_ = FormatParamSize(info.params)
 	_ = dominant(info.byPrecision)
+}
+
+// memSink keeps blobs in memory.
+type memSink struct{ blobs map[string][]byte }
+
+func (m *memSink) AddBlob(_ context.Context, mt string, open func() (io.ReadCloser, error)) (ocispec.Descriptor, error) {
+	rc, err := open()
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	d := digest.FromBytes(b)
+	m.blobs[d.String()] = b
+	return ocispec.Descriptor{MediaType: mt, Digest: d, Size: int64(len(b))}, nil
+}
+
+func (m *memSink) Commit(_ context.Context, d ocispec.Descriptor, b []byte, _ string) error {
+	m.blobs[d.Digest.String()] = b
+	return nil
+}
+
+func TestGGUFModelConfig(t *testing.T) {
+	dir := t.TempDir()
+	file := ggufBytes("qwen2", "Qwen2 Tiny", 7, []ggufTensor{ // Q8_0 file type
+		{"tok_embd", []uint64{1000, 1500}, 8}, // Q8_0
+		{"output_norm", []uint64{1000}, 0},    // F32
+	})
+	if err := os.WriteFile(filepath.Join(dir, "qwen2-tiny-q8_0.gguf"), file, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sink := &memSink{blobs: map[string][]byte{}}
+	desc, err := Pack(context.Background(), dir, Options{}, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m ocispec.Manifest
+	json.Unmarshal(sink.blobs[desc.Digest.String()], &m)
+	var cfg artifact.Model
+	if err := json.Unmarshal(sink.blobs[m.Config.Digest.String()], &cfg); err != nil {
+		t.Fatal(err)
+	}
+	c := cfg.Config
+	if c.Format != "gguf" || c.ParamSize != "1.5M" || c.Quantization != "Q8_0" || c.Precision != "" || c.Architecture != "transformer" ||
+		cfg.Descriptor.Family != "qwen2" || cfg.Descriptor.Name != "Qwen2 Tiny" {
+		t.Fatalf("config %+v descriptor %+v", c, cfg.Descriptor)
+	}
+	if len(m.Layers) != 1 || m.Layers[0].MediaType != artifact.LayerMediaType(artifact.KindWeight, artifact.FormatRaw) {
+		t.Fatalf("layers %+v", m.Layers)
+	}
+}
+
+// A weight file whose header cannot be parsed does not stop the pack; it is reported, and no count is guessed.
+func TestUnparsableHeaderWarns(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "model.safetensors"), []byte("not a safetensors file"), 0o644)
+	var warned []string
+	sink := &memSink{blobs: map[string][]byte{}}
+	desc, err := Pack(context.Background(), dir, Options{Warn: func(s string) { warned = append(warned, s) }}, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(warned) != 1 || !strings.Contains(warned[0], "model.safetensors: cannot read safetensors header") {
+		t.Fatalf("warnings %q", warned)
+	}
+	var m ocispec.Manifest
+	json.Unmarshal(sink.blobs[desc.Digest.String()], &m)
+	if cfg := string(sink.blobs[m.Config.Digest.String()]); strings.Contains(cfg, "paramSize") || !strings.Contains(cfg, `"format":"safetensors"`) {
+		t.Fatalf("config %s", cfg)
+	}
 }
