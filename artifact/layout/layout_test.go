@@ -420,3 +420,39 @@ func fetchManifest(t *testing.T, s content.Fetcher, d ocispec.Descriptor) ocispe
 	}
 	return m
 }
+
+// A layout written by oras names its entries with bare tags; the store reads and removes them as they are.
+func TestForeignLayout(t *testing.T) {
+	ctx := context.Background()
+	dir := filepath.Join(t.TempDir(), "oras-layout")
+	o, err := oci.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blob := []byte("hello")
+	layer := ocispec.Descriptor{MediaType: "text/plain", Digest: digest.FromBytes(blob), Size: int64(len(blob)), Annotations: map[string]string{ocispec.AnnotationTitle: "hello.txt"}}
+	if err := o.Push(ctx, layer, bytes.NewReader(blob)); err != nil {
+		t.Fatal(err)
+	}
+	desc, err := oras.PackManifest(ctx, o, oras.PackManifestVersion1_1, "application/vnd.test", oras.PackManifestOptions{Layers: []ocispec.Descriptor{layer}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Tag(ctx, desc, "v1"); err != nil {
+		t.Fatal(err)
+	}
+	s, err := layout.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if got, err := s.Resolve(ctx, "v1"); err != nil || got.Digest != desc.Digest {
+		t.Fatalf("Resolve(v1) = %v, %v", got, err)
+	}
+	if err := s.Untag(ctx, "v1"); err != nil {
+		t.Fatal(err)
+	}
+	if entries, _ := s.List(); len(entries) != 0 {
+		t.Fatalf("entries after untag: %v", entries)
+	}
+}

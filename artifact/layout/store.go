@@ -269,6 +269,12 @@ func (s *Store) Resolve(ctx context.Context, reference string) (ocispec.Descript
 	if err != nil {
 		return ocispec.Descriptor{}, err
 	}
+	// A layout written by another tool may name entries with bare tags ("v1"): an exact match comes first.
+	for _, d := range idx.Manifests {
+		if d.Annotations[ocispec.AnnotationRefName] == reference {
+			return plain(d), nil
+		}
+	}
 	dgst, err := digest.Parse(reference)
 	if err != nil {
 		ref, perr := ParseReference(reference)
@@ -305,24 +311,31 @@ func (s *Store) Resolve(ctx context.Context, reference string) (ocispec.Descript
 	return desc, nil
 }
 
-// Untag removes a tag. The content stays until Prune.
+// Untag removes a tag: an entry named exactly reference (as in layouts other tools wrote), else its canonical
+// form. The content stays until Prune.
 func (s *Store) Untag(ctx context.Context, reference string) error {
 	ref, err := ParseReference(reference)
-	if err != nil {
+	if err != nil && !s.hasEntry(reference) {
 		return err
 	}
 	return s.updateIndex(func(idx *ocispec.Index) error {
+		name := ref
+		for _, d := range idx.Manifests {
+			if d.Annotations[ocispec.AnnotationRefName] == reference {
+				name = reference
+			}
+		}
 		keep := idx.Manifests[:0]
 		found := false
 		for _, d := range idx.Manifests {
-			if d.Annotations[ocispec.AnnotationRefName] == ref {
+			if d.Annotations[ocispec.AnnotationRefName] == name {
 				found = true
 				continue
 			}
 			keep = append(keep, d)
 		}
 		if !found {
-			return fmt.Errorf("%s: %w", ref, errdef.ErrNotFound)
+			return fmt.Errorf("%s: %w", name, errdef.ErrNotFound)
 		}
 		idx.Manifests = keep
 		return nil
@@ -359,6 +372,19 @@ func (s *Store) Predecessors(ctx context.Context, node ocispec.Descriptor) ([]oc
 		}
 	}
 	return out, nil
+}
+
+func (s *Store) hasEntry(reference string) bool {
+	idx, err := s.readIndex()
+	if err != nil {
+		return false
+	}
+	for _, d := range idx.Manifests {
+		if d.Annotations[ocispec.AnnotationRefName] == reference {
+			return true
+		}
+	}
+	return false
 }
 
 // Tags lists the references in lexical order after last (registry.TagLister).
