@@ -704,3 +704,91 @@ func TestRules(t *testing.T) {
 		t.Errorf("warnings %q", warnings)
 	}
 }
+
+// stallAfter writes a marker file and blocks once n bytes have been read, so the test can kill the pack mid-way.
+type stallAfter struct {
+	n      int64
+	marker string
+	read   int64
+}
+
+func (s *stallAfter) Start(int64) {}
+func (s *stallAfter) Add(n int64) {
+	s.read += n
+	if s.read >= s.n {
+		os.WriteFile(s.marker, nil, 0o644)
+		time.Sleep(time.Minute)
+	}
+}
+
+// A pack killed half-way (SIGKILL: no cleanup runs) leaves no tag, and every blob under its final name is complete
+// and correct; prune then removes what it left.
+func TestInterruptedPack(t *testing.T) {
+	if os.Getenv("PACK_TEST_CHILD") == "interrupted" {
+		s, err := layout.Open(os.Getenv("PACK_TEST_STORE"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := &stallAfter{n: 5 << 20, marker: os.Getenv("PACK_TEST_OUT")}
+		pack.Pack(context.Background(), os.Getenv("PACK_TEST_DIR"), pack.Options{Tag: "x:y", Concurrency: 1, Progress: p}, s.Sink())
+		return
+	}
+	base := t.TempDir()
+	dir, store, marker := filepath.Join(base, "model"), filepath.Join(base, "store"), filepath.Join(base, "marker")
+	if err := testmodel.Generate(dir, testmodel.Spec{Shards: 3, ShardSize: 4 << 20, Seed: 7}); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestInterruptedPack$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "PACK_TEST_CHILD=interrupted", "PACK_TEST_STORE="+store, "PACK_TEST_DIR="+dir, "PACK_TEST_OUT="+marker)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if _, err := os.Stat(marker); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatal("the child pack never got going")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+
+	s, err := layout.Open(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if entries, _ := s.List(); len(entries) != 0 {
+		t.Fatalf("tag after an interrupted pack: %v", entries)
+	}
+	blobs, err := s.Blobs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	err = blobs.Walk(func(d digest.Digest, _ int64) error {
+		n++
+		return blobs.Verify(d)
+	})
+	if err != nil {
+		t.Fatalf("corrupt blob after an interrupted pack: %v", err)
+	}
+	if n == 0 {
+		t.Fatal("the child wrote no blob before it was killed: the test proves nothing")
+	}
+	leftovers, _ := os.ReadDir(filepath.Join(store, "ingest"))
+	if len(leftovers) == 0 {
+		t.Fatal("no partial write was interrupted: the test proves nothing")
+	}
+	s.Close()
+	if st, err := s.Prune(context.Background()); err != nil || st.Blobs != n {
+		t.Fatalf("prune: %+v %v, want %d blobs", st, err, n)
+	}
+	if leftovers, _ := os.ReadDir(filepath.Join(store, "ingest")); len(leftovers) != 0 {
+		t.Fatalf("prune left %d temporaries", len(leftovers))
+	}
+}
