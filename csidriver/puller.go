@@ -137,17 +137,12 @@ func (p *puller) wait(ctx context.Context, j *pullJob) (digest.Digest, error) {
 	return "", status.Error(codes.Aborted, j.describe()+"; the pull continues in the background and a retry will join it")
 }
 
-// waitBudget keeps a margin before the caller's deadline so the ABORTED answer reaches it in time: a quarter of
-// the time left, at most 5 s.
+// waitBudget keeps a margin before the caller's deadline for the answer to reach it in time and, when the pull
+// ends just before the budget does, for the view and the mount: a quarter of the time left but at least a second
+// (or half of a shorter deadline), and at most 5 s (kubelet allows about 2 minutes).
 func waitBudget(left time.Duration) time.Duration {
-	margin := left / 4
-	if margin > 5*time.Second {
-		margin = 5 * time.Second
-	}
-	if left-margin < 0 {
-		return 0
-	}
-	return left - margin
+	margin := min(max(left/4, min(left/2, time.Second)), 5*time.Second)
+	return max(left-margin, 0)
 }
 
 // inFlight is the number of running pulls.

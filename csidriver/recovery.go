@@ -26,6 +26,7 @@ func (d *Driver) recover(ctx context.Context) {
 		d.unlockTarget(vol.TargetPath)
 	}
 	d.releaseOrphanViews()
+	d.forgetEvictedImages()
 	for _, p := range st.Pulls {
 		dgst, err := digest.Parse(p.Digest)
 		if err != nil {
@@ -62,6 +63,29 @@ func (d *Driver) releaseOrphanViews() {
 		}
 		d.m.collected.WithLabelValues("orphaned_view").Inc()
 		d.log.Info("released orphaned view hold", "owner", o)
+	}
+}
+
+// forgetEvictedImages drops what references resolved to when the cache no longer holds the content, so the records
+// do not grow without bound as models come and go.
+func (d *Driver) forgetEvictedImages() {
+	var gone []string
+	for key, img := range d.state.Snapshot().Images {
+		if !d.backend.Has(digest.Digest(img.Manifest)) {
+			gone = append(gone, key)
+		}
+	}
+	if len(gone) == 0 {
+		return
+	}
+	err := d.state.Update(func(st *state.State) error {
+		for _, key := range gone {
+			delete(st.Images, key)
+		}
+		return nil
+	})
+	if err != nil {
+		d.log.Error("forget evicted images", "error", err.Error())
 	}
 }
 

@@ -254,25 +254,26 @@ func TestDriverSlowRegistryAbortsThenJoins(t *testing.T) {
 	drvCleanupMounts(t, dir)
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
 	proxy := drvStartProxy(t, reg.Host)
-	weights := randomBytes(t, 6<<20)
+	weights := randomBytes(t, 8<<20)
 	model := drvModel{"model.safetensors": weights, "config.json": []byte("{}")}
 	drvPush(t, reg.Host, "models/slow", "v1", model, nil)
 	d := drvStart(t, filepath.Join(dir, "node"), proxy.Host)
 	node := d.node()
-	proxy.rate.Store(2 << 20) // 2 MiB/s: about 3 s for the weights
+	proxy.rate.Store(1 << 20) // 1 MiB/s: about 8 s for the weights
 
 	target := drvKubelet(t, dir, "pod-slow")
 	req := drvPublishReq("vol-slow", target, map[string]string{"reference": proxy.Host + "/models/slow:v1"})
 	start := time.Now()
-	err := drvPublish(node, req, 800*time.Millisecond)
+	const deadline = 2 * time.Second
+	err := drvPublish(node, req, deadline)
 	drvWantCode(t, err, codes.Aborted, "in progress")
-	if el := time.Since(start); el > 800*time.Millisecond {
+	if el := time.Since(start); el > deadline {
 		t.Fatalf("ABORTED arrived after the deadline (%v)", el)
 	}
 	t.Logf("first answer: %s", status.Convert(err).Message())
 	aborted := 1
 	for {
-		err := drvPublish(node, req, 800*time.Millisecond)
+		err := drvPublish(node, req, deadline)
 		if err == nil {
 			break
 		}
@@ -320,7 +321,7 @@ func TestDriverSIGKILLRecovery(t *testing.T) {
 	proxy.rate.Store(2 << 20)
 	big := drvKubelet(t, dir, "pod-big")
 	bigReq := drvPublishReq("vol-big", big, map[string]string{"reference": proxy.Host + "/models/big:v1"})
-	drvWantCode(t, drvPublish(node, bigReq, time.Second), codes.Aborted, "in progress")
+	drvWantCode(t, drvPublish(node, bigReq, 2*time.Second), codes.Aborted, "in progress")
 
 	d.kill()
 	// The kernel keeps the bind mounts: the running pod still reads its model.
