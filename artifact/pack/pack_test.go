@@ -23,6 +23,7 @@ import (
 	"github.com/modelpack/modelpack/artifact/layout"
 	"github.com/modelpack/modelpack/artifact/pack"
 	"github.com/modelpack/modelpack/artifact/schema"
+	"github.com/modelpack/modelpack/internal/testenv"
 	"github.com/modelpack/modelpack/internal/testmodel"
 )
 
@@ -486,10 +487,13 @@ func TestUnreadableFile(t *testing.T) {
 		return
 	}
 	base := t.TempDir()
+	// Let the unprivileged child traverse the directories the test framework made (0700); the system temp dir
+	// above them must already be open to all, as /tmp is.
 	os.Chmod(base, 0o777)
-	for p := base; p != "/"; p = filepath.Dir(p) {
-		if fi, err := os.Stat(p); err == nil && fi.Mode().Perm()&0o001 == 0 && os.Geteuid() == 0 {
-			os.Chmod(p, fi.Mode().Perm()|0o011) // let the unprivileged child traverse the temp dirs
+	os.Chmod(filepath.Dir(base), 0o711)
+	for p := filepath.Dir(filepath.Dir(base)); p != "/"; p = filepath.Dir(p) {
+		if fi, err := os.Stat(p); err != nil || fi.Mode().Perm()&0o001 == 0 {
+			testenv.Unavailable(t, "%s is not traversable by other users", p)
 		}
 	}
 	dir := filepath.Join(base, "model")
