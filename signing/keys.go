@@ -149,6 +149,12 @@ func GenerateKeyPair(prefix string, pass PassFunc, force bool) (keyPath, pubPath
 	if err != nil {
 		return "", "", err
 	}
+	// WriteFile keeps the mode of a file it overwrites; a private key must not stay readable by others.
+	for _, p := range []string{keyPath, pubPath} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return "", "", err
+		}
+	}
 	if err := os.WriteFile(keyPath, kb.PrivateBytes, 0o600); err != nil {
 		return "", "", err
 	}

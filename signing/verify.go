@@ -60,6 +60,8 @@ const (
 	verifiedTTL = time.Hour
 	deniedTTL   = 30 * time.Second
 	maxCached   = 4096
+	// checkTimeout bounds one signature check, which reads a few small manifests and blobs.
+	checkTimeout = 5 * time.Minute
 )
 
 // Verifier checks digests against the current policy.
@@ -186,8 +188,12 @@ func (v *Verifier) verdict(ctx context.Context, p *Policy, r *rule, d name.Diges
 	if ok && now.Before(c.expires) {
 		return c.v, nil
 	}
-	res, err, _ := v.flight.Do(key, func() (any, error) {
-		vd, err := v.check(ctx, r, d)
+	// The check outlives a caller whose deadline passes (kubelet gives a CSI call about two minutes): the retry
+	// joins it instead of starting over. checkTimeout bounds it instead.
+	ch := v.flight.DoChan(key, func() (any, error) {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), checkTimeout)
+		defer cancel()
+		vd, err := v.check(cctx, r, d)
 		if err != nil {
 			return vd, err
 		}
@@ -212,7 +218,12 @@ func (v *Verifier) verdict(ctx context.Context, p *Policy, r *rule, d name.Diges
 		v.mu.Unlock()
 		return vd, nil
 	})
-	return res.(verdict), err
+	select {
+	case res := <-ch:
+		return res.Val.(verdict), res.Err
+	case <-ctx.Done():
+		return verdict{}, ctx.Err()
+	}
 }
 
 // check fetches the digest's cosign signatures (the .sig tag) and, failing those, its Sigstore bundles

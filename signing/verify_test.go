@@ -441,3 +441,42 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// slowTransport delays every request, as a far or loaded registry does.
+type slowTransport struct {
+	countingTransport
+	delay time.Duration
+}
+
+func (s *slowTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	time.Sleep(s.delay)
+	return s.countingTransport.RoundTrip(r)
+}
+
+func TestVerifyOutlivesCallerDeadline(t *testing.T) {
+	host := startRegistry(t)
+	dir := t.TempDir()
+	key, pub := newKeys(t, dir, "k")
+	ref, _ := pushModel(t, host, "models/slow", "v1", "slow")
+	sign(t, ref, key)
+	tr := &slowTransport{delay: 150 * time.Millisecond}
+	v := NewVerifier(keyPolicy(t, Enforce, pub), RegistryOptions{Transport: tr})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := v.Verify(ctx, ref); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrDenied) {
+		t.Fatalf("want the caller's deadline, got %v", err)
+	}
+	// The retry joins the check still under way (or finds its verdict) instead of starting over.
+	if dec, err := v.Verify(context.Background(), ref); err != nil || !dec.Verified {
+		t.Fatal(dec, err)
+	}
+	first := len(tr.reset())
+	v2 := NewVerifier(keyPolicy(t, Enforce, pub), RegistryOptions{Transport: tr})
+	if dec, err := v2.Verify(context.Background(), ref); err != nil || !dec.Verified {
+		t.Fatal(dec, err)
+	}
+	if one := len(tr.reset()); first != one {
+		t.Fatalf("two calls made %d requests, one check makes %d", first, one)
+	}
+}
