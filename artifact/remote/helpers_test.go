@@ -216,6 +216,8 @@ type countingProxy struct {
 	onBytes    int64         // when a blob response has sent this many bytes...
 	fire       chan struct{} // ...this is closed (once)
 	fired      atomic.Bool
+	stallAfter int64 // the first blob response to send this many bytes then hangs until the client gives up
+	stalled    atomic.Bool
 	mu         sync.Mutex
 	failPaths  map[string]int // path substring -> responses to fail with 500
 	failedOnce map[string]int
@@ -230,7 +232,7 @@ func newCountingProxy(t testing.TB, target string) *countingProxy {
 	rp.FlushInterval = -1
 	rp.ModifyResponse = func(resp *http.Response) error {
 		if resp.Request.Method == http.MethodGet && strings.Contains(resp.Request.URL.Path, "/blobs/") {
-			resp.Body = &proxyBody{ReadCloser: resp.Body, p: p}
+			resp.Body = &proxyBody{ReadCloser: resp.Body, p: p, ctx: resp.Request.Context()}
 		}
 		return nil
 	}
@@ -261,6 +263,7 @@ func (p *countingProxy) host() string { return strings.TrimPrefix(p.srv.URL, "ht
 
 type proxyBody struct {
 	io.ReadCloser
+	ctx  context.Context
 	p    *countingProxy
 	sent int64
 	acc  int64
@@ -274,6 +277,10 @@ func (b *proxyBody) Read(q []byte) (int, error) {
 	if d := time.Duration(b.p.delay.Load()); d > 0 && b.acc >= 64<<10 {
 		time.Sleep(d)
 		b.acc = 0
+	}
+	if b.p.stallAfter > 0 && b.sent >= b.p.stallAfter && b.p.stalled.CompareAndSwap(false, true) {
+		<-b.ctx.Done()
+		return n, b.ctx.Err()
 	}
 	if b.p.onBytes > 0 && b.sent >= b.p.onBytes && b.p.fired.CompareAndSwap(false, true) {
 		close(b.p.fire)

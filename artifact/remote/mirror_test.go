@@ -112,9 +112,10 @@ func TestMirrorFirstThenOrigin(t *testing.T) {
 	}
 	m.checkFiles(t, dir)
 	nsMu.Lock()
-	defer nsMu.Unlock()
-	if len(nsSeen) == 0 || nsSeen[0] != origin.Host {
-		t.Fatalf("the mirror was not asked first with ns=%s: %v", origin.Host, nsSeen)
+	firstNS := append([]string(nil), nsSeen...)
+	nsMu.Unlock()
+	if len(firstNS) == 0 || firstNS[0] != origin.Host {
+		t.Fatalf("the mirror was not asked first with ns=%s: %v", origin.Host, firstNS)
 	}
 
 	// Once the mirror has it, the origin is not needed.

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -176,4 +178,51 @@ func TestPushRetriesFailedUploads(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.checkFiles(t, dir)
+}
+
+func TestStalledDownloadResumes(t *testing.T) {
+	old := stallTimeout
+	stallTimeout = 500 * time.Millisecond
+	t.Cleanup(func() { stallTimeout = old })
+	reg, opts := plainRegistry(t)
+	m := buildModel(t, 8<<20)
+	if _, err := Push(context.Background(), m.store, m.ref, repoFor(t, reg.Host+"/s/model:v1", opts), TransferOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := newCountingProxy(t, reg.Host)
+	p.stallAfter = 1 << 20
+	dir := t.TempDir()
+	start := time.Now()
+	if _, err := Fetch(context.Background(), repoFor(t, p.host()+"/s/model:v1", opts), dir, FetchOptions{}); err != nil {
+		t.Fatalf("fetch through a stalling connection: %v", err)
+	}
+	m.checkFiles(t, dir)
+	if !p.stalled.Load() || p.ranges.Load() == 0 {
+		t.Fatalf("stalled %v, range requests %d: the stall was not resumed with Range", p.stalled.Load(), p.ranges.Load())
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Fatalf("fetch took %v: the stall was not detected", d)
+	}
+}
+
+func TestNoSpaceIsReported(t *testing.T) {
+	testenv.RequireRoot(t)
+	reg, opts := plainRegistry(t)
+	m := buildModel(t, 4<<20)
+	if _, err := Push(context.Background(), m.store, m.ref, repoFor(t, reg.Host+"/n/model:v1", opts), TransferOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", dir).CombinedOutput(); err != nil {
+		testenv.Unavailable(t, "cannot mount a tmpfs: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", dir).Run() })
+	_, err := Fetch(context.Background(), repoFor(t, reg.Host+"/n/model:v1", opts), dir, FetchOptions{})
+	if Classify(err) != ErrNoSpace || !strings.Contains(err.Error(), "disk full") {
+		t.Fatalf("fetch into a full disk: %v, want ErrNoSpace", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "model-00001-of-00002.safetensors")); !os.IsNotExist(err) {
+		t.Fatalf("a partial file is under its final name: %v", err)
+	}
+	assertNoStaging(t, dir)
 }

@@ -18,9 +18,6 @@ import (
 const (
 	baseTimeout = 2 * time.Minute
 	minRate     = 1 << 20 // bytes per second below which an attempt is abandoned
-	// stallTimeout abandons a read that delivered nothing for this long; the transfer then resumes on a new
-	// connection from where it stopped.
-	stallTimeout = time.Minute
 	// maxFailures is how many consecutive attempts may fail without a byte of progress before giving up; with
 	// the backoff below they span about half a minute, enough for a registry restart or a connection blip.
 	maxFailures = 8
@@ -29,6 +26,10 @@ const (
 	// maxPushAttempts is how many times an upload that cannot resume is started.
 	maxPushAttempts = 5
 )
+
+// stallTimeout abandons a read that delivered nothing for this long; the transfer then resumes on a new connection
+// from where it stopped. A variable so tests can shorten it.
+var stallTimeout = time.Minute
 
 // attemptTimeout is the time limit of one attempt to move n bytes.
 func attemptTimeout(n int64) time.Duration {
