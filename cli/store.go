@@ -64,20 +64,12 @@ type artifactInfo struct {
 
 // loadArtifact reads a stored manifest and, for a model, its config.
 func loadArtifact(ctx context.Context, store *layout.Store, ref string) (*artifactInfo, error) {
-	desc, err := store.Resolve(ctx, ref)
+	desc, m, err := store.Manifest(ctx, ref)
 	if err != nil {
+		if desc.MediaType == ocispec.MediaTypeImageIndex || desc.MediaType == "application/vnd.docker.distribution.manifest.list.v2+json" {
+			return &artifactInfo{Reference: ref, Descriptor: desc, Size: desc.Size}, nil // an index: no layers to show
+		}
 		return nil, err
-	}
-	if desc.MediaType != ocispec.MediaTypeImageManifest && desc.MediaType != "application/vnd.docker.distribution.manifest.v2+json" {
-		return &artifactInfo{Reference: ref, Descriptor: desc, Size: desc.Size}, nil
-	}
-	b, err := content.FetchAll(ctx, store, desc)
-	if err != nil {
-		return nil, err
-	}
-	var m ocispec.Manifest
-	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, fmt.Errorf("manifest %s: %w", desc.Digest, err)
 	}
 	info := &artifactInfo{Reference: ref, Descriptor: desc, Manifest: &m, Size: desc.Size + m.Config.Size}
 	for _, l := range m.Layers {

@@ -421,7 +421,33 @@ func (s *Store) List() ([]Entry, error) {
 	return out, nil
 }
 
-// ReadManifest fetches and decodes a manifest (or the fields an index shares with it).
+// Manifest resolves reference and decodes the image manifest it names. An index (a multi-platform image) is an
+// error: pick a platform's manifest by digest.
+func (s *Store) Manifest(ctx context.Context, reference string) (ocispec.Descriptor, ocispec.Manifest, error) {
+	desc, err := s.Resolve(ctx, reference)
+	if err != nil {
+		return desc, ocispec.Manifest{}, err
+	}
+	switch desc.MediaType {
+	case ocispec.MediaTypeImageManifest, "application/vnd.docker.distribution.manifest.v2+json":
+	default:
+		return desc, ocispec.Manifest{}, fmt.Errorf("%s is a %s, not an image manifest", reference, desc.MediaType)
+	}
+	if desc.Size > maxManifestSize {
+		return desc, ocispec.Manifest{}, fmt.Errorf("manifest %s: %d bytes: %w", desc.Digest, desc.Size, errdef.ErrSizeExceedsLimit)
+	}
+	b, err := content.FetchAll(ctx, s, desc)
+	if err != nil {
+		return desc, ocispec.Manifest{}, err
+	}
+	var m ocispec.Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return desc, ocispec.Manifest{}, fmt.Errorf("manifest %s: %w", desc.Digest, err)
+	}
+	return desc, m, nil
+}
+
+// readManifest fetches and decodes a manifest (or the fields an index shares with it).
 func (s *Store) readManifest(desc ocispec.Descriptor) (*manifestish, error) {
 	if desc.Size > maxManifestSize {
 		return nil, fmt.Errorf("manifest %s: %d bytes exceeds %d: %w", desc.Digest, desc.Size, maxManifestSize, errdef.ErrSizeExceedsLimit)
