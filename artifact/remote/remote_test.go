@@ -2,15 +2,23 @@ package remote
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
+	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/cas"
 	"github.com/modelpack/modelpack/internal/testenv"
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2"
+	"oras.land/oras-go/v2/registry/remote/errcode"
 )
 
 func TestPushPullFetchRoundTrip(t *testing.T) {
@@ -214,4 +222,68 @@ func TestOneMissingLayerDoesNotStopTheOthers(t *testing.T) {
 	}
 }
 
-var _ = ocispec.Descriptor{}
+func TestCopyWithReferrers(t *testing.T) {
+	ctx := context.Background()
+	reg, opts := plainRegistry(t)
+	reg2, _ := plainRegistry(t)
+	m := buildModel(t, 256<<10)
+	src := repoFor(t, reg.Host+"/sig/model:v1", opts)
+	if _, err := Push(ctx, m.store, m.ref, src, TransferOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Attach a signature-like artifact through the referrers API.
+	sig, err := oras.PackManifest(ctx, src, oras.PackManifestVersion1_1, "application/vnd.example.signature", oras.PackManifestOptions{
+		Subject: &m.desc,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := repoFor(t, reg2.Host+"/sig/model:v1", opts)
+	start := time.Now()
+	if _, err := Copy(ctx, src, dst, TransferOptions{Referrers: true}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("copy with referrers took %v", time.Since(start))
+	refs, err := dst.Predecessors(ctx, m.desc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(refs) != 1 || refs[0].Digest != sig.Digest {
+		t.Fatalf("referrers on the destination: %v, want the signature %s", refs, sig.Digest)
+	}
+}
+
+func TestClassify(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want error
+	}{
+		{&net.DNSError{Err: "no such host", Name: "nope.invalid", IsNotFound: true}, ErrUnavailable},
+		{fmt.Errorf("write: %w", syscall.ENOSPC), ErrNoSpace},
+		{fmt.Errorf("x: %w", cas.ErrDigestMismatch), ErrDigestMismatch},
+		{&errcode.ErrorResponse{StatusCode: http.StatusForbidden}, ErrForbidden},
+		{&errcode.ErrorResponse{StatusCode: http.StatusUnauthorized}, ErrUnauthorized},
+		{&errcode.ErrorResponse{StatusCode: http.StatusServiceUnavailable}, ErrUnavailable},
+		{x509.UnknownAuthorityError{}, ErrTLS},
+		{&Error{Kind: ErrNotOCI, Err: errors.New("x")}, ErrNotOCI},
+	} {
+		if got := Classify(c.err); got != c.want {
+			t.Errorf("Classify(%v) = %v, want %v", c.err, got, c.want)
+		}
+	}
+	if Classify(nil) != nil {
+		t.Error("Classify(nil) != nil")
+	}
+	other := errors.New("other")
+	if Classify(other) != other {
+		t.Error("an unknown error is not returned as is")
+	}
+	e := &Error{Op: "pull", Registry: "r.example", Repository: "m", Kind: ErrUnavailable,
+		Err: &net.DNSError{Err: "no such host", Name: "r.example", IsNotFound: true}}
+	if !strings.Contains(e.Error(), `unknown host "r.example"`) {
+		t.Errorf("unknown host message: %s", e)
+	}
+	if retryable(e) {
+		t.Error("an unknown host is retried")
+	}
+}
