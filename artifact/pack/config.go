@@ -39,11 +39,16 @@ func inferModel(dir string, layers []layerPlan, warn func(string)) artifact.Mode
 
 	total := &weightInfo{}
 	complete := m.Config.Format == "safetensors" || m.Config.Format == "gguf"
+	counted := map[string]bool{} // a file reached through a symlink too is counted once
 	for _, l := range layers {
 		if l.kind != artifact.KindWeight || l.format != artifact.FormatRaw || weightFormats[strings.ToLower(path.Ext(l.path))] != m.Config.Format {
 			continue
 		}
 		n := l.nodes[0]
+		if counted[n.src] {
+			continue
+		}
+		counted[n.src] = true
 		info, err := readWeightHeader(n.src, n.size)
 		if err != nil || info == nil {
 			complete = false

@@ -796,3 +796,49 @@ func TestInterruptedPack(t *testing.T) {
 		t.Fatalf("prune left %d temporaries", len(leftovers))
 	}
 }
+
+// A symlink to a file inside the model directory is packed as the file it points to.
+func TestSymlinkInside(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "model")
+	if err := testmodel.Generate(dir, testmodel.Small); err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(filepath.Join(dir, "alias"), 0o755)
+	if err := os.Symlink("../"+testmodel.ShardName(0, 2), filepath.Join(dir, "alias", "model.safetensors")); err != nil {
+		t.Fatal(err)
+	}
+	s := openStore(t)
+	plainParams := paramSize(t, dir+"-copy")
+	m, cfg := readManifest(t, s, packInto(t, s, dir, pack.Options{}))
+	var model artifact.Model
+	json.Unmarshal(cfg, &model)
+	if model.Config.ParamSize != plainParams {
+		t.Errorf("paramSize %q with the alias, %q without: a file reached twice was counted twice", model.Config.ParamSize, plainParams)
+	}
+	out := t.TempDir()
+	if err := pack.Unpack(context.Background(), s, m, out, pack.UnpackOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Lstat(filepath.Join(out, "alias", "model.safetensors"))
+	if err != nil || !fi.Mode().IsRegular() {
+		t.Fatalf("alias: %v %v", fi, err)
+	}
+	a, _ := os.ReadFile(filepath.Join(dir, testmodel.ShardName(0, 2)))
+	b, _ := os.ReadFile(filepath.Join(out, "alias", "model.safetensors"))
+	if !bytes.Equal(a, b) {
+		t.Fatal("alias content differs")
+	}
+}
+
+// paramSize packs a fresh copy of the small test model and returns its inferred paramSize.
+func paramSize(t *testing.T, dir string) string {
+	t.Helper()
+	if err := testmodel.Generate(dir, testmodel.Small); err != nil {
+		t.Fatal(err)
+	}
+	s := openStore(t)
+	_, cfg := readManifest(t, s, packInto(t, s, dir, pack.Options{}))
+	var m artifact.Model
+	json.Unmarshal(cfg, &m)
+	return m.Config.ParamSize
+}
