@@ -16,8 +16,9 @@ type Backend interface {
 	// Resolve asks the registry what ref (a parsed reference: host/repository[:tag|@digest]) points to now and
 	// returns the digest of the top-level manifest or index.
 	Resolve(ctx context.Context, ref string, creds Credentials) (digest.Digest, error)
-	// Has reports whether a manifest and everything it references are complete in the cache.
-	Has(manifest digest.Digest) bool
+	// Local returns the manifest to mount for d when d and everything it references are complete in the cache:
+	// d itself for a manifest, the node's platform's manifest for an index.
+	Local(d digest.Digest) (manifest digest.Digest, ok bool)
 	// Pull makes the content of dgst complete in the cache and returns the manifest to mount: dgst itself, or,
 	// for an index, the manifest matching platform ("" meaning the node's). It reports progress as it goes.
 	Pull(ctx context.Context, ref string, dgst digest.Digest, platform string, creds Credentials, progress func(Progress)) (digest.Digest, error)

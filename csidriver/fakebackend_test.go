@@ -55,10 +55,10 @@ func (f *fakeBackend) Resolve(ctx context.Context, ref string, creds Credentials
 	return d, nil
 }
 
-func (f *fakeBackend) Has(d digest.Digest) bool {
+func (f *fakeBackend) Local(d digest.Digest) (digest.Digest, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.pulled[d]
+	return d, f.pulled[d]
 }
 
 func (f *fakeBackend) Pull(ctx context.Context, ref string, d digest.Digest, platform string, creds Credentials, progress func(Progress)) (digest.Digest, error) {

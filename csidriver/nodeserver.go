@@ -333,7 +333,7 @@ func (d *Driver) ensureImage(ctx context.Context, a *Attributes, creds Credentia
 // localImage is what the reference last resolved to here, if that content is still complete in the cache. A
 // digest reference needs no record when it names a manifest the cache holds.
 func (d *Driver) localImage(a *Attributes) (image, bool) {
-	if rec, ok := d.state.Snapshot().Images[imageKey(a.Reference, a.Platform)]; ok && d.backend.Has(digest.Digest(rec.Manifest)) {
+	if rec, ok := d.state.Snapshot().Images[imageKey(a.Reference, a.Platform)]; ok && d.has(rec.Manifest) {
 		return image{Digest: rec.Digest, Manifest: rec.Manifest}, true
 	}
 	if a.IsDigest() {
@@ -341,8 +341,10 @@ func (d *Driver) localImage(a *Attributes) (image, bool) {
 		if img, ok := d.knownImage(dgst, a.Platform); ok {
 			return img, true
 		}
-		if a.Platform == "" && d.backend.Has(dgst) {
-			return image{Digest: dgst.String(), Manifest: dgst.String()}, true
+		if a.Platform == "" {
+			if m, ok := d.backend.Local(dgst); ok {
+				return image{Digest: dgst.String(), Manifest: m.String()}, true
+			}
 		}
 	}
 	return image{}, false
@@ -351,11 +353,17 @@ func (d *Driver) localImage(a *Attributes) (image, bool) {
 // knownImage finds content already pulled for dgst and platform under any reference.
 func (d *Driver) knownImage(dgst digest.Digest, platform string) (image, bool) {
 	for _, rec := range d.state.Snapshot().Images {
-		if rec.Digest == dgst.String() && rec.Platform == platform && d.backend.Has(digest.Digest(rec.Manifest)) {
+		if rec.Digest == dgst.String() && rec.Platform == platform && d.has(rec.Manifest) {
 			return image{Digest: rec.Digest, Manifest: rec.Manifest}, true
 		}
 	}
 	return image{}, false
+}
+
+// has reports whether a recorded manifest is still complete in the cache.
+func (d *Driver) has(manifest string) bool {
+	_, ok := d.backend.Local(digest.Digest(manifest))
+	return ok
 }
 
 func (d *Driver) recordImage(ref, platform string, img image) error {

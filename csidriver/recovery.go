@@ -71,7 +71,7 @@ func (d *Driver) releaseOrphanViews() {
 func (d *Driver) forgetEvictedImages() {
 	var gone []string
 	for key, img := range d.state.Snapshot().Images {
-		if !d.backend.Has(digest.Digest(img.Manifest)) {
+		if !d.has(img.Manifest) {
 			gone = append(gone, key)
 		}
 	}

@@ -98,8 +98,14 @@ func (b *Backend) Resolve(ctx context.Context, ref string, creds csidriver.Crede
 	return desc.Digest, nil
 }
 
-// Has reports whether the manifest or index is complete in the cache.
-func (b *Backend) Has(d digest.Digest) bool { return b.cache.Has(d) }
+// Local maps a complete manifest or index to the manifest to mount (the cache's platform for an index).
+func (b *Backend) Local(d digest.Digest) (digest.Digest, bool) {
+	desc, err := b.cache.Resolve(d)
+	if err != nil {
+		return "", false
+	}
+	return desc.Digest, true
+}
 
 // Pull pulls dgst into the cache. For an index and an explicit platform the manifest is chosen here, since the
 // cache narrows indexes to the node's platform.
