@@ -61,6 +61,10 @@ func sampleModel(t testing.TB) string {
 	if err := testmodel.WriteShard(filepath.Join(dir, "sub", "extra.safetensors"), 1024, 99); err != nil {
 		t.Fatal(err)
 	}
+	// A weight inside a directory whose other files are archived: the raw layer and the archive share a directory.
+	if err := testmodel.WriteShard(filepath.Join(dir, "src", "lib", "adapter.safetensors"), 2048, 98); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.Chmod(filepath.Join(dir, "src", "lib"), 0o750); err != nil {
 		t.Fatal(err)
 	}
