@@ -132,7 +132,8 @@ func Open(opts Options) (*Cache, error) {
 	if err != nil {
 		return nil, err
 	}
-	db, err := bolt.Open(filepath.Join(root, "meta.db"), 0o600, &bolt.Options{Timeout: opts.LockTimeout})
+	// The freelist is rebuilt at open rather than written on every commit: smaller, faster commits (as etcd does).
+	db, err := bolt.Open(filepath.Join(root, "meta.db"), 0o600, &bolt.Options{Timeout: opts.LockTimeout, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
 	if err != nil {
 		if errors.Is(err, bolt.ErrTimeout) {
 			return nil, fmt.Errorf("cache %s is held by another process (timed out after %s)", root, opts.LockTimeout)

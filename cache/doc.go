@@ -5,42 +5,53 @@
 //
 //	blobs/sha256/<hex>     verified blobs (package cas): manifests, configs, layers. A raw layer is the file itself.
 //	ingest/                resumable partial downloads (cas), kept across restarts
-//	layers/sha256/<hex>/   each tar layer extracted once (whiteouts kept as .wh.* marker files)
+//	layers/sha256/<hex>/   each tar layer extracted once (whiteouts kept as .wh.* marker files for the merge)
 //	views/<hex>[-<sel>]/   one read-only tree per manifest (and selector), assembled with hardlinks, shared by
 //	                       every volume of that manifest
-//	tmp/                   views and layers under construction, renamed into place when complete
-//	meta.db                bbolt: manifests, references (volumes and pins), last use
+//	tmp/, trash/           trees being built or deleted; emptied at Open
+//	meta.db                bbolt: manifests, their state and last use, the index→manifest choices, references
 //
 // The API:
 //
 //	func Open(opts Options) (*Cache, error)
-//	    Options{Root string; MaxBytes int64; Limits archive.Limits; Platform ocispec.Platform; PullLinger, ...}
-//	    Opens (creating) the cache and runs crash recovery: half-built views and interrupted extractions are
-//	    deleted, complete blobs and views and resumable partial downloads are kept.
+//	    Options{Root; MaxBytes; Limits archive.Limits; Platform; Concurrency; PullLinger; MinAge; LockTimeout}.
+//	    Opens (creating) the cache and runs crash recovery: half-built views and layers are deleted, complete
+//	    blobs and views and resumable partial downloads are kept. One process holds a root at a time.
 //	func (c *Cache) Close() error
 //	func (c *Cache) Pull(ctx, src oras.ReadOnlyTarget, desc ocispec.Descriptor, progress func(Progress)) (ocispec.Descriptor, error)
-//	    desc is a resolved manifest or index; an index is narrowed to Options.Platform. Returns the manifest
-//	    descriptor chosen. Every digest and size is verified; tar layers are extracted; hostile content is refused.
-//	    Concurrent Pulls of one digest share one transfer, and a Pull whose ctx ends leaves the transfer running
-//	    for Options.PullLinger so that a retry joins it (the CSI deadline pattern). Progress{Total, Done int64}.
-//	func (c *Cache) Has(d digest.Digest) bool                    // d is a manifest or an index digest, complete
+//	    desc is a resolved manifest or index (OCI or Docker v2); an index is narrowed to Options.Platform. Returns
+//	    the manifest descriptor chosen. Every digest and size is verified, tar layers are extracted, hostile
+//	    content is refused. Concurrent Pulls of one digest share one transfer; a Pull whose ctx ends returns, and
+//	    the transfer goes on for Options.PullLinger so that a retry joins it (the CSI deadline pattern). A partial
+//	    blob resumes with an HTTP Range (a *remote.Repository, a RangeFetcher, or a seekable reader).
+//	    Progress{Total, Done int64}; callbacks are serialised and never run after their Pull returned.
+//	func (c *Cache) Has(d digest.Digest) bool                            // a complete manifest, or index -> manifest
 //	func (c *Cache) Resolve(d digest.Digest) (ocispec.Descriptor, error) // manifest or index digest -> manifest
 //	func (c *Cache) Acquire(owner string, manifest digest.Digest, sel Selector) (viewDir string, err error)
-//	    Builds the view once per (manifest, selector) and records that owner (a volume id, or "pin:<name>") uses it.
-//	    An owner holds one reference; acquiring again with the same arguments is a no-op, with others it moves.
-//	func (c *Cache) Release(owner string) error                   // idempotent
+//	    Builds the view once per (manifest, selector) and records that owner (a volume id, or "pin:<name>") uses
+//	    it. An owner holds one reference: acquiring again with the same arguments is a no-op, with others it moves.
+//	    ErrNotFound if the manifest is not (completely) in the cache.
+//	func (c *Cache) Release(owner string) error                          // idempotent
 //	func (c *Cache) GC(ctx) (GCStats, error)
-//	    Evicts whole manifests, least recently used first, until usage is under MaxBytes; never one that a
-//	    reference or an in-flight pull uses. Deletes blobs, layers and views no kept manifest needs.
+//	    Evicts whole manifests, least recently used first, until usage is under MaxBytes; never one a reference
+//	    or a running pull uses, or one used within MinAge. Deletes blobs, layers, views and partials no kept
+//	    manifest needs. Safe concurrently with Pull and Acquire.
+//	func (c *Cache) Remove(d digest.Digest) error                        // ErrInUse while referenced or pulling
 //	func (c *Cache) List() ([]Entry, error)
 //	func (c *Cache) Refs() ([]Ref, error)
 //	func (c *Cache) Usage() (Usage, error)
-//	func (c *Cache) Verify(ctx) (VerifyReport, error)             // re-hashes every blob, checks layers and views
-//	func (c *Cache) Remove(manifest digest.Digest) error           // ErrInUse while referenced
+//	func (c *Cache) Verify(ctx) (VerifyReport, error)                    // re-hashes every blob; reports, no repair
+//	func (c *Cache) Collector() prometheus.Collector                     // metrics, for the caller to register
+//	func (c *Cache) Root() string; func (c *Cache) Blobs() *cas.Store
 //
 // Selector{Kinds []artifact.Kind; Include []string} narrows a view to some layer kinds and to files matching
 // globs ("*.safetensors", "tokenizer/**"); the zero Selector is the whole artifact.
 //
-// All state that must survive a crash is either in meta.db (written in transactions) or is a directory renamed
-// into place when complete, so the filesystem never holds a half-built view or layer under its final name.
+// Errors: ErrNotFound, ErrInUse, ErrTooLarge (manifest or config over 4 MiB), ErrUnsupported (media types,
+// schema 1, escaping file paths), ErrSizeMismatch and ErrDigestMismatch (= cas's), and archive.ErrUnsafePath,
+// ErrLinkEscape, ErrSpecialFile, ErrLimit from layer extraction.
+//
+// Crash safety: metadata is written in bbolt transactions; a view or layer directory appears under its final name
+// only by rename once complete; GC commits metadata before it deletes files. A SIGKILL at any point leaves a cache
+// that Open recovers, and a pull that resumes where it stopped.
 package cache
