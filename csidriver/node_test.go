@@ -324,3 +324,42 @@ func TestWaitBudget(t *testing.T) {
 		}
 	}
 }
+
+func TestVolumesOfVanishedPodsAreCollectedWhileRunning(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	cleanupMounts(t, dir)
+	b := newFakeBackend(filepath.Join(dir, "cache"))
+	b.push(testRef, "v1")
+	sock := filepath.Join(dir, "csi.sock")
+	d, err := New(Options{NodeID: "n", Endpoint: "unix://" + sock, StateDir: filepath.Join(dir, "state"), Backend: b,
+		Logger: discardLogger(), GCInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitSocket(t, sock)
+	node := nodeClient(t, sock)
+	target := podTarget(t, dir, "p")
+	if _, err := node.NodePublishVolume(context.Background(), publishReq("v", target, map[string]string{AttrReference: testRef})); err != nil {
+		t.Fatal(err)
+	}
+	// kubelet force-cleaned the pod without unpublishing (its mount is gone with the pod directory).
+	if err := syscall.Unmount(target, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(dir, "pods", "p")); err != nil {
+		t.Fatal(err)
+	}
+	for start := time.Now(); len(d.state.Snapshot().Volumes) != 0; time.Sleep(20 * time.Millisecond) {
+		if time.Since(start) > 5*time.Second {
+			t.Fatal("volume of a vanished pod not collected")
+		}
+	}
+	if n := b.Stats().Refs; n != 0 {
+		t.Fatalf("%d view holds left", n)
+	}
+}

@@ -421,3 +421,31 @@ func TestDriverErrorCodes(t *testing.T) {
 		t.Fatal("the driver logged the pull secret")
 	}
 }
+
+func TestDriverFullDiskIsResourceExhausted(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	drvCleanupMounts(t, dir)
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	drvPush(t, reg.Host, "models/huge", "v1", drvModel{"model.safetensors": randomBytes(t, 16<<20)}, nil)
+	// The node's cache disk: a 6 MiB filesystem for a 16 MiB model.
+	root := filepath.Join(dir, "node")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", root, "tmpfs", 0, "size=6m"); err != nil {
+		t.Fatal(err)
+	}
+	d := drvStart(t, root, reg.Host)
+	node := d.node()
+	target := drvKubelet(t, dir, "pod")
+	err := drvPublish(node, drvPublishReq("vol", target, map[string]string{"reference": reg.Host + "/models/huge:v1"}), time.Minute)
+	drvWantCode(t, err, codes.ResourceExhausted, "")
+	if n := d.metric("modelpack_csi_pull_errors_total", `code="ResourceExhausted"`); n != 1 {
+		t.Fatalf("pull error metric %v, want 1", n)
+	}
+	d.stop()
+	if err := syscall.Unmount(root, 0); err != nil {
+		t.Fatal(err)
+	}
+}
