@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -156,6 +157,12 @@ func (f *packFlags) options() (pack.Options, error) {
 		}
 	}
 	opts.Descriptor.Licenses, opts.Descriptor.Authors = f.licenses, f.authors
+	// The config schema wants absolute URIs: refuse others here rather than write an invalid config.
+	for flag, v := range map[string]string{"--source-url": f.desc.SourceURL, "--doc-url": f.desc.DocURL} {
+		if u, err := url.Parse(v); v != "" && (err != nil || !u.IsAbs()) {
+			return opts, fmt.Errorf("%s %q: want an absolute URL such as https://example.com/model", flag, v)
+		}
+	}
 	switch f.created {
 	case "":
 	case "now":

@@ -146,6 +146,7 @@ func TestCommandErrors(t *testing.T) {
 		"bad layer format":   {[]string{"pack", model, "-t", "m:v2", "--layer-format", "zip"}, `unknown layer format "zip"`},
 		"bad kind rule":      {[]string{"pack", model, "-t", "m:v2", "--kind", "weights=x"}, `unknown layer kind "weights"`},
 		"bad created":        {[]string{"pack", model, "-t", "m:v2", "--created", "yesterday"}, "--created"},
+		"relative URL":       {[]string{"pack", model, "-t", "m:v2", "--source-url", "github.com/x"}, `--source-url "github.com/x"`},
 		"unknown filter":     {[]string{"unpack", "m:v1", t.TempDir(), "--filter", "models"}, `unknown --filter value "models"`},
 		"bad include":        {[]string{"unpack", "m:v1", t.TempDir(), "--include", "["}, `--include "["`},
 		"unknown reference":  {[]string{"inspect", "m:v9"}, "m:v9: not found"},
