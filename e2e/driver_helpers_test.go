@@ -188,6 +188,12 @@ type drvProc struct {
 
 func drvStart(t *testing.T, root string, plainHTTP ...string) *drvProc {
 	t.Helper()
+	return drvStartWith(t, root, nil, plainHTTP...)
+}
+
+// drvStartWith starts the driver with extra flags.
+func drvStartWith(t *testing.T, root string, extra []string, plainHTTP ...string) *drvProc {
+	t.Helper()
 	testenv.RequireRoot(t)
 	bin := testenv.Modelpack(t)
 	if err := os.MkdirAll(root, 0o755); err != nil {
@@ -203,6 +209,7 @@ func drvStart(t *testing.T, root string, plainHTTP ...string) *drvProc {
 	p.args = []string{"csi-driver", "--endpoint", "unix://" + p.Sock, "--node-id", "e2e-node", "--root", root,
 		"--metrics-addr", p.Metrics, "--registry-config", dockerCfg, "--log-format", "text", "--log-level", "debug",
 		"--plain-http-registries", strings.Join(plainHTTP, ",")}
+	p.args = append(p.args, extra...)
 	p.cmd = nil
 	p.start(bin)
 	t.Cleanup(func() {

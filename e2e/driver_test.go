@@ -449,3 +449,50 @@ func TestDriverFullDiskIsResourceExhausted(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDriverRegistryMirror pulls through a mirror configured per registry in a containerd-style hosts directory,
+// and falls back to the origin when the mirror is down.
+func TestDriverRegistryMirror(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	drvCleanupMounts(t, dir)
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	mirror := drvStartProxy(t, reg.Host)
+	weights := randomBytes(t, 1<<20)
+	drvPush(t, reg.Host, "models/mirrored", "v1", drvModel{"model.safetensors": weights}, nil)
+	drvPush(t, reg.Host, "models/mirrored", "v2", drvModel{"model.safetensors": []byte("v2")}, nil)
+	// Pods name the model by its public name; the node knows where that registry and its mirror really are.
+	const public = "models.example.internal"
+	hosts := filepath.Join(dir, "hosts.d")
+	if err := os.MkdirAll(filepath.Join(hosts, public), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	toml := fmt.Sprintf("server = \"http://%s\"\n\n[host.\"http://%s\"]\n  capabilities = [\"pull\", \"resolve\"]\n", reg.Host, mirror.Host)
+	if err := os.WriteFile(filepath.Join(hosts, public, "hosts.toml"), []byte(toml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := drvStartWith(t, filepath.Join(dir, "node"), []string{"--hosts-dir", hosts})
+	node := d.node()
+
+	target := drvKubelet(t, dir, "pod-1")
+	if err := drvPublish(node, drvPublishReq("v1", target, map[string]string{"reference": public + "/models/mirrored:v1"}), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(target, "model.safetensors")); !bytes.Equal(got, weights) {
+		t.Fatal("weights differ from what was pushed")
+	}
+	if n := mirror.blobGetsOf(digestOf(weights)); n != 1 {
+		t.Fatalf("the mirror served the weights %d times, want 1", n)
+	}
+	drvUnpublish(t, node, "v1", target)
+
+	mirror.srv.Close()
+	target2 := drvKubelet(t, dir, "pod-2")
+	if err := drvPublish(node, drvPublishReq("v2", target2, map[string]string{"reference": public + "/models/mirrored:v2"}), time.Minute); err != nil {
+		t.Fatalf("with the mirror down: %v", err)
+	}
+	if got := drvRead(t, filepath.Join(target2, "model.safetensors")); got != "v2" {
+		t.Fatalf("weights: %q", got)
+	}
+	drvUnpublish(t, node, "v2", target2)
+}
