@@ -23,7 +23,7 @@ import (
 	"github.com/modelpack/modelpack/internal/testenv"
 )
 
-func smallModel(tag string) drvModel {
+func drvSmallModel(tag string) drvModel {
 	return drvModel{
 		"model.safetensors": []byte("weights of " + tag),
 		"config.json":       []byte(`{"tag":"` + tag + `"}`),
@@ -44,7 +44,7 @@ func TestDriverInlineAndStaticPV(t *testing.T) {
 	dir := t.TempDir()
 	drvCleanupMounts(t, dir)
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
-	drvPush(t, reg.Host, "models/tiny", "v1", smallModel("v1"), nil)
+	drvPush(t, reg.Host, "models/tiny", "v1", drvSmallModel("v1"), nil)
 	d := drvStart(t, filepath.Join(dir, "node"), reg.Host)
 	node := d.node()
 	ref := reg.Host + "/models/tiny:v1"
@@ -148,13 +148,13 @@ func TestDriverPullPolicyMatrix(t *testing.T) {
 		}
 	}
 
-	first := drvPush(t, reg.Host, "models/policy", "v1", smallModel("one"), nil)
+	first := drvPush(t, reg.Host, "models/policy", "v1", drvSmallModel("one"), nil)
 	_, err := publish(repo+":v1", "Never")
 	drvWantCode(t, err, codes.FailedPrecondition, "Never")
 
 	must(repo+":v1", "IfNotPresent", "one")
 	// The tag moves in the registry.
-	drvPush(t, reg.Host, "models/policy", "v1", smallModel("two"), nil)
+	drvPush(t, reg.Host, "models/policy", "v1", drvSmallModel("two"), nil)
 	before := proxy.manifestRequests()
 	must(repo+":v1", "IfNotPresent", "one")
 	must(repo+":v1", "Never", "one")
@@ -167,9 +167,9 @@ func TestDriverPullPolicyMatrix(t *testing.T) {
 	must(repo+"@"+first.String(), "Never", "one")
 
 	// :latest and no tag default to Always: each publish sees the tag's current content.
-	drvPush(t, reg.Host, "models/policy", "latest", smallModel("three"), nil)
+	drvPush(t, reg.Host, "models/policy", "latest", drvSmallModel("three"), nil)
 	must(repo+":latest", "", "three")
-	drvPush(t, reg.Host, "models/policy", "latest", smallModel("four"), nil)
+	drvPush(t, reg.Host, "models/policy", "latest", drvSmallModel("four"), nil)
 	must(repo+":latest", "", "four")
 	must(repo, "", "four")
 
@@ -187,7 +187,7 @@ func TestDriverConcurrentPodsShareOneDownloadAndView(t *testing.T) {
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
 	proxy := drvStartProxy(t, reg.Host)
 	weights := randomBytes(t, 4<<20)
-	model := smallModel("shared")
+	model := drvSmallModel("shared")
 	model["model.safetensors"] = weights
 	drvPush(t, reg.Host, "models/shared", "v1", model, nil)
 	d := drvStart(t, filepath.Join(dir, "node"), proxy.Host)
@@ -305,7 +305,7 @@ func TestDriverSIGKILLRecovery(t *testing.T) {
 	drvCleanupMounts(t, dir)
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
 	proxy := drvStartProxy(t, reg.Host)
-	drvPush(t, reg.Host, "models/small", "v1", smallModel("small"), nil)
+	drvPush(t, reg.Host, "models/small", "v1", drvSmallModel("small"), nil)
 	weights := randomBytes(t, 8<<20)
 	drvPush(t, reg.Host, "models/big", "v1", drvModel{"model.safetensors": weights}, nil)
 	d := drvStart(t, filepath.Join(dir, "node"), proxy.Host)
@@ -377,7 +377,7 @@ func TestDriverErrorCodes(t *testing.T) {
 	drvCleanupMounts(t, dir)
 	const htpasswd = "e2e:$2a$04$0VolbSl0.TW28FM1h47Wo.UonH/J9lu5n1xtU0R4LC0jPGN6wfZJC\n"
 	private := testenv.StartRegistry(t, testenv.RegistryOptions{Htpasswd: htpasswd})
-	drvPush(t, private.Host, "models/private", "v1", smallModel("private"), &auth.Credential{Username: "e2e", Password: "e2e-secret"})
+	drvPush(t, private.Host, "models/private", "v1", drvSmallModel("private"), &auth.Credential{Username: "e2e", Password: "e2e-secret"})
 	unreachable := testenv.FreeAddr(t)
 	d := drvStart(t, filepath.Join(dir, "node"), private.Host, unreachable)
 	node := d.node()
