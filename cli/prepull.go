@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	"github.com/modelpack/modelpack/prepull"
 )
@@ -139,7 +140,8 @@ func runPrepull(cmd *cobra.Command, g *Globals, f *prepullFlags, refs []string) 
 		if err := PrintJSON(cmd.OutOrStdout(), mine); err != nil {
 			return err
 		}
-	} else if !g.Quiet || f.detach {
+	} else if (!g.Quiet || f.detach) && !(g.ShowProgress() && !f.detach && isTerminal(cmd.OutOrStdout())) {
+		// On a terminal the live lines already end on the final state; a table would repeat them.
 		printEntries(cmd.OutOrStdout(), mine, false)
 	}
 	if f.detach {
@@ -258,7 +260,7 @@ func printEntries(w io.Writer, es []prepull.Entry, withList bool) {
 	if withList {
 		fmt.Fprint(tw, "LIST\t")
 	}
-	fmt.Fprintln(tw, "REFERENCE\tSTATE\tSIZE\tDIGEST")
+	fmt.Fprintln(tw, "REFERENCE\tSTATE\tSIZE\tDIGEST\tREASON")
 	for _, e := range es {
 		if withList {
 			fmt.Fprintf(tw, "%s\t", e.List)
@@ -271,9 +273,19 @@ func printEntries(w io.Writer, es []prepull.Entry, withList bool) {
 		if e.Digest != "" {
 			d = e.Digest.String()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", e.Ref, e.Status(), size, d)
+		// The reason goes last: registry errors are long and would stretch every column after them.
+		state := e.Status()
+		if e.State == prepull.StateFailed {
+			state = string(e.State)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", e.Ref, state, size, d, e.Error)
 	}
 	tw.Flush()
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
 }
 
 func prepullStatusCmd(g *Globals, f *prepullFlags) *cobra.Command {

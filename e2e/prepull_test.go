@@ -184,7 +184,7 @@ func TestPrepullCLI(t *testing.T) {
 	}
 
 	out, err = exec.Command(bin, "prepull", "status", "--socket", sock).Output()
-	if err != nil || !strings.Contains(string(out), "ready") || !strings.Contains(string(out), "failed: resolve:") {
+	if err != nil || !strings.Contains(string(out), "ready") || !strings.Contains(string(out), "failed") || !strings.Contains(string(out), "resolve:") {
 		t.Errorf("status: %v\n%s", err, out)
 	}
 	if out, err := exec.Command(bin, "prepull", "cancel", "--socket", sock, ref, badRef).CombinedOutput(); err != nil {
