@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/modelpack/modelpack/artifact/schema"
 	"github.com/modelpack/modelpack/internal/testmodel"
 )
 
@@ -162,5 +163,36 @@ func TestCommandErrors(t *testing.T) {
 	// Nothing but m:v1 was stored by the failed packs.
 	if ls := mustRun(t, home, "ls", "-q"); strings.Count(ls, "m:") != 1 {
 		t.Fatalf("ls after failed packs:\n%s", ls)
+	}
+}
+
+// Every descriptor and config flag ends up in a config that the ModelPack schema accepts.
+func TestPackFlagsGiveValidConfig(t *testing.T) {
+	home := filepath.Join(t.TempDir(), "home")
+	model := filepath.Join(t.TempDir(), "model")
+	if err := testmodel.Generate(model, testmodel.Small); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, home, "pack", model, "-t", "m:v1", "--name", "tiny", "--family", "llama3", "--model-version", "1.0",
+		"--vendor", "ACME", "--title", "Tiny", "--description", "a tiny model", "--source-url", "https://example.com/src",
+		"--doc-url", "https://example.com/doc", "--revision", "abc123", "--license", "Apache-2.0", "--license", "MIT",
+		"--author", "a@example.com", "--arch", "transformer", "--format", "safetensors", "--param-size", "1234567",
+		"--precision", "bf16", "--quantization", "awq", "--created", "2025-06-01T12:00:00Z")
+	var info struct {
+		Config json.RawMessage `json:"config"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, home, "inspect", "m:v1", "-o", "json")), &info); err != nil {
+		t.Fatal(err)
+	}
+	if err := schema.ValidateConfig(info.Config); err != nil {
+		t.Fatalf("%v\n%s", err, info.Config)
+	}
+	var compact bytes.Buffer
+	json.Compact(&compact, info.Config)
+	info.Config = compact.Bytes()
+	for _, want := range []string{`"paramSize":"1.2M"`, `"createdAt":"2025-06-01T12:00:00Z"`, `"licenses":["Apache-2.0","MIT"]`, `"name":"tiny"`, `"quantization":"awq"`} {
+		if !strings.Contains(string(info.Config), want) {
+			t.Errorf("config lacks %s: %s", want, info.Config)
+		}
 	}
 }
