@@ -155,7 +155,7 @@ func TestPublishUnpublishAndCodes(t *testing.T) {
 	req := publishReq("v", t2, attrs)
 	req.Secrets = map[string]string{"token": "s3cret"}
 	_, err = node.NodePublishVolume(ctx, req)
-	wantCode(t, err, codes.InvalidArgument, ".dockerconfigjson")
+	wantCode(t, err, codes.Unauthenticated, ".dockerconfigjson")
 	if strings.Contains(err.Error(), "s3cret") {
 		t.Fatal("secret value leaked into the error")
 	}

@@ -594,7 +594,8 @@ func (d *Driver) ensureMounted(vol state.Volume) error {
 	return d.putVolume(vol)
 }
 
-// credentialsFrom reads the nodePublishSecretRef secret; no secret means the node's own credentials.
+// credentialsFrom reads the nodePublishSecretRef secret; no secret means the node's own credentials. A secret that
+// is not a docker config is a bad credential (UNAUTHENTICATED), as the CSI spec treats bad secrets.
 func credentialsFrom(secrets map[string]string) (Credentials, error) {
 	if len(secrets) == 0 {
 		return Credentials{}, nil
@@ -605,7 +606,7 @@ func credentialsFrom(secrets map[string]string) (Credentials, error) {
 		for k := range secrets {
 			keys = append(keys, k)
 		}
-		return Credentials{}, status.Errorf(codes.InvalidArgument,
+		return Credentials{}, status.Errorf(codes.Unauthenticated,
 			"nodePublishSecretRef must be a kubernetes.io/dockerconfigjson secret with key %s (it has keys %s)", dockerConfigKey, strings.Join(keys, ", "))
 	}
 	var probe struct {
@@ -613,7 +614,7 @@ func credentialsFrom(secrets map[string]string) (Credentials, error) {
 	}
 	if err := json.Unmarshal([]byte(cfg), &probe); err != nil {
 		// The parse error could quote the secret: say only where it is.
-		return Credentials{}, status.Errorf(codes.InvalidArgument, "nodePublishSecretRef key %s is not valid JSON", dockerConfigKey)
+		return Credentials{}, status.Errorf(codes.Unauthenticated, "nodePublishSecretRef key %s is not valid JSON", dockerConfigKey)
 	}
 	return Credentials{DockerConfigJSON: []byte(cfg)}, nil
 }

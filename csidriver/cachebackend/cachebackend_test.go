@@ -1,0 +1,57 @@
+package cachebackend
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/modelpack/modelpack/artifact/remote"
+	"github.com/modelpack/modelpack/cache"
+	"github.com/modelpack/modelpack/csidriver"
+)
+
+func TestClassifyMapsCausesToDriverErrors(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want error
+	}{
+		{fmt.Errorf("resolve: %w", remote.ErrUnauthorized), csidriver.ErrUnauthorized},
+		{fmt.Errorf("resolve: %w", remote.ErrForbidden), csidriver.ErrForbidden},
+		{fmt.Errorf("fetch: %w", remote.ErrNotFound), csidriver.ErrNotFound},
+		{fmt.Errorf("fetch: %w", remote.ErrUnavailable), csidriver.ErrUnavailable},
+		{fmt.Errorf("fetch: %w", remote.ErrTLS), csidriver.ErrUnavailable},
+		{&os.PathError{Op: "write", Path: "/cache/ingest/x", Err: syscall.ENOSPC}, csidriver.ErrNoSpace},
+		{fmt.Errorf("layer: %w", cache.ErrTooLarge), csidriver.ErrUnsupported},
+		{fmt.Errorf("layer: %w", cache.ErrUnsupported), csidriver.ErrUnsupported},
+		{fmt.Errorf("acquire: %w", cache.ErrNotFound), csidriver.ErrNotFound},
+	} {
+		got := classify(tc.err)
+		if !errors.Is(got, tc.want) {
+			t.Errorf("classify(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+		if !errors.Is(got, tc.err) && !errors.Is(got, errors.Unwrap(tc.err)) {
+			t.Errorf("classify(%v) lost the cause", tc.err)
+		}
+	}
+	plain := errors.New("something else")
+	if got := classify(plain); got != plain {
+		t.Errorf("classify of an unknown error = %v, want it unchanged", got)
+	}
+	if classify(nil) != nil {
+		t.Error("classify(nil) != nil")
+	}
+}
+
+func TestBadPullSecretIsUnauthenticatedWithoutEchoingIt(t *testing.T) {
+	b := New(nil, Options{})
+	_, _, err := b.repository("registry.example.com/m:v1", csidriver.Credentials{DockerConfigJSON: []byte(`{"auths": "hunter2`)})
+	if !errors.Is(err, csidriver.ErrUnauthorized) {
+		t.Fatalf("got %v, want ErrUnauthorized", err)
+	}
+	if err != nil && strings.Contains(err.Error(), "hunter2") {
+		t.Fatal("the error quotes the secret")
+	}
+}
