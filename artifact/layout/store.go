@@ -5,8 +5,9 @@
 // Tags are index.json entries annotated with org.opencontainers.image.ref.name, holding full references
 // ("llama3:8b", "registry.local/org/model:v1"). index.json is replaced atomically (temp file, fsync, rename) under
 // a file lock, so concurrent modelpack processes never lose each other's tags. Store implements oras-go's
-// content.Storage, content.TagResolver, content.Deleter and registry.TagLister, so oras.Copy moves artifacts between
-// it and a registry.
+// content.Storage, content.TagResolver, content.Deleter, registry.TagLister and content.PredecessorFinder, so
+// oras.Copy and oras.ExtendedCopy (with signatures and other referrers) move artifacts between it and a registry.
+// Referrers pushed without a tag are recorded in index.json without a name and live as long as their subject.
 //
 // Blobs are written before the tags that reach them, so a crash leaves at most unreferenced blobs, which Prune
 // removes. Prune must not remove blobs of a pack still in progress: every Store that writes holds a shared lock on

@@ -20,15 +20,15 @@ import (
 	"github.com/modelpack/modelpack/artifact/archive"
 )
 
-// Filters are the names `unpack --filter` takes, mapped to layer kinds.
-var Filters = map[string]artifact.Kind{
+// filters are the names `unpack --filter` takes, mapped to layer kinds.
+var filters = map[string]artifact.Kind{
 	"weights": artifact.KindWeight, "config": artifact.KindWeightConfig, "docs": artifact.KindDoc,
 	"code": artifact.KindCode, "dataset": artifact.KindDataset,
 }
 
 // ParseFilter maps an `unpack --filter` value to a layer kind.
 func ParseFilter(s string) (artifact.Kind, error) {
-	if k, ok := Filters[s]; ok {
+	if k, ok := filters[s]; ok {
 		return k, nil
 	}
 	return "", fmt.Errorf("unknown --filter value %q (valid: weights, config, docs, code, dataset)", s)
