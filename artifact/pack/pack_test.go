@@ -555,7 +555,7 @@ func TestUnpackFilters(t *testing.T) {
 		want []string
 	}{
 		"config":  {pack.UnpackOptions{Kinds: []artifact.Kind{artifact.KindWeightConfig}}, []string{"config.json", "generation_config.json", "src/lib/secret.cfg", "tokenizer.json", "tokenizer_config.json"}},
-		"include": {pack.UnpackOptions{Include: []string{"src"}}, []string{"src/lib/model.py", "src/lib/secret.cfg", "src/run.sh"}},
+		"include": {pack.UnpackOptions{Include: []string{"src"}}, []string{"src/lib/adapter.safetensors", "src/lib/model.py", "src/lib/secret.cfg", "src/run.sh"}},
 		"both":    {pack.UnpackOptions{Kinds: []artifact.Kind{artifact.KindWeight}, Include: []string{"model-0000*"}}, []string{"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}},
 	} {
 		out := t.TempDir()
