@@ -23,11 +23,19 @@ import (
 	"github.com/modelpack/modelpack/csidriver"
 )
 
-// Verifier checks an artifact before any of it is pulled (signature policy). An error refuses the volume with
-// PERMISSION_DENIED.
+// Verifier checks an artifact before any of it is pulled (signature policy). It gets the digest reference
+// (host/repository@sha256:…) the volume's reference resolved to. An error wrapping csidriver.ErrDenied refuses
+// the volume with PERMISSION_DENIED; other errors (signatures unreachable) are classified like registry errors,
+// so kubelet retries them.
 type Verifier interface {
-	Verify(ctx context.Context, repo *remote.Repository, ref string, desc ocispec.Descriptor) error
+	Verify(ctx context.Context, digestRef string) error
 }
+
+// VerifierFunc adapts a function to a Verifier.
+type VerifierFunc func(ctx context.Context, digestRef string) error
+
+// Verify calls f.
+func (f VerifierFunc) Verify(ctx context.Context, digestRef string) error { return f(ctx, digestRef) }
 
 // Options configure a Backend.
 type Options struct {
@@ -110,9 +118,17 @@ func (b *Backend) Local(d digest.Digest) (digest.Digest, bool) {
 // Pull pulls dgst into the cache. For an index and an explicit platform the manifest is chosen here, since the
 // cache narrows indexes to the node's platform.
 func (b *Backend) Pull(ctx context.Context, ref string, dgst digest.Digest, platform string, creds csidriver.Credentials, progress func(csidriver.Progress)) (digest.Digest, error) {
-	repo, _, err := b.repository(ref, creds)
+	repo, parsed, err := b.repository(ref, creds)
 	if err != nil {
 		return "", err
+	}
+	if b.opts.Verifier != nil {
+		if err := b.opts.Verifier.Verify(ctx, parsed.Registry+"/"+parsed.Repository+"@"+dgst.String()); err != nil {
+			if errors.Is(err, csidriver.ErrDenied) {
+				return "", err
+			}
+			return "", fmt.Errorf("verify signatures of %s: %w", dgst, classify(err))
+		}
 	}
 	desc, err := repo.Resolve(ctx, dgst.String())
 	if err != nil {
@@ -121,11 +137,6 @@ func (b *Backend) Pull(ctx context.Context, ref string, dgst digest.Digest, plat
 	if platform != "" && isIndex(desc.MediaType) {
 		if desc, err = pickPlatform(ctx, repo, desc, platform); err != nil {
 			return "", err
-		}
-	}
-	if b.opts.Verifier != nil {
-		if err := b.opts.Verifier.Verify(ctx, repo, ref, desc); err != nil {
-			return "", fmt.Errorf("%w: %v", csidriver.ErrDenied, err)
 		}
 	}
 	got, err := b.cache.Pull(ctx, repo, desc, func(p cache.Progress) {

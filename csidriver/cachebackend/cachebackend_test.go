@@ -1,6 +1,7 @@
 package cachebackend
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -53,5 +54,22 @@ func TestBadPullSecretIsUnauthenticatedWithoutEchoingIt(t *testing.T) {
 	}
 	if err != nil && strings.Contains(err.Error(), "hunter2") {
 		t.Fatal("the error quotes the secret")
+	}
+}
+
+func TestVerifierRunsOnTheResolvedDigestBeforeAnyPull(t *testing.T) {
+	var asked string
+	denied := fmt.Errorf("%w: no signature by a trusted key", csidriver.ErrDenied)
+	b := New(nil, Options{Verifier: VerifierFunc(func(ctx context.Context, ref string) error {
+		asked = ref
+		return denied
+	})})
+	const dgst = "sha256:4f0e12ac55ad1fb2c4d5a9b9bd9b4c4d1b2a7ef1b1a3c6a26b3f2e2a9d0c1e2f"
+	_, err := b.Pull(context.Background(), "registry.example.com/models/llama:v1", dgst, "", csidriver.Credentials{}, func(csidriver.Progress) {})
+	if !errors.Is(err, csidriver.ErrDenied) {
+		t.Fatalf("got %v, want the denial", err)
+	}
+	if asked != "registry.example.com/models/llama@"+dgst {
+		t.Fatalf("verified %q, want the digest reference", asked)
 	}
 }
