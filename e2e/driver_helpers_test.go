@@ -113,21 +113,21 @@ type drvProxy struct {
 	rate atomic.Int64
 
 	mu        sync.Mutex
-	blobGets  map[string]int // digest → GETs
-	manifests int            // GET or HEAD of manifests
+	blobGets  map[string]int   // digest → GETs
+	blobBytes map[string]int64 // digest → bytes sent
+	manifests int              // GET or HEAD of manifests
 }
 
 func drvStartProxy(t *testing.T, registryHost string) *drvProxy {
 	t.Helper()
 	u, _ := url.Parse("http://" + registryHost)
-	p := &drvProxy{blobGets: map[string]int{}}
+	p := &drvProxy{blobGets: map[string]int{}, blobBytes: map[string]int64{}}
 	rp := httputil.NewSingleHostReverseProxy(u)
 	rp.FlushInterval = -1
 	rp.ModifyResponse = func(resp *http.Response) error {
 		if strings.Contains(resp.Request.URL.Path, "/blobs/") && resp.Request.Method == http.MethodGet {
-			if r := p.rate.Load(); r > 0 {
-				resp.Body = &throttled{rc: resp.Body, p: p}
-			}
+			path := resp.Request.URL.Path
+			resp.Body = &throttled{rc: resp.Body, p: p, digest: path[strings.LastIndex(path, "/")+1:]}
 		}
 		return nil
 	}
@@ -153,19 +153,30 @@ func (p *drvProxy) blobGetsOf(d digest.Digest) int {
 	return p.blobGets[d.String()]
 }
 
+func (p *drvProxy) blobBytesOf(d digest.Digest) int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.blobBytes[d.String()]
+}
+
 func (p *drvProxy) manifestRequests() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.manifests
 }
 
+// throttled counts a blob's bytes and paces them to the proxy's rate.
 type throttled struct {
-	rc io.ReadCloser
-	p  *drvProxy
+	rc     io.ReadCloser
+	p      *drvProxy
+	digest string
 }
 
 func (r *throttled) Read(b []byte) (int, error) {
 	n, err := r.rc.Read(b)
+	r.p.mu.Lock()
+	r.p.blobBytes[r.digest] += int64(n)
+	r.p.mu.Unlock()
 	if rate := r.p.rate.Load(); rate > 0 && n > 0 {
 		time.Sleep(time.Duration(int64(n) * int64(time.Second) / rate))
 	}

@@ -362,6 +362,14 @@ func TestDriverSIGKILLRecovery(t *testing.T) {
 	if got, _ := os.ReadFile(filepath.Join(big, "model.safetensors")); !bytes.Equal(got, weights) {
 		t.Fatal("weights differ from what was pushed")
 	}
+	// The restarted driver resumed the interrupted pull from its partial download instead of starting over.
+	log, _ := os.ReadFile(filepath.Join(d.Root, "driver.log"))
+	if !bytes.Contains(log, []byte("resuming pull interrupted by a restart")) {
+		t.Error("the restarted driver did not resume the interrupted pull itself")
+	}
+	if sent := proxy.blobBytesOf(digestOf(weights)); sent > int64(len(weights))*5/4 {
+		t.Errorf("the registry sent %d bytes for an %d-byte blob: the download restarted from zero", sent, len(weights))
+	}
 	drvUnpublish(t, node, "vol-big", big)
 	if n := d.metric("modelpack_csi_volumes"); n != 0 {
 		t.Fatalf("%v volumes left", n)
