@@ -95,6 +95,10 @@ func (u *transferUI) done(res *remote.Result, err error) error {
 	if u.g.IsJSON() {
 		return PrintJSON(u.out, res)
 	}
+	if u.g.Quiet {
+		_, err := fmt.Fprintln(u.out, res.Descriptor.Digest)
+		return err
+	}
 	var moved, existed, mounted int
 	for _, b := range res.Blobs {
 		switch b.Status {
