@@ -1,10 +1,12 @@
 package remote
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -285,5 +287,28 @@ func TestClassify(t *testing.T) {
 	}
 	if retryable(e) {
 		t.Error("an unknown host is retried")
+	}
+}
+
+func TestFetchRange(t *testing.T) {
+	ctx := context.Background()
+	reg, opts := plainRegistry(t)
+	m := buildModel(t, 1<<20)
+	if _, err := Push(ctx, m.store, m.ref, repoFor(t, reg.Host+"/fr/model:v1", opts), TransferOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	repo := repoFor(t, reg.Host+"/fr/model:v1", opts)
+	blob := m.blobs[0]
+	want := m.files["model-00001-of-00002.safetensors"]
+	for _, off := range []int64{0, 12345, blob.Size - 1} {
+		rc, start, err := repo.FetchRange(ctx, blob, off)
+		if err != nil || start != off {
+			t.Fatalf("FetchRange at %d: start %d, %v", off, start, err)
+		}
+		got, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil || !bytes.Equal(got, want[off:]) {
+			t.Fatalf("FetchRange at %d: %d bytes (%v), want the %d from there", off, len(got), err, len(want)-int(off))
+		}
 	}
 }

@@ -199,6 +199,17 @@ func (r *Repository) Tags(ctx context.Context, last string, fn func(tags []strin
 	return r.wrap("", r.origin.repo.Tags(ctx, last, fn))
 }
 
+// FetchRange opens a blob from offset on (an HTTP Range request), trying the mirrors first. The reader reconnects
+// by itself after a dropped connection or a stall, continuing at the byte it stopped at, so start is always offset.
+// It delivers desc.Size-offset bytes; verifying them is the caller's job (cas.Ingest does).
+func (r *Repository) FetchRange(ctx context.Context, desc ocispec.Descriptor, offset int64) (io.ReadCloser, int64, error) {
+	rr := newResumableReader(ctx, desc, offset, r.openBlob, nil)
+	if err := rr.connect(); err != nil {
+		return nil, 0, err
+	}
+	return rr, offset, nil
+}
+
 // openBlob opens a blob at offset, from the first endpoint that serves it. It is a cas.OpenFunc: start is offset
 // when the server honoured the Range request, 0 when it sent the whole blob.
 func (r *Repository) openBlob(ctx context.Context, desc ocispec.Descriptor, offset int64) (io.ReadCloser, int64, error) {
