@@ -240,16 +240,17 @@ func (v *verifiedStream) finish() error {
 	return nil
 }
 
-func (f *fetcher) open(ctx context.Context, desc ocispec.Descriptor) (*verifiedStream, *meter, error) {
+// open starts reading a layer through its hash.
+func (f *fetcher) open(ctx context.Context, desc ocispec.Descriptor) (*verifiedStream, error) {
 	if err := desc.Digest.Validate(); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	m := f.t.meter(desc, 0)
 	rr := newResumableReader(ctx, desc, 0, f.src.openBlob, m.add)
 	if err := rr.connect(); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	return &verifiedStream{rr: rr, h: desc.Digest.Algorithm().Hash(), desc: desc}, m, nil
+	return &verifiedStream{rr: rr, h: desc.Digest.Algorithm().Hash(), desc: desc}, nil
 }
 
 // layer writes one model layer and returns the paths it wrote.
@@ -264,7 +265,7 @@ func (f *fetcher) layer(ctx context.Context, l artifact.Layer) ([]string, error)
 }
 
 func (f *fetcher) writeLayer(ctx context.Context, l artifact.Layer) ([]string, error) {
-	v, _, err := f.open(ctx, l.Descriptor)
+	v, err := f.open(ctx, l.Descriptor)
 	if err != nil {
 		return nil, err
 	}
@@ -366,7 +367,7 @@ func (f *fetcher) imageLayers(ctx context.Context, layers []artifact.Layer) ([]s
 	aopts.AbsoluteSymlinks = true
 	for _, l := range layers {
 		err := func() error {
-			v, _, err := f.open(ctx, l.Descriptor)
+			v, err := f.open(ctx, l.Descriptor)
 			if err != nil {
 				return err
 			}

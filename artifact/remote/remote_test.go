@@ -1,7 +1,9 @@
 package remote
 
 import (
+	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/x509"
 	"errors"
@@ -19,7 +21,10 @@ import (
 	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/cas"
 	"github.com/modelpack/modelpack/internal/testenv"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2"
+	"oras.land/oras-go/v2/content"
+	"oras.land/oras-go/v2/content/oci"
 	"oras.land/oras-go/v2/registry/remote/errcode"
 )
 
@@ -311,4 +316,57 @@ func TestFetchRange(t *testing.T) {
 			t.Fatalf("FetchRange at %d: %d bytes (%v), want the %d from there", off, len(got), err, len(want)-int(off))
 		}
 	}
+}
+
+func TestFetchContainerImageLayersInOrder(t *testing.T) {
+	ctx := context.Background()
+	reg, opts := plainRegistry(t)
+	store, err := oci.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer := func(files map[string]string) ocispec.Descriptor {
+		var buf bytes.Buffer
+		gz := gzip.NewWriter(&buf)
+		tw := tar.NewWriter(gz)
+		for name, body := range files {
+			tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(body)), Typeflag: tar.TypeReg})
+			tw.Write([]byte(body))
+		}
+		tw.Close()
+		gz.Close()
+		d := content.NewDescriptorFromBytes(ocispec.MediaTypeImageLayerGzip, buf.Bytes())
+		if err := store.Push(ctx, d, bytes.NewReader(buf.Bytes())); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	l1 := layer(map[string]string{"etc/app.conf": "v1\n", "etc/old.conf": "gone\n"})
+	l2 := layer(map[string]string{"etc/app.conf": "v2\n", "etc/.wh.old.conf": ""})
+	cfg := []byte(`{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}`)
+	cfgDesc := content.NewDescriptorFromBytes(ocispec.MediaTypeImageConfig, cfg)
+	if err := store.Push(ctx, cfgDesc, bytes.NewReader(cfg)); err != nil {
+		t.Fatal(err)
+	}
+	root, err := oras.PackManifest(ctx, store, oras.PackManifestVersion1_1, "", oras.PackManifestOptions{
+		Layers: []ocispec.Descriptor{l1, l2}, ConfigDescriptor: &cfgDesc,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.Tag(ctx, root, "v1")
+	if _, err := Push(ctx, store, "v1", repoFor(t, reg.Host+"/img/app:v1", opts), TransferOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if _, err := Fetch(ctx, repoFor(t, reg.Host+"/img/app:v1", opts), dir, FetchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "etc/app.conf")); string(b) != "v2\n" {
+		t.Fatalf("etc/app.conf = %q, want the upper layer's", b)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "etc/old.conf")); !os.IsNotExist(err) {
+		t.Fatalf("the whiteout was not applied: %v", err)
+	}
+	assertNoStaging(t, dir)
 }
