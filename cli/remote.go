@@ -290,9 +290,10 @@ func (b *barRenderer) draw() {
 		if s.bar == nil {
 			s.bar = progressbar.NewOptions64(max(s.desc.Size, 1),
 				progressbar.OptionSetWriter(io.Discard),
-				progressbar.OptionSetDescription(fmt.Sprintf("%-40.40s", blobLabel(s.desc))),
+				progressbar.OptionSetDescription(fmt.Sprintf("%-50.50s", blobLabel(s.desc))),
+				progressbar.OptionShowCount(),
 				progressbar.OptionShowBytes(true),
-				progressbar.OptionSetWidth(25),
+				progressbar.OptionSetWidth(20),
 				progressbar.OptionThrottle(0),
 				progressbar.OptionSetPredictTime(true),
 				progressbar.OptionUseIECUnits(true),
