@@ -55,16 +55,17 @@ func (b *CacheBackend) Resolve(ctx context.Context, ref string) (ocispec.Descrip
 	return repo.Resolve(ctx, parsed.Reference)
 }
 
-// Verify runs the driver's verifier; without one, every artifact is allowed, as for mounts.
+// Verify runs the driver's verifier on the same digest reference a mount of ref would check; without one,
+// every artifact is allowed, as for mounts.
 func (b *CacheBackend) Verify(ctx context.Context, ref string, desc ocispec.Descriptor) error {
 	if b.opts.Verifier == nil {
 		return nil
 	}
-	repo, _, err := b.repository(ref)
+	parsed, err := registry.ParseReference(ref)
 	if err != nil {
-		return err
+		return fmt.Errorf("invalid reference: %w", err)
 	}
-	return b.opts.Verifier.Verify(ctx, repo, ref, desc)
+	return b.opts.Verifier.Verify(ctx, parsed.Registry+"/"+parsed.Repository+"@"+desc.Digest.String())
 }
 
 // Pull brings desc into the cache; an index is narrowed to the node's platform, as for a mount without one.

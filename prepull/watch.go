@@ -84,7 +84,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 			log.Info("prepull list loaded", "file", w.File, "entries", len(refs))
 		}
 		if loaded && (!synced || time.Since(lastSync) >= resync) {
-			s, err := w.Client.SetList(ctx, w.List, refs)
+			_, err := w.Client.SetList(ctx, w.List, refs)
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil
@@ -96,7 +96,8 @@ func (w *Watcher) Run(ctx context.Context) error {
 				m.reconciles.Inc()
 				synced, lastSync = true, time.Now()
 				m.listEntries.Set(float64(len(refs)))
-				m.observe(s.Entries)
+				// Entry metrics come from the follower alone: a reply to this call may be older than what it
+				// has already seen, and would set the metrics back with nothing left to correct them.
 				select {
 				case <-want:
 				default:
