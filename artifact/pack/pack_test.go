@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -845,4 +846,23 @@ func paramSize(t *testing.T, dir string) string {
 	var m artifact.Model
 	json.Unmarshal(cfg, &m)
 	return m.Config.ParamSize
+}
+
+// Memory does not grow with the model: packing 96 MiB of weights allocates a small fraction of it.
+func TestPackStreams(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "model")
+	if err := testmodel.Generate(dir, testmodel.Spec{Shards: 3, ShardSize: 32 << 20, Seed: 11}); err != nil {
+		t.Fatal(err)
+	}
+	s := openStore(t)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	packInto(t, s, dir, pack.Options{})
+	runtime.ReadMemStats(&after)
+	alloc := after.TotalAlloc - before.TotalAlloc
+	t.Logf("packing 96 MiB allocated %d KiB", alloc>>10)
+	if alloc > 8<<20 {
+		t.Fatalf("packing 96 MiB allocated %d MiB", alloc>>20)
+	}
 }
