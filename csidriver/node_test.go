@@ -363,3 +363,36 @@ func TestVolumesOfVanishedPodsAreCollectedWhileRunning(t *testing.T) {
 		t.Fatalf("%d view holds left", n)
 	}
 }
+
+func TestTargetLockAbortsCallsButWaitsForTheReconciler(t *testing.T) {
+	d := &Driver{targets: map[string]*targetHold{}}
+	ctx := context.Background()
+	if !d.lockTarget(ctx, "/t") {
+		t.Fatal("free target not granted")
+	}
+	if d.lockTarget(ctx, "/t") || d.tryLockTarget("/t") {
+		t.Fatal("a held target was granted again")
+	}
+	d.unlockTarget("/t")
+	if !d.tryLockTarget("/t") {
+		t.Fatal("reconciler not granted a free target")
+	}
+	got := make(chan bool)
+	go func() { got <- d.lockTarget(ctx, "/t") }()
+	select {
+	case <-got:
+		t.Fatal("a call did not wait for the reconciler")
+	case <-time.After(50 * time.Millisecond):
+	}
+	d.unlockTarget("/t")
+	if !<-got {
+		t.Fatal("the waiting call was not granted the target")
+	}
+	short, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+	defer cancel()
+	d.unlockTarget("/t")
+	d.tryLockTarget("/t")
+	if d.lockTarget(short, "/t") {
+		t.Fatal("granted past the caller's deadline")
+	}
+}

@@ -63,7 +63,7 @@ func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublish
 	log := d.log.With("volume", req.GetVolumeId(), "target", target, "reference", attrs.Reference,
 		"pod", podName, "namespace", podNS, "podUID", podUID)
 
-	if !d.lockTarget(target) {
+	if !d.lockTarget(ctx, target) {
 		return nil, status.Errorf(codes.Aborted, "an operation on target %s is already in progress", target)
 	}
 	defer d.unlockTarget(target)
@@ -171,7 +171,7 @@ func (s *nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpub
 		return nil, status.Error(codes.InvalidArgument, "target path is required")
 	}
 	target = filepath.Clean(target)
-	if !d.lockTarget(target) {
+	if !d.lockTarget(ctx, target) {
 		return nil, status.Errorf(codes.Aborted, "an operation on target %s is already in progress", target)
 	}
 	defer d.unlockTarget(target)

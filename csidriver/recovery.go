@@ -19,10 +19,10 @@ import (
 func (d *Driver) recover(ctx context.Context) {
 	st := d.state.Snapshot()
 	for _, vol := range st.Volumes {
-		if !d.lockTarget(vol.TargetPath) {
+		if !d.tryLockTarget(vol.TargetPath) {
 			continue
 		}
-		d.reconcile(vol, true)
+		d.reconcile(vol)
 		d.unlockTarget(vol.TargetPath)
 	}
 	d.releaseOrphanViews()
@@ -89,9 +89,9 @@ func (d *Driver) forgetEvictedImages() {
 	}
 }
 
-// reconcile brings one recorded volume in line with the node. Repairs happen at start-up only; the periodic pass
-// only collects.
-func (d *Driver) reconcile(vol state.Volume, repair bool) {
+// reconcile brings one recorded volume in line with the node. The caller holds the target, so no publish or
+// unpublish of it is under way: a record still mounting is a publish that died half way.
+func (d *Driver) reconcile(vol state.Volume) {
 	log := d.log.With("volume", vol.VolumeID, "target", vol.TargetPath, "pod", vol.Pod.Name, "namespace", vol.Pod.Namespace, "podUID", vol.Pod.UID)
 	collect := func(reason string) {
 		if err := d.undo(vol); err != nil {
@@ -105,15 +105,11 @@ func (d *Driver) reconcile(vol state.Volume, repair bool) {
 	case podGone(vol.TargetPath):
 		collect("pod_gone")
 	case vol.Phase != state.PhasePublished:
-		if repair {
-			collect("half_published")
-		}
+		collect("half_published")
 	case !exists(vol.TargetPath):
 		// Only the driver removes a target it published, so a missing one is an unpublish cut short.
-		if repair {
-			collect("unpublish_interrupted")
-		}
-	case repair:
+		collect("unpublish_interrupted")
+	default:
 		if err := d.ensureMounted(vol); err != nil {
 			// Kubelet's unpublish still cleans it; health reports it meanwhile.
 			log.Error("cannot repair published volume", "error", err.Error())
@@ -134,7 +130,9 @@ func exists(p string) bool {
 	return !errors.Is(err, fs.ErrNotExist)
 }
 
-// gcLoop collects volumes whose pods vanished while the driver ran but kubelet never unpublished them.
+// gcLoop collects volumes whose pods vanished while the driver ran but kubelet never unpublished them, and
+// repairs published targets whose mount broke or whose view vanished (new containers of the pod then see the
+// model again; kubelet never republishes a volume on its own).
 func (d *Driver) gcLoop(ctx context.Context) {
 	t := time.NewTicker(d.opts.GCInterval)
 	defer t.Stop()
@@ -145,12 +143,12 @@ func (d *Driver) gcLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		for _, vol := range d.state.Snapshot().Volumes {
-			if vol.Phase != state.PhasePublished || !podGone(vol.TargetPath) || !d.lockTarget(vol.TargetPath) {
+			if !d.tryLockTarget(vol.TargetPath) {
 				continue
 			}
 			// Re-read under the lock: an unpublish may have finished in between.
 			if cur, ok := d.state.Snapshot().Volumes[vol.TargetPath]; ok {
-				d.reconcile(cur, false)
+				d.reconcile(cur)
 			}
 			d.unlockTarget(vol.TargetPath)
 		}

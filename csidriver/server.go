@@ -78,9 +78,10 @@ type Driver struct {
 	m       *metrics
 	pulls   *puller
 
-	// targets serialises operations on one target path; a second concurrent call on a busy target gets ABORTED.
+	// targets serialises operations on one target path: a second concurrent call on a target gets ABORTED, a call
+	// finding the background reconciler on it waits for it.
 	targetsMu sync.Mutex
-	targets   map[string]bool
+	targets   map[string]*targetHold
 
 	ids *identityServer
 	ns  *nodeServer
@@ -124,7 +125,7 @@ func New(opts Options) (*Driver, error) {
 		backend: opts.Backend,
 		mounter: opts.Mounter,
 		state:   st,
-		targets: map[string]bool{},
+		targets: map[string]*targetHold{},
 	}
 	d.m = newMetrics(opts.Backend, func() int { return len(st.Snapshot().Volumes) }, opts.Collectors)
 	d.ids = &identityServer{d: d}
@@ -228,21 +229,53 @@ func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	return resp, err
 }
 
-// lockTarget claims a target path for one operation; false means another is running (the caller returns ABORTED).
-func (d *Driver) lockTarget(target string) bool {
+type targetHold struct {
+	rpc      bool
+	released chan struct{}
+}
+
+// lockTarget claims a target path for a CSI call. False means another call holds it (the caller returns ABORTED,
+// as the spec asks for an operation already pending); the background reconciler is waited for instead, since
+// kubelet did nothing wrong.
+func (d *Driver) lockTarget(ctx context.Context, target string) bool {
+	for {
+		d.targetsMu.Lock()
+		h, held := d.targets[target]
+		if !held {
+			d.targets[target] = &targetHold{rpc: true, released: make(chan struct{})}
+			d.targetsMu.Unlock()
+			return true
+		}
+		d.targetsMu.Unlock()
+		if h.rpc {
+			return false
+		}
+		select {
+		case <-h.released:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// tryLockTarget claims a target path for the background reconciler, which skips targets in use.
+func (d *Driver) tryLockTarget(target string) bool {
 	d.targetsMu.Lock()
 	defer d.targetsMu.Unlock()
-	if d.targets[target] {
+	if _, held := d.targets[target]; held {
 		return false
 	}
-	d.targets[target] = true
+	d.targets[target] = &targetHold{released: make(chan struct{})}
 	return true
 }
 
 func (d *Driver) unlockTarget(target string) {
 	d.targetsMu.Lock()
 	defer d.targetsMu.Unlock()
-	delete(d.targets, target)
+	if h, ok := d.targets[target]; ok {
+		delete(d.targets, target)
+		close(h.released)
+	}
 }
 
 // Wait blocks until every pull the driver started has ended (for tests and orderly shutdown).

@@ -6,6 +6,7 @@ package e2e
 import (
 	"bytes"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -503,4 +504,50 @@ func TestDriverRegistryMirror(t *testing.T) {
 		t.Fatalf("weights: %q", got)
 	}
 	drvUnpublish(t, node, "v2", target2)
+}
+
+// TestDriverRepairsBrokenMounts removes a volume's view from under its mount while the driver runs: the driver
+// rebuilds the view and remounts the target without kubelet asking.
+func TestDriverRepairsBrokenMounts(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	drvCleanupMounts(t, dir)
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	drvPush(t, reg.Host, "models/tiny", "v1", drvSmallModel("v1"), nil)
+	root := filepath.Join(dir, "node")
+	d := drvStartWith(t, root, []string{"--gc-interval", "200ms"}, reg.Host)
+	node := d.node()
+	target := drvKubelet(t, dir, "pod")
+	if err := drvPublish(node, drvPublishReq("vol", target, map[string]string{"reference": reg.Host + "/models/tiny:v1"}), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Volumes map[string]struct{ Source string } `json:"volumes"`
+	}
+	b, err := os.ReadFile(filepath.Join(root, "csi", "state.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	view := st.Volumes[target].Source
+	if view == "" {
+		t.Fatal("no view recorded for the target")
+	}
+	if err := os.RemoveAll(view); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.ReadFile(filepath.Join(target, "model.safetensors")); err == nil {
+		t.Fatal("the model is still readable with its view removed: the test removed nothing")
+	}
+	for start := time.Now(); ; time.Sleep(100 * time.Millisecond) {
+		if got, err := os.ReadFile(filepath.Join(target, "model.safetensors")); err == nil && string(got) == "weights of v1" {
+			break
+		}
+		if time.Since(start) > 20*time.Second {
+			t.Fatal("the broken mount was not repaired")
+		}
+	}
+	drvUnpublish(t, node, "vol", target)
 }
