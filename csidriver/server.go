@@ -1,9 +1,3 @@
-// Package csidriver is a CSI node plugin that mounts models (OCI artifacts) read-only into pods with the
-// semantics of Kubernetes' native image volumes. It translates CSI calls into calls on a Backend — the node cache
-// and the registry transport — and keeps what it published in a persisted state, so it survives being killed.
-//
-// The layout follows kubernetes-csi/csi-driver-host-path: identityserver.go, nodeserver.go, controllerserver.go
-// and this file, which serves them over a unix socket; csidriver/state holds the persisted state.
 package csidriver
 
 import (
