@@ -209,7 +209,11 @@ func (m *manager) removeLocked(k key, it *item) *item {
 		it.cancel()
 	}
 	if !it.running {
-		go m.release(it)
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			m.release(it)
+		}()
 	}
 	m.log.Info("prepull removed", "list", k.list, "ref", k.ref)
 	return it
@@ -349,9 +353,14 @@ func (m *manager) progress(it *item, done, total int64) {
 	if it.e.State != StatePulling {
 		return
 	}
+	before := it.e.Percent()
 	it.e.Done, it.e.Total = done, total
-	it.e.Updated = time.Now()
-	m.bumpLocked()
+	// The cache reports every 64 KiB; waking every follower that often would turn long polls into a busy loop.
+	// Whole percents and a twice-a-second heartbeat are all anyone reads.
+	if it.e.Percent() != before || time.Since(it.e.Updated) >= 500*time.Millisecond {
+		it.e.Updated = time.Now()
+		m.bumpLocked()
+	}
 }
 
 // snapshot returns the entries of list (all lists when empty), sorted.
