@@ -57,6 +57,10 @@ func Push(ctx context.Context, src oras.ReadOnlyTarget, srcRef string, dst *Repo
 	if dstRef == "" {
 		return nil, fmt.Errorf("push %s: the destination needs a tag or digest", dst)
 	}
+	// A missing source is a local matter: say so rather than blame the registry.
+	if _, err := src.Resolve(ctx, srcRef); err != nil {
+		return nil, fmt.Errorf("push %s: %s is not in the local store: %w", dst, srcRef, err)
+	}
 	res, err := transfer(ctx, src, srcRef, dst, dstRef, dst, opts)
 	if err != nil {
 		return nil, withOp("push", dst, err)
@@ -168,6 +172,9 @@ func transfer(ctx context.Context, src oras.ReadOnlyTarget, srcRef string, dst o
 		}()
 	}
 	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	if err := joinBlobErrors(errs); err != nil {
 		return nil, err
 	}

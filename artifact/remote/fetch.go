@@ -119,6 +119,9 @@ func fetch(ctx context.Context, src *Repository, dir string, opts FetchOptions) 
 		imageFiles, imageErr = f.imageLayers(ctx, image)
 	}
 	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	if err := joinBlobErrors(append(errs, imageErr)); err != nil {
 		return nil, err
 	}
