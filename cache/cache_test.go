@@ -275,6 +275,21 @@ func TestPullLinger(t *testing.T) {
 			t.Errorf("GET %s %d times: the retry did not join", path, n)
 		}
 	}
+
+	// Without linger the abandoned pull stops at once; the retry starts a new one that resumes the partial blob.
+	c2 := openCache(t, t.TempDir(), Options{PullLinger: -1})
+	px.reset()
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel2()
+	if _, err := c2.Pull(ctx2, repo, desc, nil); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("first pull: %v", err)
+	}
+	if _, err := c2.Pull(context.Background(), repo, desc, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, max := px.blobBytes(), int64(2<<20)+512<<10; got > max {
+		t.Errorf("abandoned then retried pull moved %d bytes, want at most %d (resumed)", got, max)
+	}
 }
 
 // TestGCRacingAcquires: GC running flat out with a tiny cap while volumes pull, acquire, read and release never

@@ -539,8 +539,8 @@ type VerifyReport struct {
 	Problems []Problem `json:"problems,omitempty"`
 }
 
-// Verify re-hashes every blob and checks that every complete manifest has its blobs and extracted layers. It
-// reports; it does not repair (Remove and pull again does).
+// Verify re-hashes every blob and checks that every complete manifest has its blobs. It reports; it does not
+// repair (Remove and pull again does). A missing extracted layer is not a problem: the next view extracts it.
 func (c *Cache) Verify(ctx context.Context) (VerifyReport, error) {
 	var r VerifyReport
 	type blob struct {
@@ -594,14 +594,6 @@ func (c *Cache) Verify(ctx context.Context) (VerifyReport, error) {
 			for _, b := range m.blobs() {
 				if ok, err := c.blobs.Exists(b.Digest, b.Size); err != nil || !ok {
 					r.Problems = append(r.Problems, Problem{b.Digest, fmt.Sprintf("missing blob of manifest %s", m.Descriptor.Digest)})
-				}
-			}
-			for _, l := range m.Layers {
-				if l.Format == artifact.FormatRaw {
-					continue
-				}
-				if _, err := os.Lstat(c.layerDir(l.Digest)); err != nil {
-					r.Problems = append(r.Problems, Problem{l.Digest, fmt.Sprintf("layer of manifest %s not extracted (it will be on next use)", m.Descriptor.Digest)})
 				}
 			}
 		}

@@ -3,6 +3,7 @@ package cache
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -15,6 +16,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sync/errgroup"
 	"oras.land/oras-go/v2"
+	"oras.land/oras-go/v2/errdef"
 
 	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/artifact/archive"
@@ -29,6 +31,7 @@ type Progress struct {
 
 // flight is one pull in progress, shared by every caller that asks for the same digest.
 type flight struct {
+	ctx    context.Context
 	done   chan struct{}
 	result ocispec.Descriptor
 	err    error
@@ -92,16 +95,21 @@ func (c *Cache) Pull(ctx context.Context, src oras.ReadOnlyTarget, desc ocispec.
 	}
 	c.mu.Lock()
 	f := c.flights[desc.Digest]
+	if f != nil && f.ctx.Err() != nil && c.ctx.Err() == nil {
+		f = nil // abandoned (its linger ran out) and winding down: start afresh rather than inherit its cancellation
+	}
 	if f == nil {
 		ctx, cancel := context.WithCancel(c.ctx)
-		f = &flight{done: make(chan struct{}), cancel: cancel, subs: map[int]func(Progress){}}
+		f = &flight{ctx: ctx, done: make(chan struct{}), cancel: cancel, subs: map[int]func(Progress){}}
 		c.flights[desc.Digest] = f
 		c.wg.Add(1)
 		go func() {
 			defer c.wg.Done()
 			f.result, f.err = c.pull(ctx, f, src, desc)
 			c.mu.Lock()
-			delete(c.flights, desc.Digest)
+			if c.flights[desc.Digest] == f {
+				delete(c.flights, desc.Digest)
+			}
 			c.mu.Unlock()
 			cancel()
 			f.mu.Lock()
@@ -425,18 +433,34 @@ func (c *Cache) fetchLayers(ctx context.Context, f *flight, src oras.ReadOnlyTar
 	return g.Wait()
 }
 
+// fetchBlob ingests one blob, retrying twice (resuming) when a transfer breaks off: a dropped connection, or an
+// abandoned pull of the same blob whose cancellation the ingest's coalescing handed to us.
 func (c *Cache) fetchBlob(ctx context.Context, f *flight, i int, src oras.ReadOnlyTarget, desc ocispec.Descriptor) error {
-	if ok, err := c.blobs.Exists(desc.Digest, desc.Size); err != nil || ok {
-		return err
-	}
-	return c.blobs.Ingest(ctx, desc.Digest, desc.Size, func(ctx context.Context, offset int64) (io.ReadCloser, int64, error) {
-		rc, start, err := openBlob(ctx, src, desc, offset)
-		if err != nil {
-			return nil, 0, err
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		if ok, serr := c.blobs.Exists(desc.Digest, desc.Size); serr != nil || ok {
+			return serr
 		}
-		f.running[i].Store(start)
-		return &countingReader{rc: rc, n: &f.running[i], fetched: c.m.fetchedBytes.Add, publish: f.publish}, start, nil
-	})
+		if attempt > 0 {
+			select {
+			case <-ctx.Done():
+				return err
+			case <-time.After(time.Duration(attempt*attempt) * 250 * time.Millisecond):
+			}
+		}
+		err = c.blobs.Ingest(ctx, desc.Digest, desc.Size, func(ctx context.Context, offset int64) (io.ReadCloser, int64, error) {
+			rc, start, err := openBlob(ctx, src, desc, offset)
+			if err != nil {
+				return nil, 0, err
+			}
+			f.running[i].Store(start)
+			return &countingReader{rc: rc, n: &f.running[i], fetched: c.m.fetchedBytes.Add, publish: f.publish}, start, nil
+		})
+		if err == nil || ctx.Err() != nil || errors.Is(err, ErrDigestMismatch) || errors.Is(err, errdef.ErrNotFound) {
+			return err
+		}
+	}
+	return err
 }
 
 type countingReader struct {
