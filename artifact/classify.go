@@ -19,7 +19,8 @@ var codeExts = map[string]bool{
 	".cc": true, ".cpp": true, ".h": true, ".hpp": true, ".cu": true, ".java": true, ".rb": true, ".jinja": true,
 }
 
-var docExts = map[string]bool{".md": true, ".rst": true, ".txt": true, ".pdf": true, ".html": true}
+// .txt is not here: merges.txt and vocab.txt are tokenizer files. READMEs and licences are matched by name.
+var docExts = map[string]bool{".md": true, ".rst": true, ".pdf": true, ".html": true}
 
 var datasetExts = map[string]bool{".parquet": true, ".arrow": true, ".csv": true, ".tsv": true, ".jsonl": true}
 
@@ -34,7 +35,7 @@ func KindOf(p string) Kind {
 	case strings.HasPrefix(base, "readme"), strings.HasPrefix(base, "license"), strings.HasPrefix(base, "licence"),
 		strings.HasPrefix(base, "notice"), strings.HasPrefix(base, "copying"), docExts[ext]:
 		return KindDoc
-	case codeExts[ext]:
+	case codeExts[ext], base == "requirements.txt":
 		return KindCode
 	case datasetExts[ext]:
 		return KindDataset
