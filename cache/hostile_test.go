@@ -250,3 +250,35 @@ func FuzzParseManifest(f *testing.F) {
 		}
 	})
 }
+
+// TestImageLayerReusedByModel: absolute symlinks are accepted in image layers only; the same layer digest used as a
+// model layer does not bring them into a model's view.
+func TestImageLayerReusedByModel(t *testing.T) {
+	src := newMemTarget()
+	layer := makeTar(t, false, tarEntry{Name: "bin/tool", Body: "#!"}, tarEntry{Name: "bin/sh", Type: '2', Link: "/bin/tool"})
+	cfg := pushBlob(t, src, "application/vnd.oci.image.config.v1+json", []byte(`{"architecture":"amd64","os":"linux"}`), nil)
+	l := pushBlob(t, src, ocispec.MediaTypeImageLayer, layer, nil)
+	img, _ := json.Marshal(ocispec.Manifest{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageManifest, Config: cfg, Layers: []ocispec.Descriptor{l}})
+	imgDesc := src.manifestDesc(img)
+	model := src.manifestDesc(modelManifest(t, src, []modelFile{{Path: "bin", Data: layer, Kind: artifact.KindCode, Format: artifact.FormatTar}}))
+
+	c := openCache(t, t.TempDir(), Options{})
+	ctx := context.Background()
+	if _, err := c.Pull(ctx, src, imgDesc, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Acquire("img", imgDesc.Digest, Selector{}); err != nil {
+		t.Fatalf("image with an absolute symlink: %v", err)
+	}
+	if _, err := c.Pull(ctx, src, model, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Acquire("model", model.Digest, Selector{}); !errors.Is(err, archive.ErrLinkEscape) {
+		t.Fatalf("model reusing the image layer: %v, want ErrLinkEscape", err)
+	}
+	// In a cache that meets the model first, the extraction itself refuses.
+	c2 := openCache(t, t.TempDir(), Options{})
+	if _, err := c2.Pull(ctx, src, model, nil); !errors.Is(err, archive.ErrLinkEscape) {
+		t.Fatalf("model with an absolute symlink: %v", err)
+	}
+}

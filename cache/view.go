@@ -254,7 +254,7 @@ func (c *Cache) buildView(rec *manifestRecord, sel Selector, dir string) error {
 		if err := c.ensureLayer(c.ctx, l); err != nil {
 			return err
 		}
-		if err := root.mergeLayer(c.layerDir(l.Digest), i); err != nil {
+		if err := root.mergeLayer(c.layerDir(l.Digest), i, rec.Image); err != nil {
 			return fmt.Errorf("layer %s: %w", l.Digest, err)
 		}
 	}
@@ -320,8 +320,9 @@ func (root *node) lookup(p string) *node {
 }
 
 // mergeLayer adds an extracted layer: whiteout markers delete what lower layers put at their path, an opaque
-// marker empties its directory of lower layers' entries, everything else replaces what is below it.
-func (root *node) mergeLayer(dir string, layer int) error {
+// marker empties its directory of lower layers' entries, everything else replaces what is below it. Absolute
+// symlinks are for images only: a layer extracted for an image and reused, by digest, in a model is refused.
+func (root *node) mergeLayer(dir string, layer int, image bool) error {
 	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -365,6 +366,9 @@ func (root *node) mergeLayer(dir string, layer int) error {
 			target, err := os.Readlink(p)
 			if err != nil {
 				return err
+			}
+			if !image && path.IsAbs(target) {
+				return fmt.Errorf("%w: symlink %q -> %q is absolute", archive.ErrLinkEscape, rel, target)
 			}
 			return root.put(rel, &node{mode: fs.ModeSymlink | 0o777, target: target, layer: layer})
 		case d.Type().IsRegular():
