@@ -126,6 +126,17 @@ func TestPrepullDaemonSet(t *testing.T) {
 		return !stale && m[`modelpack_prepull_list_entries{node="e2e-node"}`] == 2
 	})
 
+	// The driver dies and comes back: the pinned entry is adopted from the cache, and the watcher sends the list
+	// again at once for what the new driver does not know.
+	d.kill()
+	d.restart()
+	es = waitEntries(t, api, "configmap", func(m map[string]prepull.Entry) bool {
+		return m[refB].State == prepull.StateReady && m[bad].State == prepull.StateFailed && len(m) == 2
+	})
+	if es[refB].Digest != digB {
+		t.Errorf("restored %s at %s, want %s", refB, es[refB].Digest, digB)
+	}
+
 	// Evictable: with the node stopped, a GC of its cache under the tightest limit evicts A and keeps B, whose
 	// pin outlives the driver process.
 	d.stop()

@@ -50,7 +50,8 @@ func (w *Watcher) Run(ctx context.Context) error {
 
 	// Progress is followed on its own so a slow long poll never delays reacting to the file.
 	want := make(chan []string, 1)
-	go w.follow(ctx, log, m, want)
+	again := make(chan struct{}, 1)
+	go w.follow(ctx, log, m, want, again)
 
 	var (
 		content    []byte
@@ -109,19 +110,24 @@ func (w *Watcher) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
+		case <-again:
+			synced = false
 		}
 	}
 }
 
 // follow long-polls the driver and turns every change into metrics and log lines.
-func (w *Watcher) follow(ctx context.Context, log *slog.Logger, m *WatchMetrics, want <-chan []string) {
+// A restarted driver has forgotten the entries still pulling; the follower asks Run to send the list again as
+// soon as it sees one missing, instead of waiting for the resync period.
+func (w *Watcher) follow(ctx context.Context, log *slog.Logger, m *WatchMetrics, want <-chan []string, again chan<- struct{}) {
 	var (
-		since uint64
-		last  = map[string]string{} // ref -> what was last logged
+		since   uint64
+		last    = map[string]string{} // ref -> what was last logged
+		desired []string
 	)
 	for ctx.Err() == nil {
 		select {
-		case <-want: // a reconcile happened: the server may be new, start from its current version
+		case desired = <-want: // a reconcile happened: the server may be new, start from its current version
 			since = 0
 		default:
 		}
@@ -149,6 +155,17 @@ func (w *Watcher) follow(ctx context.Context, log *slog.Logger, m *WatchMetrics,
 		seen := map[string]bool{}
 		for _, e := range s.Entries {
 			seen[e.Ref] = true
+		}
+		for _, r := range desired {
+			if !seen[r] {
+				select {
+				case again <- struct{}{}:
+				default:
+				}
+				break
+			}
+		}
+		for _, e := range s.Entries {
 			st := e.Status()
 			// Progress is logged in steps of 10% so a large pull leaves a readable trail, not a flood.
 			logged := st
