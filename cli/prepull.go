@@ -95,7 +95,7 @@ Prometheus metrics on --metrics-addr. It needs no Kubernetes API access.`,
 		l.DurationVar(&f.resync, "resync", time.Minute, "with --watch: how often the list is sent again unchanged, restoring a restarted driver")
 		l.StringVar(&f.logFormat, "log-format", "json", "with --watch: log format, json or text")
 		l.StringVar(&f.logLevel, "log-level", "info", "with --watch: log level")
-		cmd.AddCommand(prepullStatusCmd(g, f), prepullCancelCmd(f))
+		cmd.AddCommand(prepullStatusCmd(g, f), prepullCancelCmd(f), prepullCacheCmd(g, f))
 		return cmd
 	})
 }
@@ -321,6 +321,44 @@ func prepullCancelCmd(f *prepullFlags) *cobra.Command {
 				}
 			}
 			return nil
+		},
+	}
+}
+
+// prepullCacheCmd lists the cache through the running driver, which holds the cache's lock: `modelpack cache ls`
+// can only open it while the driver is stopped.
+func prepullCacheCmd(g *Globals, f *prepullFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "cache",
+		Short: "List the running driver's node cache: each model, its size and what holds it (pins, volumes)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			es, err := prepull.NewClient(f.socket).Cache(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if g.IsJSON() {
+				return PrintJSON(cmd.OutOrStdout(), es)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "DIGEST\tSIZE\tSTATE\tHELD BY\tLAST USED\tNAME")
+			for _, e := range es {
+				state, held := "partial", "-"
+				if e.Complete {
+					state = "complete"
+				}
+				if len(e.Owners) > 0 {
+					held = strings.Join(e.Owners, ",")
+				} else if e.Complete {
+					held = "- (evictable)"
+				}
+				used := "-"
+				if !e.LastUsed.IsZero() {
+					used = e.LastUsed.Local().Format(time.DateTime)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.Digest, humanBytes(e.Size), state, held, used, e.Name)
+			}
+			return tw.Flush()
 		},
 	}
 }

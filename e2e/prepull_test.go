@@ -198,11 +198,18 @@ func TestPrepullCLI(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "ready") || !strings.Contains(string(out), "failed") || !strings.Contains(string(out), "resolve:") {
 		t.Errorf("status: %v\n%s", err, out)
 	}
+	out, err = exec.Command(bin, "prepull", "cache", "--socket", sock).Output()
+	if err != nil || !strings.Contains(string(out), dig.String()) || !strings.Contains(string(out), "pin:"+prepull.PinName(prepull.DefaultList, ref)) {
+		t.Errorf("prepull cache: %v\n%s", err, out)
+	}
 	if out, err := exec.Command(bin, "prepull", "cancel", "--socket", sock, ref, badRef).CombinedOutput(); err != nil {
 		t.Fatalf("cancel: %v\n%s", err, out)
 	}
 	if o := cacheOwners(t, prepull.NewClient(sock))[dig]; len(o) != 0 {
 		t.Errorf("owners after cancel: %v", o)
+	}
+	if out, err := exec.Command(bin, "prepull", "cache", "--socket", sock).Output(); err != nil || !strings.Contains(string(out), "evictable") {
+		t.Errorf("prepull cache after cancel: %v\n%s", err, out)
 	}
 }
 
