@@ -46,6 +46,7 @@ cancelled or, in --watch mode, leave the list.
   modelpack prepull registry.example.com/models/llama3:8b     # pull, pin, show progress until ready
   modelpack prepull --file models.yaml                        # every reference in a list file
   modelpack prepull status                                     # what is listed and where it stands
+  modelpack prepull cache                                      # the node cache and what holds each model
   modelpack prepull cancel registry.example.com/models/llama3:8b
 
 List file (also the ConfigMap format of the prepull DaemonSet):
