@@ -19,8 +19,9 @@ RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache
     go build -trimpath -ldflags "-s -w -X github.com/modelpack/modelpack/cli.Version=${VERSION}" \
       -o /out/modelpack ./cli/modelpack
 
-# Not distroless: the driver mounts through mount-utils, which runs util-linux mount and umount, and those need
-# a libc and their libraries. Debian slim with just those two packages is the smallest base that has them.
+# Not distroless: bind mounts are system calls, but unmounts and any other mount go through k8s.io/mount-utils,
+# which runs util-linux umount and mount, and those need a libc and their libraries. Debian slim with just those
+# packages is the smallest base that has them.
 FROM debian:13-slim
 RUN apt-get update \
  && apt-get install -y --no-install-recommends mount ca-certificates \
