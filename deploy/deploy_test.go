@@ -26,6 +26,7 @@ import (
 	"oras.land/oras-go/v2/registry"
 	"sigs.k8s.io/yaml"
 
+	"github.com/modelpack/modelpack/cli"
 	"github.com/modelpack/modelpack/internal/testenv"
 	"github.com/modelpack/modelpack/prepull"
 	"github.com/modelpack/modelpack/signing"
@@ -717,4 +718,37 @@ func boundTo(ix map[string]object, sa, kind, role string) bool {
 		}
 	}
 	return false
+}
+
+// TestDockerfile keeps the image build in step with the module, since no Docker engine here can build it: the
+// builder's Go is the module's, the package it builds is the CLI, and the version it stamps is a real variable.
+func TestDockerfile(t *testing.T) {
+	df, err := os.ReadFile("../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mod, err := os.ReadFile("../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	goVer := regexp.MustCompile(`(?m)^go (\S+)$`).FindSubmatch(mod)
+	argVer := regexp.MustCompile(`(?m)^ARG GO_VERSION=(\S+)$`).FindSubmatch(df)
+	if goVer == nil || argVer == nil || string(goVer[1]) != string(argVer[1]) {
+		t.Errorf("Dockerfile GO_VERSION %q, go.mod says %q", argVer, goVer)
+	}
+	if !bytes.Contains(df, []byte("./cli/modelpack")) {
+		t.Error("the Dockerfile does not build ./cli/modelpack")
+	}
+	if _, err := os.Stat("../cli/modelpack/main.go"); err != nil {
+		t.Error(err)
+	}
+	if !bytes.Contains(df, []byte("-X github.com/modelpack/modelpack/cli.Version=")) || cli.Version == "" {
+		t.Error("the Dockerfile does not stamp cli.Version")
+	}
+	for _, from := range regexp.MustCompile(`(?m)^FROM (?:--platform=\S+ )?(\S+)`).FindAllSubmatch(df, -1) {
+		img := strings.ReplaceAll(string(from[1]), "${GO_VERSION}", string(argVer[1]))
+		if !pinned.MatchString(img[strings.LastIndex(img, "/")+1:]) || strings.HasSuffix(img, ":latest") {
+			t.Errorf("base image %s is not pinned to a tag or digest", img)
+		}
+	}
 }
