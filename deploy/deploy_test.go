@@ -752,3 +752,23 @@ func TestDockerfile(t *testing.T) {
 		}
 	}
 }
+
+// TestHelmValuesSchema: a mistyped or unpinned value fails at install time, not as a broken pod.
+func TestHelmValuesSchema(t *testing.T) {
+	helmBin := testenv.Tool(t, "helm")
+	for set, want := range map[string]string{
+		"cache.maxSiz=1TiB": "additional properties 'maxSiz'",
+		"sidecars.registrar.image=registry.k8s.io/sig-storage/csi-node-driver-registrar:latest": "/sidecars/registrar/image",
+		"prepull.concurrency=0":  "/prepull/concurrency",
+		"cache.maxSize=lots":     "/cache/maxSize",
+		"node.logFormat=xml":     "/node/logFormat",
+		"mirrors._default[0]=m1": "/mirrors/_default/0",
+	} {
+		cmd := exec.Command(helmBin, "template", "modelpack", "helm/modelpack", "--set", set)
+		cmd.Env = append(os.Environ(), "HOME="+t.TempDir())
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), want) {
+			t.Errorf("--set %s: %v, want a schema error naming %s:\n%s", set, err, want, out)
+		}
+	}
+}
