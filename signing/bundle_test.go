@@ -54,7 +54,7 @@ func attachKeylessBundle(t *testing.T, target, subject string, ca *signingtest.C
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := RegistryOptions{}.client(context.Background(), http.DefaultTransport)
+	c := RegistryOptions{}.client(context.Background(), http.DefaultTransport, "")
 	if err := ociremote.WriteAttestationNewBundleFormat(td, b, predicate, c.oci...); err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +106,7 @@ func TestVerifyKeylessBundle(t *testing.T) {
 	t.Run("unrelated referrers are ignored", func(t *testing.T) {
 		m, _ := pushModel(t, host, "models/bundle", "v4", "sbom")
 		d, _ := name.NewDigest(m)
-		c := RegistryOptions{}.client(ctx, http.DefaultTransport)
+		c := RegistryOptions{}.client(ctx, http.DefaultTransport, "")
 		if err := ociremote.WriteReferrer(d, "application/spdx+json", nil, map[string]string{"k": "v"}, c.oci...); err != nil {
 			t.Fatal(err)
 		}

@@ -163,7 +163,7 @@ func signKeyless(t *testing.T, digestRef string, ca *signingtest.CA, leaf *x509.
 
 func writeSignature(t *testing.T, d name.Digest, sig oci.Signature) {
 	t.Helper()
-	c := RegistryOptions{}.client(context.Background(), http.DefaultTransport)
+	c := RegistryOptions{}.client(context.Background(), http.DefaultTransport, "")
 	se, err := ociremote.SignedEntity(d, c.oci...)
 	if err != nil {
 		t.Fatal(err)

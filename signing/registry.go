@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -18,9 +19,12 @@ import (
 // RegistryOptions say how to reach registries. They mirror the transport's flags so one set of options serves
 // pull, sign and verify.
 type RegistryOptions struct {
-	PlainHTTP bool   // speak http:// (loopback registries are spoken to in http either way)
-	Insecure  bool   // skip TLS certificate verification
-	CAFile    string // PEM bundle of extra CAs for registry TLS
+	PlainHTTP bool // speak http:// (loopback registries are spoken to in http either way)
+	// PlainHTTPHosts are the registries (host[:port]) spoken to in http:// when PlainHTTP is false: a node
+	// reaches most registries over TLS and a few in-cluster ones without.
+	PlainHTTPHosts []string
+	Insecure       bool   // skip TLS certificate verification
+	CAFile         string // PEM bundle of extra CAs for registry TLS
 	// Credentials resolves a registry host:port to credentials, as oras-go's auth.Client does; nil is anonymous.
 	Credentials auth.CredentialFunc
 	// Transport, if set, is the base transport and the TLS fields above are ignored.
@@ -67,7 +71,8 @@ func (o RegistryOptions) transport() (http.RoundTripper, error) {
 	return t, nil
 }
 
-func (o RegistryOptions) client(ctx context.Context, base http.RoundTripper) client {
+// client is what cosign needs to reach ref's registry.
+func (o RegistryOptions) client(ctx context.Context, base http.RoundTripper, ref string) client {
 	creds := o.Credentials
 	if c, ok := ctx.Value(credentialsKey{}).(auth.CredentialFunc); ok {
 		creds = c
@@ -76,7 +81,7 @@ func (o RegistryOptions) client(ctx context.Context, base http.RoundTripper) cli
 	if creds == nil {
 		kc = authn.NewMultiKeychain() // anonymous
 	}
-	nameOpts := o.nameOptions()
+	nameOpts := o.nameOptions(ref)
 	return client{
 		name: nameOpts,
 		oci: []ociremote.Option{
@@ -91,9 +96,14 @@ func (o RegistryOptions) client(ctx context.Context, base http.RoundTripper) cli
 	}
 }
 
-func (o RegistryOptions) nameOptions() []name.Option {
+func (o RegistryOptions) nameOptions(ref string) []name.Option {
 	if o.PlainHTTP {
 		return []name.Option{name.Insecure}
+	}
+	if len(o.PlainHTTPHosts) > 0 {
+		if r, err := name.ParseReference(ref); err == nil && slices.Contains(o.PlainHTTPHosts, r.Context().RegistryStr()) {
+			return []name.Option{name.Insecure}
+		}
 	}
 	return nil
 }

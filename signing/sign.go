@@ -41,7 +41,7 @@ func SignDigest(ctx context.Context, ref, keyRef string, opts SignOptions) (stri
 	if err != nil {
 		return "", err
 	}
-	c := opts.Registry.client(ctx, t)
+	c := opts.Registry.client(ctx, t, ref)
 	d, err := resolve(ref, c)
 	if err != nil {
 		return "", fmt.Errorf("sign: %w", err)
@@ -89,7 +89,7 @@ func ResolveDigest(ctx context.Context, ref string, opts RegistryOptions) (strin
 	if err != nil {
 		return "", err
 	}
-	d, err := resolve(ref, opts.client(ctx, t))
+	d, err := resolve(ref, opts.client(ctx, t, ref))
 	if err != nil {
 		return "", err
 	}

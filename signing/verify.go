@@ -134,7 +134,7 @@ func (v *Verifier) log() *slog.Logger {
 // pull exactly that digest) may be used. Under an enforce rule a failed check returns an error wrapping
 // ErrDenied; under warn it is logged and allowed. Other errors (registry unreachable) are not cached.
 func (v *Verifier) Verify(ctx context.Context, ref string) (Decision, error) {
-	d, err := name.NewDigest(ref, v.opts.nameOptions()...)
+	d, err := name.NewDigest(ref, v.opts.nameOptions(ref)...)
 	if err != nil {
 		return Decision{Ref: ref}, fmt.Errorf("signature policy: %q is not a digest reference (repo@sha256:…): %w", ref, err)
 	}
@@ -232,7 +232,7 @@ func (v *Verifier) check(ctx context.Context, r *rule, d name.Digest) (verdict, 
 	if v.transportErr != nil {
 		return verdict{}, v.transportErr
 	}
-	c := v.opts.client(ctx, v.transport)
+	c := v.opts.client(ctx, v.transport, d.String())
 	h, err := v1.NewHash(d.DigestStr())
 	if err != nil {
 		return verdict{}, err

@@ -116,7 +116,7 @@ func TestVerifyKeySignatures(t *testing.T) {
 	// Signing again with the same key keeps one signature (cosign's dupe detection).
 	sign(t, signed, key)
 	sd, _ := name.NewDigest(signed)
-	sigs, err := classicSignatures(sd, RegistryOptions{}.client(ctx, http.DefaultTransport))
+	sigs, err := classicSignatures(sd, RegistryOptions{}.client(ctx, http.DefaultTransport, ""))
 	if err != nil || len(sigs) != 1 {
 		t.Fatalf("%d signatures after signing twice (%v)", len(sigs), err)
 	}

@@ -1,0 +1,53 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/spf13/pflag"
+
+	"github.com/modelpack/modelpack/csidriver"
+	"github.com/modelpack/modelpack/csidriver/cachebackend"
+	"github.com/modelpack/modelpack/signing"
+)
+
+// The signing extension of `modelpack csi-driver`: --policy loads the node trust policy, and every artifact is
+// verified by digest before any of its layers is pulled or mounted. This file sorts before prepull_driver.go,
+// so env.Verifier is set before the prepull API picks it up: prepull obeys the same policy.
+func init() {
+	var policyPath string
+	registerCSIDriverExtension(csiDriverExtension{
+		AddFlags: func(fs *pflag.FlagSet) {
+			fs.StringVar(&policyPath, "policy", "", "node trust policy (YAML); reloaded on change. Empty: signatures are not checked")
+		},
+		Setup: func(ctx context.Context, env *CSIDriverEnv) error {
+			if policyPath == "" {
+				env.Logger.Warn("no --policy: model signatures are not verified")
+				return nil
+			}
+			p, err := signing.LoadPolicy(policyPath)
+			if err != nil {
+				return err
+			}
+			reg, err := signingRegistryOptions(env.Remote)
+			if err != nil {
+				return err
+			}
+			reg.PlainHTTPHosts = env.PlainHTTPRegistries
+			v := signing.NewVerifier(p, reg)
+			v.Log = env.Logger
+			env.Driver.Collectors = append(env.Driver.Collectors, v.Collector())
+			go v.WatchPolicy(ctx, policyPath, 0)
+			env.Verifier = cachebackend.VerifierFunc(func(ctx context.Context, digestRef string) error {
+				_, err := v.Verify(ctx, digestRef)
+				if errors.Is(err, signing.ErrDenied) {
+					return fmt.Errorf("%w: %v", csidriver.ErrDenied, err)
+				}
+				return err
+			})
+			env.Logger.Info("trust policy loaded", "path", policyPath, "version", p.Version())
+			return nil
+		},
+	})
+}
