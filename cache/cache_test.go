@@ -132,9 +132,16 @@ func TestPullAndViews(t *testing.T) {
 	if err != nil || len(rep.Problems) != 0 || rep.Blobs != 7 {
 		t.Errorf("verify %+v %v", rep, err)
 	}
+	// Unreferenced selector views go at the next GC; the whole view stays for the next volume.
+	if st, err := c.GC(ctx); err != nil || st.Views != 2 || len(st.Evicted) != 0 || st.Blobs != 0 {
+		t.Errorf("gc %+v %v", st, err)
+	}
 	u, err := c.Usage()
-	if err != nil || u.Referenced != 0 || u.BlobCount != 7 || u.LayerCount != 1 || u.Views != 3 {
+	if err != nil || u.Referenced != 0 || u.BlobCount != 7 || u.LayerCount != 1 || u.Views != 1 {
 		t.Errorf("usage %+v %v", u, err)
+	}
+	if _, err := os.Stat(dir); err != nil {
+		t.Errorf("whole view removed: %v", err)
 	}
 	if err := c.Remove(desc.Digest); err != nil {
 		t.Fatal(err)

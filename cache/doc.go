@@ -35,7 +35,7 @@
 //	func (c *Cache) GC(ctx) (GCStats, error)
 //	    Evicts whole manifests, least recently used first, until usage is under MaxBytes; never one a reference
 //	    or a running pull uses, or one used within MinAge. Deletes blobs, layers, views and partials no kept
-//	    manifest needs. Safe concurrently with Pull and Acquire.
+//	    manifest needs, and selector views nothing references. Safe concurrently with Pull and Acquire.
 //	func (c *Cache) Remove(d digest.Digest) error                        // ErrInUse while referenced or pulling
 //	func (c *Cache) List() ([]Entry, error)
 //	func (c *Cache) Refs() ([]Ref, error)

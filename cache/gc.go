@@ -304,8 +304,8 @@ func (c *Cache) chooseEvictions(s *snapshot, u Usage, inUse, evict map[digest.Di
 	}
 }
 
-// sweep deletes what no kept manifest needs: blobs, extracted layers, partial downloads and the views of evicted
-// or vanished manifests. It runs under c.mu, so no pull can start needing something between the snapshot and
+// sweep deletes what no kept manifest needs: blobs, extracted layers, partial downloads, the views of evicted
+// or vanished manifests, and partial (selector) views no reference uses. It runs under c.mu, so no pull can start needing something between the snapshot and
 // the deletions.
 func (c *Cache) sweep(s *snapshot, evict map[digest.Digest]bool, st *GCStats) error {
 	blobs, layers := s.needs(func(m *manifestRecord) bool { return !evict[m.Descriptor.Digest] })
@@ -360,9 +360,15 @@ func (c *Cache) sweep(s *snapshot, evict map[digest.Digest]bool, st *GCStats) er
 	if err != nil {
 		return err
 	}
+	referenced := map[string]bool{}
+	for _, r := range s.refs {
+		referenced[r.View] = true
+	}
 	for _, v := range views {
-		m, _, _ := strings.Cut(v.Name(), "-")
-		if !kept[m] {
+		m, _, partial := strings.Cut(v.Name(), "-")
+		// A manifest's whole view stays while the manifest does, ready for the next volume; a partial view
+		// (one selector's) goes once nothing uses it, so that selectors cannot pile views up.
+		if !kept[m] || (partial && !referenced[v.Name()]) {
 			if err := c.trash(c.viewDir(v.Name())); err != nil {
 				errs = append(errs, err)
 				continue
