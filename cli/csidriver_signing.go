@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/spf13/pflag"
 
@@ -42,7 +41,7 @@ func init() {
 			env.Verifier = cachebackend.VerifierFunc(func(ctx context.Context, digestRef string) error {
 				_, err := v.Verify(ctx, digestRef)
 				if errors.Is(err, signing.ErrDenied) {
-					return fmt.Errorf("%w: %v", csidriver.ErrDenied, err)
+					return policyDenial{err}
 				}
 				return err
 			})
@@ -51,3 +50,10 @@ func init() {
 		},
 	})
 }
+
+// policyDenial is a signing refusal that the driver also recognises as its own ErrDenied (PERMISSION_DENIED),
+// keeping signing's message, which names the rule and the reason.
+type policyDenial struct{ error }
+
+func (e policyDenial) Unwrap() error        { return e.error }
+func (e policyDenial) Is(target error) bool { return target == csidriver.ErrDenied }

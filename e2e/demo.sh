@@ -39,7 +39,7 @@ REF=$REGISTRY/demo/llama:v1
 modelpack key generate --output-key-prefix "$DEMO/cosign"
 modelpack push "$REF" --from demo/llama:v1 --plain-http
 modelpack sign "$REF" --key "$DEMO/cosign.key" --plain-http
-modelpack verify "$REF" --key "$DEMO/cosign.pub" --plain-http
+modelpack verify "$REF" --key "$DEMO/cosign.pub" --plain-http --insecure-ignore-tlog   # offline: no Rekor here
 
 step "6. the node driver, with a trust policy that requires that key"
 cat > "$DEMO/policy.yaml" <<YAML
@@ -72,7 +72,18 @@ cat "$DEMO/touch.err"
 (cd "$DEMO/model" && sha256sum $(find . -type f | sort)) > "$DEMO/source.sha256"
 (cd "$TARGET" && sha256sum -c --quiet "$DEMO/source.sha256") && echo "every file matches the source digest"
 
-step "9. unpublish"
+step "9. an unsigned model under the same rule is refused before any of its layers is pulled"
+go run ./internal/cmd/genmodel --shards 1 --shard-size 1MiB --seed 99 "$DEMO/model2"
+modelpack pack "$DEMO/model2" -t demo/unsigned:v1 -q
+modelpack push "$REGISTRY/demo/unsigned:v1" --from demo/unsigned:v1 --plain-http -q
+if csiclient -endpoint "unix://$DEMO/csi.sock" publish -target "$DEMO/kubelet/pods/pod-2/volumes/kubernetes.io~csi/model/mount" \
+    -volume-id demo-vol-2 -attr reference="$REGISTRY/demo/unsigned:v1" -attr csi.storage.k8s.io/ephemeral=true 2>"$DEMO/denied.err"; then
+  echo "an unsigned model was mounted"; exit 1
+fi
+cat "$DEMO/denied.err"
+grep -q PermissionDenied "$DEMO/denied.err" && echo "refused with PERMISSION_DENIED, nothing mounted"
+
+step "10. unpublish"
 csiclient -endpoint "unix://$DEMO/csi.sock" unpublish -target "$TARGET"
 [ ! -e "$TARGET" ] && echo "target removed"
 TARGET=
