@@ -304,7 +304,8 @@ func TestPullLinger(t *testing.T) {
 func TestGCRacingAcquires(t *testing.T) {
 	src := newMemTarget()
 	var models []ocispec.Descriptor
-	var trees [][]string
+	var trees, weightTrees [][]string
+	weights := Selector{Kinds: []artifact.Kind{artifact.KindWeight}}
 	ref := t.TempDir()
 	for i := range 4 {
 		files := sampleModel(t, byte(20+i*3))
@@ -322,6 +323,11 @@ func TestGCRacingAcquires(t *testing.T) {
 			t.Fatal(err)
 		}
 		trees = append(trees, listTree(t, d))
+		d, err = rc.Acquire("ref-w", m.Digest, weights)
+		if err != nil {
+			t.Fatal(err)
+		}
+		weightTrees = append(weightTrees, listTree(t, d))
 		_ = i
 	}
 
@@ -358,13 +364,18 @@ func TestGCRacingAcquires(t *testing.T) {
 			owner := fmt.Sprintf("vol-%d", w)
 			for i := range 15 {
 				m := (w + i) % len(models)
+				// Odd workers use a selector view, which GC deletes as soon as it is unreferenced.
+				sel, want := Selector{}, trees[m]
+				if w%2 == 1 {
+					sel, want = weights, weightTrees[m]
+				}
 				var dir string
 				for {
 					if _, err := c.Pull(ctx, src, models[m], nil); err != nil {
 						t.Errorf("pull: %v", err)
 						return
 					}
-					d, err := c.Acquire(owner, models[m].Digest, Selector{})
+					d, err := c.Acquire(owner, models[m].Digest, sel)
 					if errors.Is(err, ErrNotFound) {
 						continue // evicted between Pull and Acquire (MinAge is off): pull again
 					}
@@ -376,8 +387,8 @@ func TestGCRacingAcquires(t *testing.T) {
 					break
 				}
 				time.Sleep(time.Millisecond)
-				if tree := listTree(t, dir); !slices.Equal(tree, trees[m]) {
-					t.Errorf("view of model %d changed under its volume:\n%v\nwant\n%v", m, tree, trees[m])
+				if tree := listTree(t, dir); !slices.Equal(tree, want) {
+					t.Errorf("view of model %d changed under its volume:\n%v\nwant\n%v", m, tree, want)
 					return
 				}
 				if err := c.Release(owner); err != nil {
