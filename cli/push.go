@@ -6,6 +6,7 @@ import (
 	"github.com/modelpack/modelpack/artifact/layout"
 	"github.com/modelpack/modelpack/artifact/pack"
 	"github.com/modelpack/modelpack/artifact/remote"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/spf13/cobra"
 )
 
@@ -14,6 +15,7 @@ func init() {
 		var rf remoteFlags
 		var from string
 		var referrers bool
+		var sf *signFlags
 		cmd := &cobra.Command{
 			Use:   "push REF",
 			Short: "Push an artifact from the local store to a registry",
@@ -46,10 +48,14 @@ concurrently and each is retried with backoff on its own.`,
 				}
 				ui := newTransferUI(cmd, g, "pushed")
 				res, err := remote.Push(cmd.Context(), store, local, dst, remote.TransferOptions{Reporter: ui.reporter(), Referrers: referrers})
-				return ui.done(res, err)
+				if err := ui.done(res, err); err != nil {
+					return err
+				}
+				return sf.signPushed(cmd.Context(), cmd.OutOrStdout(), g, digestRef(dst, res), rf.options())
 			},
 		}
 		rf.register(cmd.Flags())
+		sf = addSignFlags(cmd.Flags())
 		cmd.Flags().StringVar(&from, "from", "", "local store reference to push (default: REF)")
 		cmd.Flags().BoolVarP(&referrers, "referrers", "r", false, "also push the artifacts referring to it (signatures, SBOMs)")
 		return cmd
@@ -59,6 +65,7 @@ concurrently and each is retried with backoff on its own.`,
 	PackPush = func(cmd *cobra.Command, g *Globals) func(ctx context.Context, ref string) (pack.Sink, error) {
 		var rf remoteFlags
 		rf.registerConnection(cmd.Flags())
+		sf := addSignFlags(cmd.Flags())
 		return func(ctx context.Context, ref string) (pack.Sink, error) {
 			repo, _, err := remote.NewRepository(withDefaultTag(ref), rf.options())
 			if err != nil {
@@ -69,7 +76,29 @@ concurrently and each is retried with backoff on its own.`,
 				// On a TTY the pack command's own bar shows progress.
 				rep = newTransferUI(cmd, g, "pushed").reporter()
 			}
-			return remote.PackSink(repo, rep), nil
+			return &signingSink{Sink: remote.PackSink(repo, rep), repo: repo, sign: sf, cmd: cmd, g: g, opts: rf.options()}, nil
 		}
 	}
+}
+
+// digestRef names what was pushed by digest, which is what gets signed.
+func digestRef(repo *remote.Repository, res *remote.Result) string {
+	return repo.Reference.Registry + "/" + repo.Reference.Repository + "@" + res.Descriptor.Digest.String()
+}
+
+// signingSink signs the manifest once the pack is committed in the registry, for pack --push --sign.
+type signingSink struct {
+	*remote.Sink
+	repo *remote.Repository
+	sign *signFlags
+	cmd  *cobra.Command
+	g    *Globals
+	opts remote.Options
+}
+
+func (s *signingSink) Commit(ctx context.Context, manifest ocispec.Descriptor, manifestBytes []byte, tag string) error {
+	if err := s.Sink.Commit(ctx, manifest, manifestBytes, tag); err != nil {
+		return err
+	}
+	return s.sign.signPushed(ctx, s.cmd.ErrOrStderr(), s.g, digestRef(s.repo, s.Result()), s.opts)
 }

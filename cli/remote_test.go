@@ -125,3 +125,30 @@ func TestLoginLogoutCommands(t *testing.T) {
 		t.Fatalf("fetch after logout: %v, want a hint to log in", err)
 	}
 }
+
+func TestPushAndPackPushSign(t *testing.T) {
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	t.Setenv("DOCKER_CONFIG", t.TempDir())
+	t.Setenv("COSIGN_PASSWORD", "test-password")
+	keys := filepath.Join(t.TempDir(), "cosign")
+	mustRemoteCLI(t, "key", "generate", "--output-key-prefix", keys)
+	model := t.TempDir()
+	if err := testmodel.Generate(model, testmodel.Small); err != nil {
+		t.Fatal(err)
+	}
+	home := t.TempDir()
+	ref := reg.Host + "/signed/model:v1"
+	mustRemoteCLI(t, "--home", home, "pack", model, "-t", ref, "-q")
+	out := mustRemoteCLI(t, "--home", home, "push", "--plain-http", "--sign", keys+".key", ref)
+	if !strings.Contains(out, "Signed ") {
+		t.Fatalf("push --sign output: %s", out)
+	}
+	mustRemoteCLI(t, "verify", "--plain-http", "--key", keys+".pub", "--insecure-ignore-tlog", ref)
+
+	ref2 := reg.Host + "/signed/direct:v1"
+	mustRemoteCLI(t, "pack", model, "-t", ref2, "--push", "--plain-http", "--sign", keys+".key", "-q")
+	mustRemoteCLI(t, "verify", "--plain-http", "--key", keys+".pub", "--insecure-ignore-tlog", ref2)
+	if _, err := runRemoteCLI(t, "", "verify", "--plain-http", "--key", keys+".pub", "--insecure-ignore-tlog", reg.Host+"/org/unsigned:v1"); err == nil {
+		t.Fatal("verify of an unsigned artifact succeeded")
+	}
+}
