@@ -450,6 +450,24 @@ func TestGCLeastRecentlyUsed(t *testing.T) {
 		t.Error("wrong manifest evicted")
 	}
 
+	// Shared blobs free nothing until their last manifest goes: evicting A (sharing its big shard with B) is
+	// not enough, evicting B too is, and C (most recent) stays.
+	shared := shard(50, 100<<10)
+	a := src.manifestDesc(modelManifest(t, src, []modelFile{{Path: "s.safetensors", Data: shared}, {Path: "a.safetensors", Data: shard(51, 10<<10)}}))
+	bm := src.manifestDesc(modelManifest(t, src, []modelFile{{Path: "s.safetensors", Data: shared}, {Path: "b.safetensors", Data: shard(52, 10<<10)}}))
+	cm := src.manifestDesc(modelManifest(t, src, []modelFile{{Path: "c.safetensors", Data: shard(53, 100<<10)}}))
+	c3 := openCache(t, t.TempDir(), Options{MaxBytes: 130 << 10, MinAge: -1})
+	for _, m := range []ocispec.Descriptor{a, bm, cm} {
+		if _, err := c3.Pull(ctx, src, m, nil); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	st, err = c3.GC(ctx)
+	if err != nil || len(st.Evicted) != 2 || !c3.Has(cm.Digest) || st.After > 130<<10 {
+		t.Errorf("shared eviction: %+v %v", st, err)
+	}
+
 	// MinAge protects fresh content however full the cache is.
 	c2 := openCache(t, t.TempDir(), Options{MaxBytes: 1})
 	if _, err := c2.Pull(ctx, src, models[0], nil); err != nil {

@@ -247,19 +247,48 @@ func (c *Cache) gcLocked(ctx context.Context, st *GCStats, remove *digest.Digest
 // chooseEvictions picks LRU victims among unused manifests until what remains fits MaxBytes. A victim frees the
 // blobs and layers no other kept manifest shares.
 func (c *Cache) chooseEvictions(s *snapshot, u Usage, inUse, evict map[digest.Digest]bool) {
-	sizes := map[digest.Digest]int64{}
-	users := map[digest.Digest]int{}
-	for _, m := range s.manifests {
+	// What each blob occupies on disk, committed or partial; extracted layers are keyed "layer:<digest>".
+	onDisk := map[digest.Digest]int64{}
+	c.blobs.Walk(func(d digest.Digest, size int64) error {
+		onDisk[d] = size
+		return nil
+	})
+	if partials, err := c.blobs.Partials(); err == nil {
+		for d, n := range partials {
+			onDisk[d] += n
+		}
+	}
+	for d, st := range s.layers {
+		onDisk["layer:"+d] = st.Bytes
+	}
+	keys := func(m *manifestRecord) map[digest.Digest]bool {
+		out := map[digest.Digest]bool{}
 		for _, b := range m.blobs() {
-			sizes[b.Digest] = b.Size
-			users[b.Digest]++
+			out[b.Digest] = true
 		}
 		for _, l := range m.Layers {
 			if l.Format != artifact.FormatRaw {
-				key := "layer:" + l.Digest
-				sizes[key] = s.layers[l.Digest].Bytes
-				users[key]++
+				out["layer:"+l.Digest] = true
 			}
+		}
+		return out
+	}
+	users := map[digest.Digest]int{}
+	for _, m := range s.manifests {
+		for k := range keys(m) {
+			users[k]++
+		}
+	}
+	for d, ix := range s.indexes {
+		if !evict[ix.Manifest] {
+			users[d]++
+		}
+	}
+	// What no manifest needs is swept whatever is evicted: it does not count.
+	remaining := u.Bytes
+	for k, n := range onDisk {
+		if users[k] == 0 {
+			remaining -= n
 		}
 	}
 	victims := make([]*manifestRecord, 0, len(s.manifests))
@@ -270,43 +299,29 @@ func (c *Cache) chooseEvictions(s *snapshot, u Usage, inUse, evict map[digest.Di
 		}
 	}
 	sort.Slice(victims, func(i, j int) bool { return victims[i].LastUsed.Before(victims[j].LastUsed) })
-	// Blobs no manifest needs (a crashed pull's leftovers) are swept whatever is evicted: do not count them.
-	remaining := u.Bytes
-	c.blobs.Walk(func(d digest.Digest, size int64) error {
-		if users[d] == 0 {
-			remaining -= size
-		}
-		return nil
-	})
 	for _, m := range victims {
 		if remaining <= c.opts.MaxBytes {
 			break
 		}
 		evict[m.Descriptor.Digest] = true
-		seen := map[digest.Digest]bool{}
-		release := func(key digest.Digest) {
-			if seen[key] {
-				return
-			}
-			seen[key] = true
-			if users[key]--; users[key] == 0 {
-				remaining -= sizes[key]
+		for k := range keys(m) {
+			if users[k]--; users[k] == 0 {
+				remaining -= onDisk[k]
 			}
 		}
-		for _, b := range m.blobs() {
-			release(b.Digest)
-		}
-		for _, l := range m.Layers {
-			if l.Format != artifact.FormatRaw {
-				release("layer:" + l.Digest)
+		for d, ix := range s.indexes {
+			if ix.Manifest == m.Descriptor.Digest {
+				if users[d]--; users[d] == 0 {
+					remaining -= onDisk[d]
+				}
 			}
 		}
 	}
 }
 
 // sweep deletes what no kept manifest needs: blobs, extracted layers, partial downloads, the views of evicted
-// or vanished manifests, and partial (selector) views no reference uses. It runs under c.mu, so no pull can start needing something between the snapshot and
-// the deletions.
+// or vanished manifests, and partial (selector) views no reference uses. It runs under c.mu, so no pull can start
+// needing something between the snapshot and the deletions.
 func (c *Cache) sweep(s *snapshot, evict map[digest.Digest]bool, st *GCStats) error {
 	blobs, layers := s.needs(func(m *manifestRecord) bool { return !evict[m.Descriptor.Digest] })
 	kept := map[string]bool{}
