@@ -66,6 +66,9 @@ type Options struct {
 	KeepWhiteouts bool
 	// ReadOnly clears the write bits of every file and directory written (views served to pods are read-only).
 	ReadOnly bool
+	// WorldReadable adds read permission for everyone to files, and read and search to directories, so a model
+	// is readable by whatever user a pod runs as. Container images keep their own permissions.
+	WorldReadable bool
 	// AbsoluteSymlinks accepts symlinks with absolute targets. Container images are full of them (/bin/sh ->
 	// /usr/bin/bash) and they resolve inside the container's root; model archives have no use for them.
 	AbsoluteSymlinks bool
@@ -451,13 +454,17 @@ func (x *extractor) dir(name string, mode fs.FileMode) error {
 	}
 	x.dirs[name] = true
 	x.created[name] = true
-	x.modes = append(x.modes, dirMode{name, x.perm(mode)})
+	x.modes = append(x.modes, dirMode{name, x.perm(mode, 0o555)})
 	return nil
 }
 
-// perm is the mode written for an entry: no setuid/setgid, and no write bits for read-only extractions.
-func (x *extractor) perm(mode fs.FileMode) fs.FileMode {
+// perm is the mode written for an entry: no setuid/setgid, no write bits for read-only extractions, and the
+// readable bits added for world-readable ones.
+func (x *extractor) perm(mode, readable fs.FileMode) fs.FileMode {
 	p := mode.Perm()
+	if x.opts.WorldReadable {
+		p |= readable
+	}
 	if x.opts.ReadOnly {
 		p &^= 0o222
 	}
@@ -487,7 +494,7 @@ func (x *extractor) file(name string, hdr *tar.Header, r io.Reader) error {
 	}
 	if err == nil {
 		// Chmod through the open descriptor: no window in which name could be swapped for a link.
-		err = f.Chmod(x.perm(hdr.FileInfo().Mode()))
+		err = f.Chmod(x.perm(hdr.FileInfo().Mode(), 0o444))
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr

@@ -26,8 +26,10 @@ type entry struct {
 	size       int64 // declared size when it must differ from len(body)
 }
 
-func file(name, body string) entry { return entry{name: name, typ: tar.TypeReg, mode: 0o644, body: body} }
-func dir(name string) entry        { return entry{name: name, typ: tar.TypeDir, mode: 0o755} }
+func file(name, body string) entry {
+	return entry{name: name, typ: tar.TypeReg, mode: 0o644, body: body}
+}
+func dir(name string) entry { return entry{name: name, typ: tar.TypeDir, mode: 0o755} }
 func symlink(name, target string) entry {
 	return entry{name: name, typ: tar.TypeSymlink, link: target, mode: 0o777}
 }
@@ -150,6 +152,19 @@ func TestExtractReadOnlyAndSetuid(t *testing.T) {
 		}
 		if fi.Mode() != want {
 			t.Errorf("%s mode %v, want %v", p, fi.Mode(), want)
+		}
+	}
+}
+
+func TestExtractWorldReadable(t *testing.T) {
+	b := makeTar(t, entry{name: "private/", typ: tar.TypeDir, mode: 0o700}, entry{name: "private/key", typ: tar.TypeReg, mode: 0o600, body: "k"})
+	d := t.TempDir()
+	if err := Extract(bytes.NewReader(b), artifact.FormatTar, d, Options{ReadOnly: true, WorldReadable: true}); err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]fs.FileMode{"private": fs.ModeDir | 0o555, "private/key": 0o444} {
+		if fi, err := os.Lstat(filepath.Join(d, p)); err != nil || fi.Mode() != want {
+			t.Errorf("%s: %v %v, want %v", p, fi.Mode(), err, want)
 		}
 	}
 }
