@@ -299,13 +299,16 @@ func (p *drvProc) stop() {
 	}
 }
 
-func (p *drvProc) node() csi.NodeClient {
+func (p *drvProc) node() csi.NodeClient { return csi.NewNodeClient(p.conn()) }
+
+// conn is a client connection to the driver's socket, closed at the end of the test.
+func (p *drvProc) conn() *grpc.ClientConn {
 	conn, err := grpc.NewClient("unix://"+p.Sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		p.t.Fatal(err)
 	}
 	p.t.Cleanup(func() { conn.Close() })
-	return csi.NewNodeClient(conn)
+	return conn
 }
 
 // metric returns the sum of the series of a metric whose labels contain every given label pair.

@@ -5,6 +5,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
@@ -17,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"oras.land/oras-go/v2/registry/remote/auth"
@@ -40,7 +42,7 @@ func randomBytes(t *testing.T, n int) []byte {
 	return b
 }
 
-func TestDriverInlineAndStaticPV(t *testing.T) {
+func TestDriverInlineStaticAndDynamicVolumes(t *testing.T) {
 	testenv.RequireRoot(t)
 	dir := t.TempDir()
 	drvCleanupMounts(t, dir)
@@ -60,7 +62,8 @@ func TestDriverInlineAndStaticPV(t *testing.T) {
 		"csi.storage.k8s.io/pod.uid":             "uid-a",
 		"csi.storage.k8s.io/serviceAccount.name": "default",
 	})
-	if err := drvPublish(node, req, time.Minute); err != nil {
+	err := drvPublish(node, req, time.Minute)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if got := drvRead(t, filepath.Join(inline, "model.safetensors")); got != "weights of v1" {
@@ -72,7 +75,7 @@ func TestDriverInlineAndStaticPV(t *testing.T) {
 			t.Errorf("mount options %q lack %s", opts, o)
 		}
 	}
-	err := os.WriteFile(filepath.Join(inline, "new"), []byte("x"), 0o644)
+	err = os.WriteFile(filepath.Join(inline, "new"), []byte("x"), 0o644)
 	if !errors.Is(err, syscall.EROFS) {
 		t.Fatalf("create in the volume: %v, want EROFS", err)
 	}
@@ -103,6 +106,31 @@ func TestDriverInlineAndStaticPV(t *testing.T) {
 	}
 	if n := d.metric("modelpack_csi_volumes"); n != 2 {
 		t.Fatalf("volumes metric %v, want 2", n)
+	}
+
+	// Dynamic provisioning: the StorageClass parameters become the PV's volume context.
+	ctrl := csi.NewControllerClient(d.conn())
+	mkReq := func(params map[string]string) *csi.CreateVolumeRequest {
+		return &csi.CreateVolumeRequest{Name: "pvc-1234", Parameters: params, VolumeCapabilities: []*csi.VolumeCapability{
+			drvPublishReq("", "", nil).VolumeCapability}}
+	}
+	_, err = ctrl.CreateVolume(context.Background(), mkReq(map[string]string{"reference": ref, "filter": "video"}))
+	drvWantCode(t, err, codes.InvalidArgument, "valid keys")
+	created, err := ctrl.CreateVolume(context.Background(), mkReq(map[string]string{
+		"reference": ref, "filter": "docs", "csi.storage.k8s.io/pvc/name": "models", "csi.storage.k8s.io/pvc/namespace": "default"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dynamic := drvKubelet(t, dir, "pod-c")
+	if err := drvPublish(node, drvPublishReq(created.Volume.VolumeId, dynamic, created.Volume.VolumeContext), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if got := drvRead(t, filepath.Join(dynamic, "README.md")); got != "# model v1" {
+		t.Fatalf("docs view: %q", got)
+	}
+	drvUnpublish(t, node, created.Volume.VolumeId, dynamic)
+	if _, err := ctrl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: created.Volume.VolumeId}); err != nil {
+		t.Fatal(err)
 	}
 
 	drvUnpublish(t, node, "csi-inline-1", inline)
