@@ -26,6 +26,9 @@ import (
 	"github.com/modelpack/modelpack/internal/testenv"
 )
 
+// drvHtpasswd lets user e2e in with password e2e-secret (bcrypt).
+const drvHtpasswd = "e2e:$2a$04$0VolbSl0.TW28FM1h47Wo.UonH/J9lu5n1xtU0R4LC0jPGN6wfZJC\n"
+
 func drvSmallModel(tag string) drvModel {
 	return drvModel{
 		"model.safetensors": []byte("weights of " + tag),
@@ -412,8 +415,7 @@ func TestDriverErrorCodes(t *testing.T) {
 	testenv.RequireRoot(t)
 	dir := t.TempDir()
 	drvCleanupMounts(t, dir)
-	const htpasswd = "e2e:$2a$04$0VolbSl0.TW28FM1h47Wo.UonH/J9lu5n1xtU0R4LC0jPGN6wfZJC\n"
-	private := testenv.StartRegistry(t, testenv.RegistryOptions{Htpasswd: htpasswd})
+	private := testenv.StartRegistry(t, testenv.RegistryOptions{Htpasswd: drvHtpasswd})
 	drvPush(t, private.Host, "models/private", "v1", drvSmallModel("private"), &auth.Credential{Username: "e2e", Password: "e2e-secret"})
 	unreachable := testenv.FreeAddr(t)
 	d := drvStart(t, filepath.Join(dir, "node"), private.Host, unreachable)
@@ -576,6 +578,29 @@ func TestDriverRepairsBrokenMounts(t *testing.T) {
 		if time.Since(start) > 20*time.Second {
 			t.Fatal("the broken mount was not repaired")
 		}
+	}
+	drvUnpublish(t, node, "vol", target)
+}
+
+// TestDriverNodeCredentials pulls a private model with the node's docker config when the pod names no secret.
+func TestDriverNodeCredentials(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	drvCleanupMounts(t, dir)
+	private := testenv.StartRegistry(t, testenv.RegistryOptions{Htpasswd: drvHtpasswd})
+	drvPush(t, private.Host, "models/private", "v1", drvSmallModel("node-creds"), &auth.Credential{Username: "e2e", Password: "e2e-secret"})
+	cfg := filepath.Join(dir, "node-docker-config.json")
+	if err := os.WriteFile(cfg, []byte(drvDockerConfig(private.Host, "e2e", "e2e-secret")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := drvStartWith(t, filepath.Join(dir, "node"), []string{"--registry-config", cfg}, private.Host)
+	node := d.node()
+	target := drvKubelet(t, dir, "pod")
+	if err := drvPublish(node, drvPublishReq("vol", target, map[string]string{"reference": private.Host + "/models/private:v1"}), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if got := drvRead(t, filepath.Join(target, "model.safetensors")); got != "weights of node-creds" {
+		t.Fatalf("weights: %q", got)
 	}
 	drvUnpublish(t, node, "vol", target)
 }
