@@ -2,7 +2,6 @@ package csidriver
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -130,5 +129,3 @@ func (f *fakeBackend) Stats() Stats {
 	}
 	return Stats{Views: len(views), Refs: len(f.owners)}
 }
-
-var errFake = errors.New("fake failure")
