@@ -300,6 +300,11 @@ func checkInstall(t *testing.T, objs []object) {
 		}
 		if ps := podSpec(o); ps != nil {
 			checkImages(t, o, ps)
+			for _, c := range ps.Containers {
+				if strings.Contains(c.Image, "/modelpack") {
+					checkCommandLine(t, o, c)
+				}
+			}
 		}
 	}
 
@@ -575,6 +580,27 @@ func checkMirrors(t *testing.T, objs []object) {
 	}
 }
 
+// checkCommandLine holds the arguments given to our image to the flags the modelpack command really has, so a
+// renamed or missing flag fails here instead of in a crash-looping pod.
+func checkCommandLine(t *testing.T, o object, c corev1.Container) {
+	t.Helper()
+	if len(c.Args) == 0 {
+		t.Errorf("%s %s container %s: no command", o.kind, o.name, c.Name)
+		return
+	}
+	cmd, rest, err := cli.NewRoot().Find(c.Args)
+	if err != nil || cmd.Name() != c.Args[0] {
+		t.Errorf("%s %s container %s: no command %q: %v", o.kind, o.name, c.Name, c.Args[0], err)
+		return
+	}
+	for _, a := range rest {
+		name, _, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		if !strings.HasPrefix(a, "--") || (cmd.Flags().Lookup(name) == nil && cmd.InheritedFlags().Lookup(name) == nil) {
+			t.Errorf("%s %s container %s: `modelpack %s` has no flag %s", o.kind, o.name, c.Name, c.Args[0], a)
+		}
+	}
+}
+
 var pinned = regexp.MustCompile(`^[^@]+(@sha256:[0-9a-f]{64}|:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})$`)
 
 func checkImages(t *testing.T, o object, ps *corev1.PodSpec) {
@@ -718,6 +744,13 @@ func boundTo(ix map[string]object, sa, kind, role string) bool {
 		}
 	}
 	return false
+}
+
+func TestHelmLint(t *testing.T) {
+	out := run(t, testenv.Tool(t, "helm"), "lint", "--strict", "helm/modelpack")
+	if !bytes.Contains(out, []byte("0 chart(s) failed")) {
+		t.Fatalf("helm lint:\n%s", out)
+	}
 }
 
 // TestDockerfile keeps the image build in step with the module, since no Docker engine here can build it: the
