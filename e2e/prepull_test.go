@@ -374,3 +374,64 @@ func exitStderr(err error) string {
 	}
 	return ""
 }
+
+// TestPrepullTrustPolicy: the node's policy refuses an unsigned model for a prepull exactly as for a mount, before
+// any of its blobs is fetched, while the signed one is pulled and pinned.
+func TestPrepullTrustPolicy(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := testenv.Modelpack(t)
+	dir := t.TempDir()
+	drvCleanupMounts(t, dir)
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	proxy := drvStartProxy(t, reg.Host)
+	signed := drvModel{"model.safetensors": randomBytes(t, 1<<20)}
+	unsigned := drvModel{"model.safetensors": randomBytes(t, 1<<20)}
+	drvPush(t, reg.Host, "models/signed", "v1", signed, nil)
+	drvPush(t, reg.Host, "models/unsigned", "v1", unsigned, nil)
+	refSigned, refUnsigned := proxy.Host+"/models/signed:v1", proxy.Host+"/models/unsigned:v1"
+
+	keys := t.TempDir()
+	env := append(os.Environ(), "COSIGN_PASSWORD=e2e", "HOME="+keys, "DOCKER_CONFIG="+filepath.Join(keys, ".docker"))
+	for _, args := range [][]string{
+		{"key", "generate", "--output-key-prefix", filepath.Join(keys, "mp")},
+		{"sign", refSigned, "--key", filepath.Join(keys, "mp.key"), "--plain-http"},
+	} {
+		cmd := exec.Command(bin, args...)
+		cmd.Env = env
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("modelpack %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	policy := filepath.Join(keys, "policy.yaml")
+	if err := os.WriteFile(policy, []byte(fmt.Sprintf(`default: {none: true}
+rules:
+- name: models
+  match: [%q]
+  keys: [%q]
+  transparencyLog: waive
+`, proxy.Host+"/models/**", filepath.Join(keys, "mp.pub"))), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	d := drvStart(t, filepath.Join(dir, "node"), proxy.Host)
+	d.stop()
+	d.args = append(d.args, "--policy", policy)
+	d.restart()
+	api := prepull.NewClient(filepath.Join(d.Root, "prepull.sock"))
+	if _, err := api.SetList(context.Background(), "configmap", []string{refUnsigned, refSigned}); err != nil {
+		t.Fatal(err)
+	}
+	es := waitEntries(t, api, "configmap", func(m map[string]prepull.Entry) bool {
+		return m[refSigned].State == prepull.StateReady && m[refUnsigned].State == prepull.StateFailed
+	})
+	if e := es[refUnsigned].Error; !strings.HasPrefix(e, "trust policy: ") || !strings.Contains(e, "no signature") {
+		t.Errorf("unsigned model fails with %q, want the policy's refusal", e)
+	}
+	if n := blobGets(proxy, unsigned); n != 0 {
+		t.Errorf("the refused model's blobs were fetched %d times", n)
+	}
+	owners := cacheOwners(t, api)
+	if len(owners) != 1 || !slices.Contains(owners[es[refSigned].Digest], "pin:"+prepull.PinName("configmap", refSigned)) {
+		t.Errorf("cache %v, want only the signed model, pinned", owners)
+	}
+}
