@@ -94,6 +94,9 @@ func ParseModelfile(r io.Reader, name string) (*Modelfile, error) {
 
 // checkPattern refuses patterns that could never match a model-relative path.
 func checkPattern(p string) error {
+	if p == "" {
+		return fmt.Errorf("empty pattern: name a file, a directory or a glob inside the model")
+	}
 	if _, err := path.Match(p, ""); err != nil {
 		return fmt.Errorf("invalid pattern %q: %w", p, err)
 	}
