@@ -22,8 +22,9 @@ type fakeBackend struct {
 	pulled  map[digest.Digest]bool
 	owners  map[string]string // owner → view dir
 	pullErr error
-	// gate, if set, blocks pulls until closed.
-	gate  chan struct{}
+	// gate, if set, blocks pulls until closed; resolveGate does the same for resolves.
+	gate        chan struct{}
+	resolveGate chan struct{}
 	pulls atomic.Int32
 }
 
@@ -42,6 +43,13 @@ func (f *fakeBackend) push(ref, content string) digest.Digest {
 func (f *fakeBackend) Ready() error { return nil }
 
 func (f *fakeBackend) Resolve(ctx context.Context, ref string, creds Credentials) (digest.Digest, error) {
+	if f.resolveGate != nil {
+		select {
+		case <-f.resolveGate:
+		case <-ctx.Done():
+			return "", fmt.Errorf("resolve %s: %w", ref, ctx.Err())
+		}
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if i := strings.LastIndex(ref, "@"); i >= 0 {

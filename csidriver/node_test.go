@@ -216,6 +216,22 @@ func TestAbortedPullIsJoinedByRetry(t *testing.T) {
 	}
 }
 
+func TestSlowRegistryAnswersAbortedInTime(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	cleanupMounts(t, dir)
+	b := newFakeBackend(filepath.Join(dir, "cache"))
+	b.push(testRef, "v1")
+	b.resolveGate = make(chan struct{})
+	_, sock := startDriver(t, dir, b)
+	node := nodeClient(t, sock)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err := node.NodePublishVolume(ctx, publishReq("v", podTarget(t, dir, "p"), map[string]string{AttrReference: testRef}))
+	wantCode(t, err, codes.Aborted, "resolving")
+	close(b.resolveGate)
+}
+
 func TestRestartRecovery(t *testing.T) {
 	testenv.RequireRoot(t)
 	dir := t.TempDir()

@@ -306,9 +306,14 @@ func (d *Driver) ensureImage(ctx context.Context, a *Attributes, creds Credentia
 			return local, nil
 		}
 	}
-	dgst, err := d.backend.Resolve(ctx, a.Reference, creds)
+	// A registry too slow to answer within the budget gets the same ABORTED as a slow pull, in time for the
+	// caller to read it.
+	rctx, cancel := withBudget(ctx)
+	dgst, err := d.backend.Resolve(rctx, a.Reference, creds)
+	outOfTime := rctx.Err() != nil
+	cancel()
 	if err != nil {
-		if ctx.Err() != nil {
+		if outOfTime {
 			return image{}, status.Errorf(codes.Aborted, "resolving %s did not finish before the deadline: %v", a.Reference, err)
 		}
 		return image{}, toStatus(err, "resolve %s", a.Reference)

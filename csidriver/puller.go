@@ -122,19 +122,23 @@ func (p *puller) run(j *pullJob, creds Credentials) {
 // wait waits for the job until ctx's deadline draws near, then gives up with ABORTED and the progress; the pull
 // goes on. A call without a deadline waits for the pull to end.
 func (p *puller) wait(ctx context.Context, j *pullJob) (digest.Digest, error) {
-	var timeout <-chan time.Time
-	if dl, ok := ctx.Deadline(); ok {
-		t := time.NewTimer(waitBudget(time.Until(dl)))
-		defer t.Stop()
-		timeout = t.C
-	}
+	bctx, cancel := withBudget(ctx)
+	defer cancel()
 	select {
 	case <-j.done:
 		return j.manifest, j.err
-	case <-timeout:
-	case <-ctx.Done():
+	case <-bctx.Done():
 	}
 	return "", status.Error(codes.Aborted, j.describe()+"; the pull continues in the background and a retry will join it")
+}
+
+// withBudget bounds ctx by the wait budget of its deadline.
+func withBudget(ctx context.Context) (context.Context, context.CancelFunc) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, waitBudget(time.Until(dl)))
 }
 
 // waitBudget keeps a margin before the caller's deadline for the answer to reach it in time and, when the pull
