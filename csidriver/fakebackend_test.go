@@ -25,7 +25,7 @@ type fakeBackend struct {
 	// gate, if set, blocks pulls until closed; resolveGate does the same for resolves.
 	gate        chan struct{}
 	resolveGate chan struct{}
-	pulls atomic.Int32
+	pulls       atomic.Int32
 }
 
 func newFakeBackend(root string) *fakeBackend {
