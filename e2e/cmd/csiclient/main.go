@@ -18,6 +18,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
@@ -81,7 +82,7 @@ func main() {
 			if err == nil {
 				return
 			}
-			if s := status.Convert(err); s.Code().String() == "Aborted" {
+			if s := status.Convert(err); s.Code() == codes.Aborted {
 				fmt.Fprintln(os.Stderr, "retrying:", s.Message())
 				time.Sleep(100 * time.Millisecond)
 				continue
