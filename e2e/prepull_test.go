@@ -211,6 +211,19 @@ func TestPrepullCLI(t *testing.T) {
 	if out, err := exec.Command(bin, "prepull", "cache", "--socket", sock).Output(); err != nil || !strings.Contains(string(out), "evictable") {
 		t.Errorf("prepull cache after cancel: %v\n%s", err, out)
 	}
+
+	// Prepulled by digest, a model mounts with the registry gone.
+	byDigest := reg.Host + "/models/c@" + dig.String()
+	if out, err := exec.Command(bin, "prepull", "-q", "--socket", sock, byDigest).CombinedOutput(); err != nil {
+		t.Fatalf("prepull %s: %v\n%s", byDigest, err, out)
+	}
+	reg.Stop()
+	drvCleanupMounts(t, dir)
+	target := drvKubelet(t, dir, "offline")
+	if err := drvPublish(d.node(), drvPublishReq("csi-offline", target, map[string]string{"reference": byDigest}), 30*time.Second); err != nil {
+		t.Fatalf("publish of a prepulled digest with the registry down: %v", err)
+	}
+	drvUnpublish(t, d.node(), "csi-offline", target)
 }
 
 // writeConfigMapFile updates dir the way the kubelet updates a ConfigMap volume: a new timestamped directory,
