@@ -577,3 +577,43 @@ func TestBandwidthLimit(t *testing.T) {
 		t.Error("read went on after cancel")
 	}
 }
+
+// A list that never parsed is reported once, not on every poll, and nothing is sent until it parses.
+func TestWatcherWaitsForAValidList(t *testing.T) {
+	be := newFake()
+	close(be.gate("r/a:1"))
+	c := serve(t, be, Options{})
+	dir := t.TempDir()
+	writeConfigMap(t, dir, "models.yaml", "models: [\n")
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	w := &Watcher{Client: c, File: filepath.Join(dir, "models.yaml"), List: "configmap", Poll: 10 * time.Millisecond,
+		Log: slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, nil)), Metrics: NewWatchMetrics(nil, "")}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	time.Sleep(200 * time.Millisecond)
+	mu.Lock()
+	n := strings.Count(logs.String(), "prepull list invalid")
+	mu.Unlock()
+	if n != 1 {
+		t.Errorf("invalid list logged %d times, want once", n)
+	}
+	if s, _ := c.Entries(context.Background(), "configmap", 0); len(s.Entries) != 0 {
+		t.Errorf("entries from an invalid list: %+v", s.Entries)
+	}
+	writeConfigMap(t, dir, "models.yaml", "- r/a:1\n")
+	waitFor(t, c, "configmap", func(m map[string]Entry) bool { return m["r/a:1"].State == StateReady })
+}
+
+type lockedWriter struct {
+	w  io.Writer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}

@@ -55,6 +55,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 
 	var (
 		content    []byte
+		examined   bool // content has been parsed (well or not)
 		unreadable bool
 		refs       []string
 		loaded     bool
@@ -72,8 +73,8 @@ func (w *Watcher) Run(ctx context.Context) error {
 			}
 			unreadable, content = true, nil
 			m.listValid.Set(0)
-		case !loaded || unreadable || !bytes.Equal(b, content):
-			unreadable, content = false, b
+		case !examined || unreadable || !bytes.Equal(b, content):
+			examined, unreadable, content = true, false, b
 			parsed, perr := ParseList(b)
 			if perr != nil {
 				log.Error("prepull list invalid; keeping the last good list", "file", w.File, "err", perr)
