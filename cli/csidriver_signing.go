@@ -39,6 +39,9 @@ func init() {
 			env.Driver.Collectors = append(env.Driver.Collectors, v.Collector())
 			go v.WatchPolicy(ctx, policyPath, 0)
 			env.Verifier = cachebackend.VerifierFunc(func(ctx context.Context, digestRef string) error {
+				if cf := cachebackend.CredentialsFrom(ctx); cf != nil {
+					ctx = signing.WithCredentials(ctx, cf) // the volume's pull secret reads its signatures too
+				}
 				_, err := v.Verify(ctx, digestRef)
 				if errors.Is(err, signing.ErrDenied) {
 					return policyDenial{err}

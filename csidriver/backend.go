@@ -19,6 +19,10 @@ type Backend interface {
 	// Local returns the manifest to mount for d when d and everything it references are complete in the cache:
 	// d itself for a manifest, the node's platform's manifest for an index.
 	Local(d digest.Digest) (manifest digest.Digest, ok bool)
+	// Verify applies the node's trust policy to ref's repository at dgst, before anything of dgst is pulled and
+	// on every publish of content already here (the policy, or the repository, may differ from the one it was
+	// pulled under). An error wrapping ErrDenied refuses the volume.
+	Verify(ctx context.Context, ref string, dgst digest.Digest, creds Credentials) error
 	// Pull makes the content of dgst complete in the cache and returns the manifest to mount: dgst itself, or,
 	// for an index, the manifest matching platform ("" meaning the node's). It reports progress as it goes.
 	Pull(ctx context.Context, ref string, dgst digest.Digest, platform string, creds Credentials, progress func(Progress)) (digest.Digest, error)

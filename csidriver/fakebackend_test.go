@@ -22,6 +22,7 @@ type fakeBackend struct {
 	pulled  map[digest.Digest]bool
 	owners  map[string]string // owner → view dir
 	pullErr error
+	deny    map[digest.Digest]bool // digests the policy refuses
 	// gate, if set, blocks pulls until closed; resolveGate does the same for resolves.
 	gate        chan struct{}
 	resolveGate chan struct{}
@@ -136,4 +137,13 @@ func (f *fakeBackend) Stats() Stats {
 		views[v] = true
 	}
 	return Stats{Views: len(views), Refs: len(f.owners)}
+}
+
+func (f *fakeBackend) Verify(ctx context.Context, ref string, d digest.Digest, creds Credentials) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.deny[d] {
+		return fmt.Errorf("%w: %s is not signed", ErrDenied, d)
+	}
+	return nil
 }

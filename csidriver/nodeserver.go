@@ -289,21 +289,35 @@ type image struct {
 
 func imageKey(ref, platform string) string { return ref + "|" + platform }
 
-// ensureImage applies the pull policy: it finds the content on the node or pulls it, joining a pull under way.
-// Kubernetes' meanings: Never uses only what the node has; IfNotPresent asks the registry only when the node has
-// nothing for the reference; Always asks the registry every time and fails if that fails, but downloads nothing
-// the node already has.
+// ensureImage finds or pulls the content a volume names and checks it against the node's trust policy.
 func (d *Driver) ensureImage(ctx context.Context, a *Attributes, creds Credentials, log *slog.Logger) (image, error) {
+	img, verified, err := d.findImage(ctx, a, creds, log)
+	if err != nil || verified {
+		return img, err
+	}
+	// Content already on the node is checked too: the policy may have changed since it was pulled, and the same
+	// digest may have come from a repository under another rule.
+	if err := d.backend.Verify(ctx, a.Reference, digest.Digest(img.Digest), creds); err != nil {
+		return image{}, toStatus(err, "verify %s", a.Reference)
+	}
+	return img, nil
+}
+
+// findImage applies the pull policy: it finds the content on the node or pulls it, verifying a digest before any
+// of its layers is pulled (verified reports that it did). Kubernetes' meanings: Never uses only what the node
+// has; IfNotPresent asks the registry only when the node has nothing for the reference; Always asks the registry
+// every time and fails if that fails, but downloads nothing the node already has.
+func (d *Driver) findImage(ctx context.Context, a *Attributes, creds Credentials, log *slog.Logger) (img image, verified bool, err error) {
 	local, haveLocal := d.localImage(a)
 	switch a.PullPolicy {
 	case PullNever:
 		if haveLocal {
-			return local, nil
+			return local, false, nil
 		}
-		return image{}, status.Errorf(codes.FailedPrecondition, "pullPolicy is Never and %s is not on this node", a.Reference)
+		return image{}, false, status.Errorf(codes.FailedPrecondition, "pullPolicy is Never and %s is not on this node", a.Reference)
 	case PullIfNotPresent:
 		if haveLocal {
-			return local, nil
+			return local, false, nil
 		}
 	}
 	// A registry too slow to answer within the budget gets the same ABORTED as a slow pull, in time for the
@@ -314,15 +328,18 @@ func (d *Driver) ensureImage(ctx context.Context, a *Attributes, creds Credentia
 	cancel()
 	if err != nil {
 		if outOfTime {
-			return image{}, status.Errorf(codes.Aborted, "resolving %s did not finish before the deadline: %v", a.Reference, err)
+			return image{}, false, status.Errorf(codes.Aborted, "resolving %s did not finish before the deadline: %v", a.Reference, err)
 		}
-		return image{}, toStatus(err, "resolve %s", a.Reference)
+		return image{}, false, toStatus(err, "resolve %s", a.Reference)
+	}
+	if err := d.backend.Verify(ctx, a.Reference, dgst, creds); err != nil {
+		return image{}, false, toStatus(err, "verify %s", a.Reference)
 	}
 	if img, ok := d.knownImage(dgst, a.Platform); ok {
 		if err := d.recordImage(a.Reference, a.Platform, img); err != nil {
-			return image{}, status.Errorf(codes.Internal, "record image: %v", err)
+			return image{}, false, status.Errorf(codes.Internal, "record image: %v", err)
 		}
-		return img, nil
+		return img, true, nil
 	}
 	job, joined := d.pulls.start(a.Reference, dgst, a.Platform, creds)
 	if joined {
@@ -330,9 +347,9 @@ func (d *Driver) ensureImage(ctx context.Context, a *Attributes, creds Credentia
 	}
 	manifest, err := d.pulls.wait(ctx, job)
 	if err != nil {
-		return image{}, toStatus(err, "pull %s", a.Reference)
+		return image{}, false, toStatus(err, "pull %s", a.Reference)
 	}
-	return image{Digest: dgst.String(), Manifest: manifest.String()}, nil
+	return image{Digest: dgst.String(), Manifest: manifest.String()}, true, nil
 }
 
 // localImage is what the reference last resolved to here, if that content is still complete in the cache. A

@@ -16,6 +16,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/registry"
+	"oras.land/oras-go/v2/registry/remote/auth"
 
 	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/artifact/remote"
@@ -115,20 +116,47 @@ func (b *Backend) Local(d digest.Digest) (digest.Digest, bool) {
 	return desc.Digest, true
 }
 
+// Verify runs the verifier, if any, on the digest reference ref resolved to, with the volume's credentials
+// reachable through CredentialsFrom(ctx).
+func (b *Backend) Verify(ctx context.Context, ref string, dgst digest.Digest, creds csidriver.Credentials) error {
+	if b.opts.Verifier == nil {
+		return nil
+	}
+	parsed, err := registry.ParseReference(ref)
+	if err != nil {
+		return fmt.Errorf("%w: %v", csidriver.ErrInvalidReference, err)
+	}
+	if len(creds.DockerConfigJSON) > 0 {
+		cf, err := remote.CredentialsFromDockerConfigJSON(creds.DockerConfigJSON)
+		if err != nil {
+			return fmt.Errorf("%w: the pull secret is not a docker config", csidriver.ErrUnauthorized)
+		}
+		ctx = context.WithValue(ctx, credentialsKey{}, cf)
+	}
+	if err := b.opts.Verifier.Verify(ctx, parsed.Registry+"/"+parsed.Repository+"@"+dgst.String()); err != nil {
+		if errors.Is(err, csidriver.ErrDenied) {
+			return err
+		}
+		return fmt.Errorf("verify signatures of %s: %w", dgst, classify(err))
+	}
+	return nil
+}
+
+type credentialsKey struct{}
+
+// CredentialsFrom returns the volume's own registry credentials inside a Verifier's Verify call, or nil for the
+// node's.
+func CredentialsFrom(ctx context.Context) auth.CredentialFunc {
+	cf, _ := ctx.Value(credentialsKey{}).(auth.CredentialFunc)
+	return cf
+}
+
 // Pull pulls dgst into the cache. For an index and an explicit platform the manifest is chosen here, since the
 // cache narrows indexes to the node's platform.
 func (b *Backend) Pull(ctx context.Context, ref string, dgst digest.Digest, platform string, creds csidriver.Credentials, progress func(csidriver.Progress)) (digest.Digest, error) {
-	repo, parsed, err := b.repository(ref, creds)
+	repo, _, err := b.repository(ref, creds)
 	if err != nil {
 		return "", err
-	}
-	if b.opts.Verifier != nil {
-		if err := b.opts.Verifier.Verify(ctx, parsed.Registry+"/"+parsed.Repository+"@"+dgst.String()); err != nil {
-			if errors.Is(err, csidriver.ErrDenied) {
-				return "", err
-			}
-			return "", fmt.Errorf("verify signatures of %s: %w", dgst, classify(err))
-		}
 	}
 	desc, err := repo.Resolve(ctx, dgst.String())
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"oras.land/oras-go/v2/registry/remote/auth"
 	"os"
 	"strings"
 	"syscall"
@@ -57,19 +58,31 @@ func TestBadPullSecretIsUnauthenticatedWithoutEchoingIt(t *testing.T) {
 	}
 }
 
-func TestVerifierRunsOnTheResolvedDigestBeforeAnyPull(t *testing.T) {
+func TestVerifyChecksTheDigestReferenceWithTheVolumeCredentials(t *testing.T) {
 	var asked string
+	var creds auth.CredentialFunc
 	denied := fmt.Errorf("%w: no signature by a trusted key", csidriver.ErrDenied)
 	b := New(nil, Options{Verifier: VerifierFunc(func(ctx context.Context, ref string) error {
-		asked = ref
+		asked, creds = ref, CredentialsFrom(ctx)
 		return denied
 	})})
 	const dgst = "sha256:4f0e12ac55ad1fb2c4d5a9b9bd9b4c4d1b2a7ef1b1a3c6a26b3f2e2a9d0c1e2f"
-	_, err := b.Pull(context.Background(), "registry.example.com/models/llama:v1", dgst, "", csidriver.Credentials{}, func(csidriver.Progress) {})
+	secret := csidriver.Credentials{DockerConfigJSON: []byte(`{"auths":{"registry.example.com":{"auth":"dTpw"}}}`)}
+	err := b.Verify(context.Background(), "registry.example.com/models/llama:v1", dgst, secret)
 	if !errors.Is(err, csidriver.ErrDenied) {
 		t.Fatalf("got %v, want the denial", err)
 	}
 	if asked != "registry.example.com/models/llama@"+dgst {
 		t.Fatalf("verified %q, want the digest reference", asked)
+	}
+	if creds == nil {
+		t.Fatal("the verifier did not get the volume's credentials")
+	}
+	c, err := creds(context.Background(), "registry.example.com")
+	if err != nil || c.Username != "u" || c.Password != "p" {
+		t.Fatalf("credentials %+v, %v; want u/p from the secret", c, err)
+	}
+	if err := New(nil, Options{}).Verify(context.Background(), "registry.example.com/m:v1", dgst, csidriver.Credentials{}); err != nil {
+		t.Fatalf("without a verifier: %v", err)
 	}
 }
