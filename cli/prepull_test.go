@@ -1,0 +1,57 @@
+package cli
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/modelpack/modelpack/prepull"
+)
+
+func TestPrepullProgressLines(t *testing.T) {
+	var buf bytes.Buffer
+	report := progressPrinter(&buf, &Globals{Output: "table"})
+	a := prepull.Entry{Ref: "r/a:1", State: prepull.StatePending}
+	report([]prepull.Entry{a})
+	for _, done := range []int64{10, 20, 150, 900} { // 1%, 2%, 15%, 90% of 1000
+		a.State, a.Done, a.Total = prepull.StatePulling, done, 1000
+		report([]prepull.Entry{a})
+	}
+	a.State = prepull.StateReady
+	report([]prepull.Entry{a})
+	report([]prepull.Entry{a})
+	want := []string{
+		"r/a:1: pending",
+		"r/a:1: pulling 1% (10 B / 1000 B)",
+		"r/a:1: pulling 15% (150 B / 1000 B)",
+		"r/a:1: pulling 90% (900 B / 1000 B)",
+		"r/a:1: ready (1000 B)",
+	}
+	if got := strings.Split(strings.TrimSpace(buf.String()), "\n"); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("lines:\n%s\nwant (one per state and per 10%%):\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+
+	buf.Reset()
+	progressPrinter(&buf, &Globals{Output: "json"})([]prepull.Entry{a})
+	progressPrinter(&buf, &Globals{Output: "table", Quiet: true})([]prepull.Entry{a})
+	if buf.Len() != 0 {
+		t.Errorf("json or quiet printed progress: %q", buf.String())
+	}
+}
+
+func TestPrepullTable(t *testing.T) {
+	var buf bytes.Buffer
+	printEntries(&buf, []prepull.Entry{
+		{List: "cli", Ref: "r/a:1", State: prepull.StateReady, Total: 2 << 30, Digest: "sha256:abc"},
+		{List: "cli", Ref: "r/bad:1", State: prepull.StateFailed, Error: "resolve: not found"},
+	}, true)
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "LIST") ||
+		!strings.Contains(lines[1], "2.0 GiB") ||
+		strings.Join(strings.Fields(lines[2]), " ") != "cli r/bad:1 failed - - resolve: not found" {
+		t.Errorf("table:\n%s", buf.String())
+	}
+	if got := pick([]prepull.Entry{{Ref: "b"}, {Ref: "a"}}, []string{"a", "c", "b", "a"}); len(got) != 2 || got[0].Ref != "a" || got[1].Ref != "b" {
+		t.Errorf("pick = %+v", got)
+	}
+}
