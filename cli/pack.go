@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"time"
 
+	humanize "github.com/dustin/go-humanize"
+
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/spf13/cobra"
 
@@ -193,16 +195,5 @@ func printPacked(cmd *cobra.Command, g *Globals, ref, where string, desc ocispec
 	return err
 }
 
-// humanBytes writes a size in binary units.
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
+// humanBytes writes a size in binary units (1.5 GiB).
+func humanBytes(n int64) string { return humanize.IBytes(uint64(max(n, 0))) }

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	humanize "github.com/dustin/go-humanize"
+
 	digest "github.com/opencontainers/go-digest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -36,7 +38,7 @@ func (j *pullJob) describe() string {
 		return fmt.Sprintf("pull of %s (%s) in progress for %s", j.ref, j.digest, elapsed)
 	}
 	msg := fmt.Sprintf("pull of %s (%s) in progress for %s: %s of %s (%.0f%%)",
-		j.ref, j.digest, elapsed, humanBytes(p.DoneBytes), humanBytes(p.TotalBytes), 100*float64(p.DoneBytes)/float64(p.TotalBytes))
+		j.ref, j.digest, elapsed, humanize.IBytes(uint64(p.DoneBytes)), humanize.IBytes(uint64(p.TotalBytes)), 100*float64(p.DoneBytes)/float64(p.TotalBytes))
 	if p.TotalLayers > 0 {
 		msg += fmt.Sprintf(", %d/%d layers", p.DoneLayers, p.TotalLayers)
 	}
@@ -188,17 +190,4 @@ func toStatus(err error, format string, args ...any) error {
 		return err
 	}
 	return status.Errorf(codeOf(err), "%s: %v", fmt.Sprintf(format, args...), err)
-}
-
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

@@ -61,28 +61,8 @@ func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Disca
 // CleanupMounts is cleanupMounts for the package's external tests.
 var CleanupMounts = cleanupMounts
 
-// cleanupMounts unmounts anything a failed test left below dir.
-func cleanupMounts(t *testing.T, dir string) {
-	t.Cleanup(func() {
-		b, err := os.ReadFile("/proc/self/mountinfo")
-		if err != nil {
-			return
-		}
-		var leaked []string
-		for _, line := range strings.Split(string(b), "\n") {
-			f := strings.Fields(line)
-			if len(f) > 4 && strings.HasPrefix(f[4], dir) {
-				leaked = append(leaked, f[4])
-			}
-		}
-		for i := len(leaked) - 1; i >= 0; i-- {
-			exec.Command("umount", "-l", leaked[i]).Run()
-		}
-		if len(leaked) > 0 {
-			t.Errorf("mounts left behind: %v", leaked)
-		}
-	})
-}
+// cleanupMounts fails the test if it leaves anything mounted below dir.
+func cleanupMounts(t *testing.T, dir string) { testenv.NoMountsLeftUnder(t, dir) }
 
 // TestSanity runs the real csi-sanity against the driver, with real bind mounts.
 func TestSanity(t *testing.T) {

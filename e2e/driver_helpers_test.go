@@ -402,28 +402,8 @@ func drvRead(t *testing.T, p string) string {
 	return string(b)
 }
 
-// drvCleanupMounts unmounts whatever a failing test left under dir, and fails the test if anything was left.
-func drvCleanupMounts(t *testing.T, dir string) {
-	t.Cleanup(func() {
-		b, err := os.ReadFile("/proc/self/mountinfo")
-		if err != nil {
-			return
-		}
-		var leaked []string
-		for _, line := range strings.Split(string(b), "\n") {
-			f := strings.Fields(line)
-			if len(f) > 4 && strings.HasPrefix(f[4], dir) {
-				leaked = append(leaked, f[4])
-			}
-		}
-		for i := len(leaked) - 1; i >= 0; i-- {
-			syscall.Unmount(leaked[i], syscall.MNT_DETACH)
-		}
-		if len(leaked) > 0 {
-			t.Errorf("mounts left behind: %v", leaked)
-		}
-	})
-}
+// drvCleanupMounts fails the test if it leaves anything mounted below dir.
+func drvCleanupMounts(t *testing.T, dir string) { testenv.NoMountsLeftUnder(t, dir) }
 
 // drvMountOptions returns the per-mount options of a mount point from mountinfo.
 func drvMountOptions(t *testing.T, target string) string {

@@ -5,8 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"strconv"
-	"strings"
+
+	humanize "github.com/dustin/go-humanize"
 
 	"github.com/modelpack/modelpack/internal/testmodel"
 )
@@ -21,34 +21,13 @@ func main() {
 		fmt.Fprintln(os.Stderr, "usage: genmodel [flags] DIR")
 		os.Exit(2)
 	}
-	n, err := parseSize(*size)
+	n, err := humanize.ParseBytes(*size)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	if err := testmodel.Generate(flag.Arg(0), testmodel.Spec{Shards: *shards, ShardSize: n, Seed: *seed, Files: *files}); err != nil {
+	if err := testmodel.Generate(flag.Arg(0), testmodel.Spec{Shards: *shards, ShardSize: int64(n), Seed: *seed, Files: *files}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-}
-
-func parseSize(s string) (int64, error) {
-	units := []struct {
-		suffix string
-		mul    int64
-	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"B", 1}}
-	for _, u := range units {
-		if num, ok := strings.CutSuffix(s, u.suffix); ok {
-			v, err := strconv.ParseInt(num, 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("invalid size %q", s)
-			}
-			return v * u.mul, nil
-		}
-	}
-	v, err := strconv.ParseInt(s, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("invalid size %q (e.g. 512MiB)", s)
-	}
-	return v, nil
 }
