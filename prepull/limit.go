@@ -7,6 +7,8 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/time/rate"
 	"oras.land/oras-go/v2"
+
+	"github.com/modelpack/modelpack/cache"
 )
 
 // limitedTarget shares one byte budget among every blob read through it, so background prepulls leave the
@@ -33,6 +35,23 @@ func (t limitedTarget) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.R
 	}
 	return &limitedReader{rc: rc, ctx: ctx, lim: t.lim}, nil
 }
+
+// FetchRange keeps the source's ranged reads, so the cache resumes an interrupted prepull of a large model where
+// it stopped rather than from the start. A source without them is read from the start (offset 0 says so).
+func (t limitedTarget) FetchRange(ctx context.Context, desc ocispec.Descriptor, offset int64) (io.ReadCloser, int64, error) {
+	rf, ok := t.ReadOnlyTarget.(cache.RangeFetcher)
+	if !ok {
+		rc, err := t.Fetch(ctx, desc)
+		return rc, 0, err
+	}
+	rc, start, err := rf.FetchRange(ctx, desc, offset)
+	if err != nil {
+		return nil, 0, err
+	}
+	return &limitedReader{rc: rc, ctx: ctx, lim: t.lim}, start, nil
+}
+
+var _ cache.RangeFetcher = limitedTarget{}
 
 type limitedReader struct {
 	rc  io.ReadCloser

@@ -617,3 +617,51 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// rangeStore is a target that can start blobs at an offset, like a registry repository.
+type rangeStore struct {
+	*memory.Store
+	offsets []int64
+}
+
+func (s *rangeStore) FetchRange(ctx context.Context, desc ocispec.Descriptor, offset int64) (io.ReadCloser, int64, error) {
+	s.offsets = append(s.offsets, offset)
+	rc, err := s.Fetch(ctx, desc)
+	if err != nil {
+		return nil, 0, err
+	}
+	if _, err := io.CopyN(io.Discard, rc, offset); err != nil {
+		rc.Close()
+		return nil, 0, err
+	}
+	return rc, offset, nil
+}
+
+func TestBandwidthLimitKeepsRangedReads(t *testing.T) {
+	ctx := context.Background()
+	blob := []byte("0123456789")
+	desc := ocispec.Descriptor{MediaType: "application/octet-stream", Digest: digest.FromBytes(blob), Size: int64(len(blob))}
+	src := &rangeStore{Store: memory.New()}
+	if err := src.Push(ctx, desc, bytes.NewReader(blob)); err != nil {
+		t.Fatal(err)
+	}
+	rc, start, err := limitedTarget{ReadOnlyTarget: src, lim: newLimiter(1 << 20)}.FetchRange(ctx, desc, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(rc)
+	rc.Close()
+	if start != 4 || string(got) != "456789" || len(src.offsets) != 1 {
+		t.Errorf("FetchRange from 4: start %d, %q, offsets %v", start, got, src.offsets)
+	}
+	// A source without ranges is read from the start, and says so.
+	rc, start, err = limitedTarget{ReadOnlyTarget: src.Store, lim: newLimiter(1 << 20)}.FetchRange(ctx, desc, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ = io.ReadAll(rc)
+	rc.Close()
+	if start != 0 || string(got) != string(blob) {
+		t.Errorf("FetchRange without ranges: start %d, %q", start, got)
+	}
+}
