@@ -44,6 +44,9 @@ type CSIDriverEnv struct {
 	Driver *csidriver.Options
 	// Verifier, if set, must accept an artifact before the driver pulls or mounts it.
 	Verifier cachebackend.Verifier
+	// Instance is the driver itself: nil during Setup, since it is built from what every Setup left, and set
+	// before GRPCServices are registered, so what they start may use it.
+	Instance *csidriver.Driver
 }
 
 var csiDriverExtensions []csiDriverExtension
@@ -173,6 +176,7 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags) error {
 	if err != nil {
 		return err
 	}
+	env.Instance = d
 	if maxBytes > 0 {
 		go collectCache(ctx, c, f.gcInterval, log)
 	}

@@ -45,6 +45,8 @@ func init() {
 			}
 			// Extensions set up after this one may still install the verifier, so the API starts with the
 			// driver's gRPC server, once every Setup has run: prepull must never run without the policy mounts have.
+			// By then the driver is built as well: each prepull is recorded in it as one of its own pulls would be,
+			// so a pod mounting a prepulled tag with pullPolicy IfNotPresent needs no registry.
 			var once sync.Once
 			start := make(chan struct{})
 			env.Driver.GRPCServices = append(env.Driver.GRPCServices, func(*grpc.Server) { once.Do(func() { close(start) }) })
@@ -58,7 +60,7 @@ func init() {
 					Remote:              env.Remote,
 					PlainHTTPRegistries: env.PlainHTTPRegistries,
 					Verifier:            env.Verifier,
-				}, bps)
+				}, env.Instance, bps)
 				log := env.Logger.With("component", "prepull")
 				if err := prepull.Serve(ctx, socket, be, prepull.Options{Concurrency: concurrency, Logger: log}); err != nil {
 					log.Error("prepull API stopped", "error", err.Error())

@@ -91,7 +91,7 @@ func ParseAttributes(ctx map[string]string) (*Attributes, error) {
 		a.Given[k] = v
 		switch k {
 		case AttrReference:
-			ref, err := ParseReference(v)
+			ref, err := normalReference(v)
 			if err != nil {
 				return nil, attrErr("%s %q: %v", k, v, err)
 			}
@@ -152,11 +152,6 @@ func ParseAttributes(ctx map[string]string) (*Attributes, error) {
 	if a.PullPolicy == "" {
 		a.PullPolicy = defaultPullPolicy(a.ref)
 	}
-	// No tag means latest, as for container images.
-	if a.ref.Reference == "" {
-		a.ref.Reference = "latest"
-		a.Reference = a.ref.String()
-	}
 	return a, nil
 }
 
@@ -190,6 +185,16 @@ func ParseReference(s string) (registry.Reference, error) {
 		return registry.Reference{}, err
 	}
 	return ref, nil
+}
+
+// normalReference is ParseReference with no tag meaning latest, as for container images: the form the driver
+// keys what a reference resolved to by, so every spelling of one reference finds the same record.
+func normalReference(s string) (registry.Reference, error) {
+	ref, err := ParseReference(s)
+	if err == nil && ref.Reference == "" {
+		ref.Reference = "latest"
+	}
+	return ref, err
 }
 
 // defaultPullPolicy is Kubernetes': Always for :latest or no tag, IfNotPresent otherwise (a digest included).

@@ -26,9 +26,10 @@
 // # Pulls and deadlines
 //
 // Never mounts only what the node has (FAILED_PRECONDITION otherwise); IfNotPresent asks the registry only when
-// the node has nothing for the reference; Always resolves the reference every time, fails if the registry cannot
-// be asked, and downloads only what the node lacks. Pulls run under the driver's lifetime: when the caller's
-// deadline draws near NodePublishVolume returns ABORTED with the progress, and the retry joins the same pull.
+// the node has nothing for the reference (content prepulled under it counts: see Driver.RecordImage); Always
+// resolves the reference every time, fails if the registry cannot be asked, and downloads only what the node
+// lacks. Pulls run under the driver's lifetime: when the caller's deadline draws near NodePublishVolume returns
+// ABORTED with the progress, and the retry joins the same pull.
 //
 // # Errors
 //

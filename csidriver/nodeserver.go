@@ -388,6 +388,26 @@ func (d *Driver) has(manifest string) bool {
 	return ok
 }
 
+// RecordImage records, as a pull by the driver does, that ref resolved to dgst whose manifest for platform (""
+// for the node's) is in the cache: content another feature pulled into the cache (prepull) then counts as present
+// for pullPolicy IfNotPresent and Never. ref is normalised as volume attributes are, so its record is the one a
+// publish looks up. It holds for as long as the cache keeps the manifest, whether or not the caller still wants it.
+func (d *Driver) RecordImage(ref, platform string, dgst, manifest digest.Digest) error {
+	r, err := normalReference(ref)
+	if err != nil {
+		return fmt.Errorf("reference %q: %w", ref, err)
+	}
+	if platform != "" && !platformRE.MatchString(platform) {
+		return fmt.Errorf("platform %q is not os/arch[/variant]", platform)
+	}
+	for _, dg := range []digest.Digest{dgst, manifest} {
+		if err := dg.Validate(); err != nil {
+			return fmt.Errorf("digest %q: %w", dg, err)
+		}
+	}
+	return d.recordImage(r.String(), platform, image{Digest: dgst.String(), Manifest: manifest.String()})
+}
+
 func (d *Driver) recordImage(ref, platform string, img image) error {
 	return d.state.Update(func(st *state.State) error {
 		st.Images[imageKey(ref, platform)] = state.Image{

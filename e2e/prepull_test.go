@@ -20,6 +20,7 @@ import (
 	"time"
 
 	digest "github.com/opencontainers/go-digest"
+	"google.golang.org/grpc/codes"
 
 	"github.com/modelpack/modelpack/cache"
 	"github.com/modelpack/modelpack/internal/testenv"
@@ -447,4 +448,55 @@ rules:
 	if len(owners) != 1 || !slices.Contains(owners[es[refSigned].Digest], "pin:"+prepull.PinName("configmap", refSigned)) {
 		t.Errorf("cache %v, want only the signed model, pinned", owners)
 	}
+}
+
+// TestPrepullTagOffline: a model prepulled by tag is present on the node under that tag, as if the driver had
+// pulled it: with the registry gone, after the entry left its list and the driver restarted, a pod mounting the
+// tag with pullPolicy IfNotPresent gets it without asking the registry, while Always still has to ask.
+func TestPrepullTagOffline(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	drvCleanupMounts(t, dir)
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	proxy := drvStartProxy(t, reg.Host)
+	model := drvModel{"model.safetensors": randomBytes(t, 1<<20), "config.json": []byte(`{"m":"offline"}`)}
+	dig := drvPush(t, reg.Host, "models/offline", "v1", model, nil)
+	ref := proxy.Host + "/models/offline:v1"
+	d := drvStartWith(t, filepath.Join(dir, "node"), nil, proxy.Host)
+	api := prepull.NewClient(filepath.Join(d.Root, "prepull.sock"))
+	ctx := context.Background()
+
+	if _, err := api.SetList(ctx, "configmap", []string{ref}); err != nil {
+		t.Fatal(err)
+	}
+	if es := waitEntries(t, api, "configmap", func(m map[string]prepull.Entry) bool { return m[ref].State == prepull.StateReady }); es[ref].Digest != dig {
+		t.Fatalf("prepulled %s at %s, pushed %s", ref, es[ref].Digest, dig)
+	}
+	// Off the list the model is only evictable, not gone, and what the tag resolved to still holds.
+	if _, err := api.SetList(ctx, "configmap", nil); err != nil {
+		t.Fatal(err)
+	}
+	reg.Stop()
+	d.kill()
+	d.restart()
+
+	node := d.node()
+	attrs := func(policy string) map[string]string {
+		return map[string]string{"reference": ref, "pullPolicy": policy, "csi.storage.k8s.io/ephemeral": "true"}
+	}
+	asked := proxy.manifestRequests()
+	target := drvKubelet(t, dir, "offline")
+	if err := drvPublish(node, drvPublishReq("csi-offline", target, attrs("IfNotPresent")), 30*time.Second); err != nil {
+		t.Fatalf("IfNotPresent publish of a prepulled tag with the registry down: %v", err)
+	}
+	if got := drvRead(t, filepath.Join(target, "model.safetensors")); got != string(model["model.safetensors"]) {
+		t.Error("the mounted weights differ from the pushed ones")
+	}
+	if n := proxy.manifestRequests() - asked; n != 0 {
+		t.Errorf("the IfNotPresent publish asked the registry for manifests %d times", n)
+	}
+	drvUnpublish(t, node, "csi-offline", target)
+
+	err := drvPublish(node, drvPublishReq("csi-always", drvKubelet(t, dir, "always"), attrs("Always")), 30*time.Second)
+	drvWantCode(t, err, codes.Unavailable, "")
 }

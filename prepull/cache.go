@@ -20,18 +20,26 @@ import (
 // ownerPrefix marks the cache references that are pins rather than mounted volumes.
 const ownerPrefix = "pin:"
 
+// ImageRecorder is where mounts look up what a reference resolved to (the CSI driver's state). Without a record
+// there, a pod mounting a prepulled tag would still ask the registry what the tag points to.
+type ImageRecorder interface {
+	RecordImage(ref, platform string, dgst, manifest digest.Digest) error
+}
+
 // CacheBackend is the Backend of a real node: the driver's cache, registries reached with the driver's options,
 // and the driver's verifier, called with the same arguments as before a mount.
 type CacheBackend struct {
-	cache *cache.Cache
-	opts  cachebackend.Options
-	lim   *rate.Limiter
+	cache  *cache.Cache
+	opts   cachebackend.Options
+	lim    *rate.Limiter
+	images ImageRecorder
 }
 
-// NewCacheBackend prepulls into c. bytesPerSecond > 0 caps the registry reads of prepulls, all together; a mount
-// that needs a model while it is being prepulled joins that transfer, cap included.
-func NewCacheBackend(c *cache.Cache, opts cachebackend.Options, bytesPerSecond int64) *CacheBackend {
-	return &CacheBackend{cache: c, opts: opts, lim: newLimiter(bytesPerSecond)}
+// NewCacheBackend prepulls into c and records every pull in images (nil records nothing). bytesPerSecond > 0 caps
+// the registry reads of prepulls, all together; a mount that needs a model while it is being prepulled joins that
+// transfer, cap included.
+func NewCacheBackend(c *cache.Cache, opts cachebackend.Options, images ImageRecorder, bytesPerSecond int64) *CacheBackend {
+	return &CacheBackend{cache: c, opts: opts, lim: newLimiter(bytesPerSecond), images: images}
 }
 
 func (b *CacheBackend) repository(ref string) (*remote.Repository, registry.Reference, error) {
@@ -81,6 +89,12 @@ func (b *CacheBackend) Pull(ctx context.Context, ref string, desc ocispec.Descri
 	got, err := b.cache.Pull(ctx, src, desc, func(p cache.Progress) { progress(p.Done, p.Total) })
 	if err != nil {
 		return "", err
+	}
+	if b.images != nil {
+		// Platform "": the cache narrowed an index to the node's platform, as for a mount that names none.
+		if err := b.images.RecordImage(ref, "", desc.Digest, got.Digest); err != nil {
+			return "", fmt.Errorf("record %s for mounts: %w", ref, err)
+		}
 	}
 	return got.Digest, nil
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -57,8 +58,16 @@ func pushModel(t *testing.T, host, repo string, weight []byte) digest.Digest {
 	return md.Digest
 }
 
+// recordedImages is an ImageRecorder that keeps what it is told, one "ref|platform|digest|manifest" a record.
+type recordedImages []string
+
+func (r *recordedImages) RecordImage(ref, platform string, dgst, manifest digest.Digest) error {
+	*r = append(*r, strings.Join([]string{ref, platform, dgst.String(), manifest.String()}, "|"))
+	return nil
+}
+
 // TestCacheBackend drives the real cache from a real registry: the verifier sees the digest reference a mount
-// would, the bandwidth cap holds, and pins are cache references named pin:<name>.
+// would, the bandwidth cap holds, a pull is recorded for mounts, and pins are cache references named pin:<name>.
 func TestCacheBackend(t *testing.T) {
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
 	weight := make([]byte, 1<<20)
@@ -70,6 +79,7 @@ func TestCacheBackend(t *testing.T) {
 	}
 	defer c.Close()
 	var checked []string
+	var recorded recordedImages
 	verify := cachebackend.VerifierFunc(func(_ context.Context, digestRef string) error {
 		checked = append(checked, digestRef)
 		if digestRef == reg.Host+"/models/denied@"+dig.String() {
@@ -78,7 +88,7 @@ func TestCacheBackend(t *testing.T) {
 		return nil
 	})
 	be := NewCacheBackend(c, cachebackend.Options{Remote: remote.Options{RegistryConfig: writeEmptyDockerConfig(t)},
-		PlainHTTPRegistries: []string{reg.Host}, Verifier: verify}, 2<<20)
+		PlainHTTPRegistries: []string{reg.Host}, Verifier: verify}, &recorded, 2<<20)
 	ctx := context.Background()
 	ref := reg.Host + "/models/a:v1"
 
@@ -108,6 +118,9 @@ func TestCacheBackend(t *testing.T) {
 	}
 	if last < int64(len(weight)) {
 		t.Errorf("last progress %d, want ≥ %d", last, len(weight))
+	}
+	if want := (recordedImages{ref + "||" + dig.String() + "|" + dig.String()}); !slices.Equal(recorded, want) {
+		t.Errorf("recorded %q, want %q", recorded, want)
 	}
 
 	if err := be.Pin(ctx, PinName("l", ref), manifest); err != nil {
