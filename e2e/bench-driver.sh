@@ -17,19 +17,8 @@ cd "$ROOT"
 [ "$(id -u)" = 0 ] || { echo "bench-driver: needs root for mounts" >&2; exit 1; }
 WARM_N=${WARM_N:-200}
 D=$WORK/driver
-rm -rf "$D"
-mkdir -p "$D"
-export DOCKER_CONFIG=$D/docker
-mkdir -p "$DOCKER_CONFIG"
-echo '{"auths":{}}' > "$DOCKER_CONFIG/config.json"
-
-REF=${REF:-$REGISTRY/bench/model:v1}
-repo_tag=${REF#*/}
-repo=${repo_tag%:*}
-tag=${repo_tag##*:}
-if ! curl -fsS -o /dev/null -H 'Accept: application/vnd.oci.image.manifest.v1+json' "http://$REGISTRY/v2/$repo/manifests/$tag" 2>/dev/null; then
-  MODELPACK_HOME=$D/seed modelpack pack "$MODEL_DIR" -t "$REF" --push --plain-http -q >/dev/null
-fi
+bench_scratch "$D"
+bench_model "$D"
 SMALL_DIR=$WORK/model-10m
 if [ ! -f "$SMALL_DIR/.complete" ]; then
   rm -rf "$SMALL_DIR"
@@ -60,8 +49,6 @@ for _ in $(seq 200); do
 done
 curl -fsS "http://$METRICS/healthz" >/dev/null || { echo "driver did not start:" >&2; cat "$D/driver.log" >&2; exit 1; }
 
-blobs=$(curl -fsS -H 'Accept: application/vnd.oci.image.manifest.v1+json' "http://$REGISTRY/v2/$repo/manifests/$tag" |
-  python3 -c 'import json,sys; m=json.load(sys.stdin); print("\n".join([m["config"]["digest"]]+[l["digest"] for l in m["layers"]]))')
 nblobs=$(echo "$blobs" | wc -l)
 curl_pull() {
   rm -rf "$D/curl"; mkdir -p "$D/curl"

@@ -14,19 +14,8 @@ cd "$ROOT"
 [ "$(id -u)" = 0 ] || { echo "bench-prepull: needs root for mounts" >&2; exit 1; }
 N=${PREPULL_N:-5}
 D=$WORK/prepull
-rm -rf "$D"
-mkdir -p "$D"
-export DOCKER_CONFIG=$D/docker
-mkdir -p "$DOCKER_CONFIG"
-echo '{"auths":{}}' > "$DOCKER_CONFIG/config.json"
-
-REF=${REF:-$REGISTRY/bench/model:v1}
-repo_tag=${REF#*/}
-repo=${repo_tag%:*}
-tag=${repo_tag##*:}
-if ! curl -fsS -o /dev/null -H 'Accept: application/vnd.oci.image.manifest.v1+json' "http://$REGISTRY/v2/$repo/manifests/$tag" 2>/dev/null; then
-  MODELPACK_HOME=$D/seed modelpack pack "$MODEL_DIR" -t "$REF" --push --plain-http -q >/dev/null
-fi
+bench_scratch "$D"
+bench_model "$D"
 bytes=$(curl -fsS -H 'Accept: application/vnd.oci.image.manifest.v1+json' "http://$REGISTRY/v2/$repo/manifests/$tag" |
   python3 -c 'import json,sys; m=json.load(sys.stdin); print(m["config"]["size"]+sum(l["size"] for l in m["layers"]))')
 go build -o "$D/csiclient" ./e2e/cmd/csiclient
@@ -77,8 +66,7 @@ prepull() {
 }
 
 # Warm the registry's page cache so the first measured run is not penalised.
-for d in $(curl -fsS -H 'Accept: application/vnd.oci.image.manifest.v1+json' "http://$REGISTRY/v2/$repo/manifests/$tag" |
-  python3 -c 'import json,sys; print("\n".join(l["digest"] for l in json.load(sys.stdin)["layers"]))'); do
+for d in $blobs; do
   curl -fsS -o /dev/null "http://$REGISTRY/v2/$repo/blobs/$d"
 done
 

@@ -11,22 +11,8 @@ cd "$ROOT"
 : "${REGISTRY:?REGISTRY is host:port of a plain-HTTP registry}"
 RUNS=${RUNS:-3}
 T=$WORK/transport
-rm -rf "$T"
-mkdir -p "$T"
-export DOCKER_CONFIG=$T/docker # no stray credentials; both tools read it
-mkdir -p "$DOCKER_CONFIG"
-
-REF=${REF:-$REGISTRY/bench/model:v1}
-if ! curl -fsS -o /dev/null -H 'Accept: application/vnd.oci.image.manifest.v1+json' "http://$REGISTRY/v2/${REF#*/}" 2>/dev/null; then
-  MODELPACK_HOME=$T/seed modelpack pack "$MODEL_DIR" -t "$REF" --push --plain-http -q >/dev/null
-fi
-repo_tag=${REF#*/}
-repo=${repo_tag%:*}
-tag=${repo_tag##*:}
-
-# The blobs of the model (config and layers), for the curl baseline.
-blobs=$(curl -fsS -H 'Accept: application/vnd.oci.image.manifest.v1+json' "http://$REGISTRY/v2/$repo/manifests/$tag" |
-  python3 -c 'import json,sys; m=json.load(sys.stdin); print("\n".join([m["config"]["digest"]]+[l["digest"] for l in m["layers"]]))')
+bench_scratch "$T"
+bench_model "$T"
 nblobs=$(echo "$blobs" | wc -l)
 
 mp_pull() { rm -rf "$T/home"; modelpack --home "$T/home" pull --plain-http -q "$REF"; }

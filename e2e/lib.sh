@@ -63,3 +63,25 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", a/b}'; }
 
 # drop_caches: makes "cold" mean cold disk too, where permitted.
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
+
+# bench_scratch DIR: a fresh scratch directory with an empty docker config, so no tool finds stray credentials.
+bench_scratch() {
+  rm -rf "$1"
+  mkdir -p "$1/docker"
+  echo '{"auths":{}}' > "$1/docker/config.json"
+  export DOCKER_CONFIG=$1/docker
+}
+
+# bench_model SCRATCH: defaults REF to the benchmark model, pushes it if the registry lacks it (a script run on its
+# own), and sets repo, tag and blobs (the config and layer digests, one per line) for the curl baselines.
+bench_model() {
+  REF=${REF:-$REGISTRY/bench/model:v1}
+  local rt=${REF#*/} accept='Accept: application/vnd.oci.image.manifest.v1+json'
+  repo=${rt%:*}
+  tag=${rt##*:}
+  if ! curl -fsS -o /dev/null -H "$accept" "http://$REGISTRY/v2/$repo/manifests/$tag" 2>/dev/null; then
+    MODELPACK_HOME=$1/seed modelpack pack "$MODEL_DIR" -t "$REF" --push --plain-http -q >/dev/null
+  fi
+  blobs=$(curl -fsS -H "$accept" "http://$REGISTRY/v2/$repo/manifests/$tag" |
+    python3 -c 'import json,sys; m=json.load(sys.stdin); print("\n".join([m["config"]["digest"]]+[l["digest"] for l in m["layers"]]))')
+}
