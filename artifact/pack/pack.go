@@ -27,6 +27,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/artifact/schema"
 )
 
 // Sink receives packed blobs. The local store's sink hashes and writes in one pass (cas.Write);
@@ -173,6 +174,10 @@ func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Des
 	configBytes, err := json.Marshal(model)
 	if err != nil {
 		return ocispec.Descriptor{}, err
+	}
+	// The last guard before anything is named: a config the spec's schema refuses is never tagged.
+	if err := schema.ValidateConfig(configBytes); err != nil {
+		return ocispec.Descriptor{}, fmt.Errorf("model config: %w", err)
 	}
 	configDesc, err := sink.AddBlob(ctx, artifact.MediaTypeModelConfig, bytesOpener(configBytes))
 	if err != nil {
