@@ -171,10 +171,19 @@ func (s *Store) Ingest(ctx context.Context, d digest.Digest, size int64, open Op
 	if size < 0 {
 		return fmt.Errorf("invalid size %d for %s", size, d)
 	}
-	_, err, _ := s.flight.Do(d.String(), func() (any, error) {
-		return nil, s.ingest(ctx, d, size, open)
-	})
-	return err
+	for {
+		// The shared call runs under the context of the caller that started it. If that caller gave up, the
+		// others, still wanting the blob, try again (resuming the partial) rather than inherit its cancellation.
+		v, err, _ := s.flight.Do(d.String(), func() (any, error) {
+			return ctx, s.ingest(ctx, d, size, open)
+		})
+		if err != nil && ctx.Err() == nil {
+			if lead, _ := v.(context.Context); lead != nil && lead != ctx && lead.Err() != nil {
+				continue
+			}
+		}
+		return err
+	}
 }
 
 func (s *Store) ingest(ctx context.Context, d digest.Digest, size int64, open OpenFunc) error {

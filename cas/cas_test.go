@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	digest "github.com/opencontainers/go-digest"
 )
@@ -248,5 +249,38 @@ func TestIngestRefusesBadArguments(t *testing.T) {
 	}
 	if src.opens.Load() != 0 {
 		t.Fatal("opened the source for a refused ingest")
+	}
+}
+
+// A caller that gives up (its context is cancelled) must not fail the other callers that joined its ingest.
+func TestCancelledIngestDoesNotFailJoinedCallers(t *testing.T) {
+	s := open(t)
+	b := blob(1 << 20)
+	d := digest.FromBytes(b)
+	opened := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	slow := func(_ context.Context, offset int64) (io.ReadCloser, int64, error) {
+		once.Do(func() { close(opened) })
+		<-release
+		return io.NopCloser(bytes.NewReader(b[offset:])), offset, nil
+	}
+	ctxA, cancelA := context.WithCancel(context.Background())
+	errA := make(chan error, 1)
+	go func() { errA <- s.Ingest(ctxA, d, int64(len(b)), slow) }()
+	<-opened
+	errB := make(chan error, 1)
+	go func() { errB <- s.Ingest(context.Background(), d, int64(len(b)), (&source{blob: b, seekable: true}).open) }()
+	time.Sleep(100 * time.Millisecond) // let B join A's ingest
+	cancelA()
+	close(release)
+	if err := <-errA; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled caller: %v", err)
+	}
+	if err := <-errB; err != nil {
+		t.Fatalf("a caller that was not cancelled failed: %v", err)
+	}
+	if err := s.Verify(d); err != nil {
+		t.Fatal(err)
 	}
 }
