@@ -520,6 +520,10 @@ func (x *extractor) symlink(name, target string) error {
 		}
 	} else if resolved := path.Join(path.Dir(name), target); resolved == ".." || strings.HasPrefix(resolved, "../") {
 		return fmt.Errorf("%w: symlink %q -> %q points outside", ErrLinkEscape, name, target)
+	} else if dotDotAfterName(target) {
+		// The lexical check above holds only if the ".." components climb through the link's real parents: after a
+		// name, which may itself be a symlink, the kernel goes up from wherever that name leads.
+		return fmt.Errorf("%w: symlink %q -> %q has a \"..\" after a name", ErrLinkEscape, name, target)
 	}
 	if err := x.parents(name); err != nil {
 		return err
@@ -532,6 +536,23 @@ func (x *extractor) symlink(name, target string) error {
 	}
 	x.created[name] = true
 	return nil
+}
+
+// dotDotAfterName reports whether a relative link target has a ".." component after a name component.
+func dotDotAfterName(target string) bool {
+	named := false
+	for _, c := range strings.Split(target, "/") {
+		switch c {
+		case "", ".":
+		case "..":
+			if named {
+				return true
+			}
+		default:
+			named = true
+		}
+	}
+	return false
 }
 
 func (x *extractor) hardlink(name, target string) error {

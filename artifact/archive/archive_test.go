@@ -195,6 +195,9 @@ func TestHostile(t *testing.T) {
 		{"too-many-bytes", []entry{file("a", strings.Repeat("x", 600)), file("b", strings.Repeat("x", 600))}, Options{Limits: Limits{MaxBytes: 1000}}, ErrLimit},
 		{"too-many-files", []entry{file("a", ""), file("b", ""), file("c", "")}, Options{Limits: Limits{MaxFiles: 2}}, ErrLimit},
 		{"whiteout-dotdot", []entry{file(".wh...", "")}, Options{}, ErrUnsafePath},
+		// Each target stays inside on its own, but the kernel follows d (-> the destination) before the "..",
+		// so a/q/e resolves to the destination's parent.
+		{"symlink-escape-through-symlink", []entry{dir("a"), dir("a/q"), symlink("a/q/d", "../.."), symlink("a/q/e", "d/../evil")}, Options{}, ErrLinkEscape},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
