@@ -82,6 +82,12 @@ func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublish
 			return nil, status.Errorf(codes.AlreadyExists, "target %s is already published for volume %s with other arguments", target, old.VolumeID)
 		}
 		if old.Phase == state.PhasePublished {
+			if d.checkMount(old) != nil {
+				// Repairing mounts the content again: the trust policy applies as to any other publish.
+				if err := d.backend.Verify(ctx, old.Reference, digest.Digest(old.Digest), creds); err != nil {
+					return nil, toStatus(err, "verify %s", old.Reference)
+				}
+			}
 			if err := d.ensureMounted(old); err != nil {
 				return nil, status.Errorf(codes.Internal, "repair mount of %s: %v", target, err)
 			}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	digest "github.com/opencontainers/go-digest"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
 	"github.com/modelpack/modelpack/internal/testenv"
@@ -45,6 +46,38 @@ func TestPolicyAppliesToContentAlreadyOnTheNode(t *testing.T) {
 		t.Fatalf("refused publishes pulled %d times", got-pulls)
 	}
 	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "v1", TargetPath: first}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A publish of a target published before, whose mount has gone, mounts again: the policy applies to that mount too.
+func TestPolicyAppliesToRepublishThatRemounts(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	cleanupMounts(t, dir)
+	b := newFakeBackend(filepath.Join(dir, "cache"))
+	d := b.push(testRef, "v1")
+	_, sock := startDriver(t, dir, b)
+	node := nodeClient(t, sock)
+	ctx := context.Background()
+
+	target := podTarget(t, dir, "p1")
+	req := publishReq("v1", target, map[string]string{AttrReference: testRef})
+	if _, err := node.NodePublishVolume(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Unmount(target, 0); err != nil {
+		t.Fatal(err)
+	}
+	b.mu.Lock()
+	b.deny = map[digest.Digest]bool{d: true}
+	b.mu.Unlock()
+	_, err := node.NodePublishVolume(ctx, req)
+	wantCode(t, err, codes.PermissionDenied, "not signed")
+	if isMounted(t, target) {
+		t.Fatal("refused content was mounted again")
+	}
+	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "v1", TargetPath: target}); err != nil {
 		t.Fatal(err)
 	}
 }
