@@ -490,19 +490,32 @@ func (c *Cache) ensureLayer(ctx context.Context, l artifact.Layer) error {
 	if _, err := os.Lstat(dst); err == nil {
 		return nil
 	}
-	_, err, _ := c.layerFlight.Do(string(l.Digest), func() (any, error) {
+	for {
+		// The shared extraction runs under the context of the caller that started it. If that caller gave up, the
+		// others extract again rather than inherit its cancellation.
+		lead, err := c.extractLayer(ctx, l, dst)
+		if err != nil && ctx.Err() == nil && lead != ctx && lead.Err() != nil {
+			continue
+		}
+		return err
+	}
+}
+
+// extractLayer is ensureLayer's single extraction; it also returns the context the extraction ran under.
+func (c *Cache) extractLayer(ctx context.Context, l artifact.Layer, dst string) (context.Context, error) {
+	v, err, _ := c.layerFlight.Do(string(l.Digest), func() (any, error) {
 		if _, err := os.Lstat(dst); err == nil {
-			return nil, nil
+			return ctx, nil
 		}
 		start := time.Now()
 		blob, err := c.blobs.Open(l.Digest)
 		if err != nil {
-			return nil, err
+			return ctx, err
 		}
 		defer blob.Close()
 		tmp, err := c.tempDir("layer-" + shortHex(l.Digest))
 		if err != nil {
-			return nil, err
+			return ctx, err
 		}
 		st, err := archive.Unpack(ctxReader{ctx, blob}, l.Format, tmp, archive.Options{
 			Limits:           c.opts.Limits,
@@ -513,25 +526,29 @@ func (c *Cache) ensureLayer(ctx context.Context, l artifact.Layer) error {
 		})
 		if err != nil {
 			removeAll(tmp)
-			return nil, fmt.Errorf("extract layer %s (%s): %w", l.Digest, l.MediaType, err)
+			return ctx, fmt.Errorf("extract layer %s (%s): %w", l.Digest, l.MediaType, err)
 		}
 		// The extracted files are not individually synced: one syncfs makes them durable before the rename
 		// publishes the directory.
 		if err := syncFS(tmp); err != nil {
 			removeAll(tmp)
-			return nil, err
+			return ctx, err
 		}
 		if err := os.Rename(tmp, dst); err != nil {
 			removeAll(tmp)
-			return nil, err
+			return ctx, err
 		}
 		c.m.extractions.Inc()
 		c.m.extractSeconds.Observe(time.Since(start).Seconds())
-		return nil, c.db.Update(func(tx *bolt.Tx) error {
+		return ctx, c.db.Update(func(tx *bolt.Tx) error {
 			return putJSON(tx.Bucket(bucketLayers), string(l.Digest), st)
 		})
 	})
-	return err
+	lead, _ := v.(context.Context)
+	if lead == nil {
+		lead = ctx
+	}
+	return lead, err
 }
 
 type ctxReader struct {
