@@ -328,15 +328,26 @@ func (f *fetcher) rawFile(v *verifiedStream, l artifact.Layer) ([]string, error)
 	if !mtime.IsZero() {
 		_ = os.Chtimes(tmp.Name(), mtime, mtime)
 	}
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+	// Through the destination's root: a symlink already there (an image layer's, say) is not followed out of it.
+	root, err := os.OpenRoot(f.dir)
+	if err != nil {
 		return nil, err
 	}
-	if fi, err := os.Lstat(dst); err == nil && fi.IsDir() {
-		if err := os.RemoveAll(dst); err != nil {
+	defer root.Close()
+	tmpRel, err := filepath.Rel(f.dir, tmp.Name())
+	if err != nil {
+		return nil, err
+	}
+	dst = filepath.FromSlash(rel)
+	if err := root.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return nil, err
+	}
+	if fi, err := root.Lstat(dst); err == nil && fi.IsDir() {
+		if err := root.RemoveAll(dst); err != nil {
 			return nil, err
 		}
 	}
-	if err := os.Rename(tmp.Name(), dst); err != nil {
+	if err := root.Rename(tmpRel, dst); err != nil {
 		return nil, err
 	}
 	return []string{rel}, nil
@@ -392,6 +403,17 @@ func (f *fetcher) imageLayers(ctx context.Context, layers []artifact.Layer) ([]s
 // mergeInto moves the tree under src into dst with renames, replacing what is in the way (directories merge),
 // and returns the regular files moved, relative to dst.
 func mergeInto(src, dst string) ([]string, error) {
+	// src is inside dst (its staging directory). Everything in dst is reached through its root, so a symlink
+	// already there (an image layer's, say) is not followed out of it.
+	root, err := os.OpenRoot(dst)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	srcRel, err := filepath.Rel(dst, src)
+	if err != nil {
+		return nil, err
+	}
 	var files []string
 	var walk func(rel string) error
 	walk = func(rel string) error {
@@ -401,8 +423,8 @@ func mergeInto(src, dst string) ([]string, error) {
 		}
 		for _, e := range entries {
 			r := filepath.Join(rel, e.Name())
-			from, to := filepath.Join(src, r), filepath.Join(dst, r)
-			fi, err := os.Lstat(to)
+			from, to := filepath.Join(srcRel, r), filepath.Join(dst, r)
+			fi, err := root.Lstat(r)
 			switch {
 			case err == nil && fi.IsDir() && e.IsDir():
 				if err := walk(r); err != nil {
@@ -410,13 +432,13 @@ func mergeInto(src, dst string) ([]string, error) {
 				}
 				continue
 			case err == nil:
-				if err := os.RemoveAll(to); err != nil {
+				if err := root.RemoveAll(r); err != nil {
 					return err
 				}
 			case !errors.Is(err, fs.ErrNotExist):
 				return err
 			}
-			if err := os.Rename(from, to); err != nil {
+			if err := root.Rename(from, r); err != nil {
 				return err
 			}
 			if e.IsDir() {
