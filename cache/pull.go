@@ -494,7 +494,8 @@ func (c *Cache) ensureLayer(ctx context.Context, l artifact.Layer) error {
 		// The shared extraction runs under the context of the caller that started it. If that caller gave up, the
 		// others extract again rather than inherit its cancellation.
 		lead, err := c.extractLayer(ctx, l, dst)
-		if err != nil && ctx.Err() == nil && lead != ctx && lead.Err() != nil {
+		if err != nil && ctx.Err() == nil && lead != ctx && lead.Err() != nil &&
+			(errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 			continue
 		}
 		return err

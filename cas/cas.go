@@ -177,13 +177,17 @@ func (s *Store) Ingest(ctx context.Context, d digest.Digest, size int64, open Op
 		v, err, _ := s.flight.Do(d.String(), func() (any, error) {
 			return ctx, s.ingest(ctx, d, size, open)
 		})
-		if err != nil && ctx.Err() == nil {
+		if err != nil && ctx.Err() == nil && isCancellation(err) {
 			if lead, _ := v.(context.Context); lead != nil && lead != ctx && lead.Err() != nil {
 				continue
 			}
 		}
 		return err
 	}
+}
+
+func isCancellation(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
 
 func (s *Store) ingest(ctx context.Context, d digest.Digest, size int64, open OpenFunc) error {
