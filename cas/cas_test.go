@@ -270,7 +270,9 @@ func TestCancelledIngestDoesNotFailJoinedCallers(t *testing.T) {
 	go func() { errA <- s.Ingest(ctxA, d, int64(len(b)), slow) }()
 	<-opened
 	errB := make(chan error, 1)
-	go func() { errB <- s.Ingest(context.Background(), d, int64(len(b)), (&source{blob: b, seekable: true}).open) }()
+	go func() {
+		errB <- s.Ingest(context.Background(), d, int64(len(b)), (&source{blob: b, seekable: true}).open)
+	}()
 	time.Sleep(100 * time.Millisecond) // let B join A's ingest
 	cancelA()
 	close(release)
