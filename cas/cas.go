@@ -174,7 +174,8 @@ func (s *Store) Ingest(ctx context.Context, d digest.Digest, size int64, open Op
 	for {
 		// The shared call runs under the context of the caller that started it. If that caller gave up, the
 		// others, still wanting the blob, try again (resuming the partial) rather than inherit its cancellation.
-		v, err, _ := s.flight.Do(d.String(), func() (any, error) {
+		// Callers agreeing on the digest but not on the size must not share an answer: the key holds both.
+		v, err, _ := s.flight.Do(fmt.Sprintf("%s/%d", d, size), func() (any, error) {
 			return ctx, s.ingest(ctx, d, size, open)
 		})
 		if err != nil && ctx.Err() == nil && isCancellation(err) {

@@ -286,3 +286,33 @@ func TestCancelledIngestDoesNotFailJoinedCallers(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Callers that disagree on a blob's size do not share an ingest: each gets the answer for the size it gave.
+func TestConcurrentIngestsOfOneDigestWithAnotherSizeAreNotCoalesced(t *testing.T) {
+	s := open(t)
+	b := blob(1 << 20)
+	d := digest.FromBytes(b)
+	opened := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	slow := func(_ context.Context, offset int64) (io.ReadCloser, int64, error) {
+		once.Do(func() { close(opened) })
+		<-release
+		return io.NopCloser(bytes.NewReader(b[offset:])), offset, nil
+	}
+	errA := make(chan error, 1)
+	go func() { errA <- s.Ingest(context.Background(), d, int64(len(b)), slow) }()
+	<-opened
+	errB := make(chan error, 1)
+	go func() {
+		errB <- s.Ingest(context.Background(), d, int64(len(b))+1, (&source{blob: b, seekable: true}).open)
+	}()
+	time.Sleep(100 * time.Millisecond) // B would join A's ingest
+	close(release)
+	if err := <-errA; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errB; !errors.Is(err, ErrSizeMismatch) {
+		t.Fatalf("ingest with a wrong size: %v, want a size mismatch", err)
+	}
+}
