@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"syscall"
 
@@ -202,7 +203,28 @@ func wrapErr(op, registry, repository, subject string, err error) error {
 	if errors.Is(err, context.Canceled) {
 		return err
 	}
+	redactURLs(err)
 	return &Error{Op: op, Registry: registry, Repository: repository, Subject: subject, Kind: kindOf(err), Err: err}
+}
+
+// redactURLs drops user info and query strings from the URLs that net/http and oras-go print in err. A registry
+// redirects blob reads to object storage with pre-signed URLs whose query carries credentials (a session token, a
+// signature), and errors end up in logs and Kubernetes events. The errors are this request's own: edited in place,
+// they keep their types for errors.Is and errors.As.
+func redactURLs(err error) {
+	var resp *errcode.ErrorResponse
+	if errors.As(err, &resp) && resp.URL != nil && (resp.URL.RawQuery != "" || resp.URL.User != nil) {
+		u := *resp.URL
+		u.RawQuery, u.User = "", nil
+		resp.URL = &u
+	}
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		if u, perr := url.Parse(ue.URL); perr == nil && (u.RawQuery != "" || u.User != nil) {
+			u.RawQuery, u.User = "", nil
+			ue.URL = u.String()
+		}
+	}
 }
 
 // retryable reports whether another attempt may succeed: network and server trouble yes; answers that will not

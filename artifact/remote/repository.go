@@ -287,6 +287,7 @@ func (r *Repository) manifestErr(ctx context.Context, reference string, err erro
 	}
 	subject := "manifest " + reference
 	if errors.Is(err, errdef.ErrNotFound) && !r.speaksOCI(ctx) {
+		redactURLs(err)
 		return &Error{Registry: r.Reference.Registry, Repository: r.Reference.Repository, Subject: subject, Kind: ErrNotOCI,
 			Err: fmt.Errorf("GET /v2/ does not answer as the distribution API does: %w", err)}
 	}
@@ -295,6 +296,7 @@ func (r *Repository) manifestErr(ctx context.Context, reference string, err erro
 
 func (r *Repository) blobErr(ctx context.Context, desc ocispec.Descriptor, err error) error {
 	if errors.Is(err, errdef.ErrNotFound) && !r.speaksOCI(ctx) {
+		redactURLs(err)
 		return &Error{Registry: r.Reference.Registry, Repository: r.Reference.Repository, Subject: subjectOf(desc), Kind: ErrNotOCI,
 			Err: fmt.Errorf("GET /v2/ does not answer as the distribution API does: %w", err)}
 	}
