@@ -185,9 +185,12 @@ func (s *nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpub
 	vol, ok := d.state.Snapshot().Volumes[target]
 	if !ok {
 		// Unknown to the state (never published, already unpublished, or state lost): still leave no mount and no
-		// directory behind, which is what the caller wants.
-		if err := d.unmountTarget(target, true); err != nil {
+		// empty directory behind, which is what the caller wants. A directory with content is not ours to delete.
+		if err := d.unmountTarget(target, false); err != nil {
 			return nil, status.Errorf(codes.Internal, "unmount %s: %v", target, err)
+		}
+		if err := os.Remove(target); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			d.log.Warn("unpublish of an unknown target leaves its directory, which is not empty", "target", target, "error", err.Error())
 		}
 		if err := d.backend.Release(ownerOf(target)); err != nil {
 			return nil, status.Errorf(codes.Internal, "release view of %s: %v", target, err)
