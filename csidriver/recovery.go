@@ -42,8 +42,12 @@ func (d *Driver) recover(ctx context.Context) {
 }
 
 // releaseOrphanViews drops the driver's holds on views that no recorded volume accounts for (a crash between
-// acquiring a view and recording it, or a lost state), so the cache can evict their content.
+// acquiring a view and recording it), so the cache can evict their content. After a lost state every hold may be
+// a live pod's, so none is dropped here: each goes when kubelet unpublishes its target.
 func (d *Driver) releaseOrphanViews() {
+	if d.stateLost {
+		return
+	}
 	owners, err := d.backend.Owners(ownerPrefix)
 	if err != nil {
 		d.log.Error("list view holds", "error", err.Error())

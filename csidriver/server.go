@@ -71,6 +71,9 @@ type Driver struct {
 	state   *state.Store
 	m       *metrics
 	pulls   *puller
+	// stateLost is set when the persisted state was unreadable at start: view holds that no volume record accounts
+	// for may then belong to volumes still mounted in pods, so they are released only by those volumes' unpublish.
+	stateLost bool
 
 	// targets serialises operations on one target path: a second concurrent call on a target gets ABORTED, a call
 	// finding the background reconciler on it waits for it.
@@ -114,12 +117,13 @@ func New(opts Options) (*Driver, error) {
 		return nil, fmt.Errorf("csidriver: open state: %w", err)
 	}
 	d := &Driver{
-		opts:    opts,
-		log:     log,
-		backend: opts.Backend,
-		mounter: opts.Mounter,
-		state:   st,
-		targets: map[string]*targetHold{},
+		opts:      opts,
+		log:       log,
+		backend:   opts.Backend,
+		mounter:   opts.Mounter,
+		state:     st,
+		stateLost: corrupt != nil,
+		targets:   map[string]*targetHold{},
 	}
 	d.m = newMetrics(opts.Backend, func() int { return len(st.Snapshot().Volumes) }, opts.Collectors)
 	d.ids = &identityServer{d: d}
