@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"sync"
 
 	"github.com/modelpack/modelpack/cas"
 	digest "github.com/opencontainers/go-digest"
@@ -148,30 +147,16 @@ func transfer(ctx context.Context, src oras.ReadOnlyTarget, srcRef string, dst o
 	if srcIsRepo && dstIsRepo && s.Reference.Registry == d.Reference.Registry && s.Reference.Repository != d.Reference.Repository {
 		mountFrom = s.Reference.Repository
 	}
-	sem := make(chan struct{}, conc)
-	errs := make([]error, len(blobs))
-	var wg sync.WaitGroup
-	for i, desc := range blobs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
-				errs[i] = ctx.Err()
-				return
-			}
-			defer func() { <-sem }()
-			status, err := copyBlob(ctx, src, dst, ing, desc, mountFrom, t)
-			if err != nil {
-				t.finish(desc, StatusFailed, err)
-				errs[i] = remote.wrap(subjectOf(desc), err)
-				return
-			}
-			t.finish(desc, status, nil)
-		}()
-	}
-	wg.Wait()
+	errs := each(ctx, len(blobs), conc, func(i int) error {
+		desc := blobs[i]
+		status, err := copyBlob(ctx, src, dst, ing, desc, mountFrom, t)
+		if err != nil {
+			t.finish(desc, StatusFailed, err)
+			return remote.wrap(subjectOf(desc), err)
+		}
+		t.finish(desc, status, nil)
+		return nil
+	})()
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
-	"sync"
 	"time"
 
 	"github.com/modelpack/modelpack/artifact"
@@ -94,31 +93,18 @@ func fetch(ctx context.Context, src *Repository, dir string, opts FetchOptions) 
 	}
 	// Model layers have disjoint paths: write them concurrently. A layer that fails does not stop the others,
 	// which land and stay.
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, conc)
-	errs := make([]error, len(model))
 	files := make([][]string, len(model))
-	for i, l := range model {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
-				errs[i] = ctx.Err()
-				return
-			}
-			defer func() { <-sem }()
-			files[i], errs[i] = f.layer(ctx, l)
-		}()
-	}
+	wait := each(ctx, len(model), conc, func(i int) (err error) {
+		files[i], err = f.layer(ctx, model[i])
+		return err
+	})
 	// Image layers stack, so they go one after the other into one staging tree, moved into place at the end.
 	var imageFiles []string
 	var imageErr error
 	if len(image) > 0 {
 		imageFiles, imageErr = f.imageLayers(ctx, image)
 	}
-	wg.Wait()
+	errs := wait()
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -247,4 +248,31 @@ func (c *countingReader) Read(p []byte) (int, error) {
 		c.fn(int64(n))
 	}
 	return n, err
+}
+
+// each starts fn(i) for every i in [0, n), at most limit at a time, and returns a wait that gives every error by
+// index. The items are independent: one that fails does not stop the others, so a broken layer cannot cancel the
+// rest of a transfer.
+func each(ctx context.Context, n, limit int, fn func(i int) error) (wait func() []error) {
+	sem := make(chan struct{}, max(limit, 1))
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				errs[i] = ctx.Err()
+				return
+			}
+			defer func() { <-sem }()
+			errs[i] = fn(i)
+		}()
+	}
+	return func() []error {
+		wg.Wait()
+		return errs
+	}
 }
