@@ -171,16 +171,7 @@ func (r *lineReporter) Update(ocispec.Descriptor, int64) {}
 func (r *lineReporter) Finish(d ocispec.Descriptor, status remote.Status, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	verb := r.verb
-	switch status {
-	case remote.StatusExists:
-		verb = "exists"
-	case remote.StatusMounted:
-		verb = "mounted"
-	case remote.StatusFailed:
-		verb = "failed"
-	}
-	line := fmt.Sprintf("%-8s %s  %s", verb, blobLabel(d), humanBytes(d.Size))
+	line := fmt.Sprintf("%-8s %s  %s", verbFor(r.verb, status), blobLabel(d), humanBytes(d.Size))
 	if start, ok := r.started[d.Digest.String()]; ok && status == remote.StatusTransferred {
 		secs := time.Since(start).Seconds()
 		if secs > 0 {
@@ -300,16 +291,7 @@ func (b *barRenderer) draw() {
 			)
 		}
 		if s.over {
-			verb := b.verb
-			switch s.status {
-			case remote.StatusExists:
-				verb = "exists"
-			case remote.StatusMounted:
-				verb = "mounted"
-			case remote.StatusFailed:
-				verb = "failed"
-			}
-			fmt.Fprintf(&out, "\x1b[2K%-8s %s  %s\n", verb, blobLabel(s.desc), humanBytes(s.desc.Size))
+			fmt.Fprintf(&out, "\x1b[2K%-8s %s  %s\n", verbFor(b.verb, s.status), blobLabel(s.desc), humanBytes(s.desc.Size))
 			finished++
 			continue
 		}
@@ -336,4 +318,18 @@ func (b *barRenderer) draw() {
 func (b *barRenderer) stop() {
 	close(b.quit)
 	b.wg.Wait()
+}
+
+// verbFor is how a finished blob is reported: the transfer's own verb ("pushed", "pulled") unless the blob was
+// skipped, mounted from another repository, or failed.
+func verbFor(transferred string, status remote.Status) string {
+	switch status {
+	case remote.StatusExists:
+		return "exists"
+	case remote.StatusMounted:
+		return "mounted"
+	case remote.StatusFailed:
+		return "failed"
+	}
+	return transferred
 }

@@ -565,16 +565,7 @@ func (d *Driver) undo(vol state.Volume) error {
 }
 
 func (d *Driver) putVolume(vol state.Volume) error {
-	var n int
-	err := d.state.Update(func(st *state.State) error {
-		st.Volumes[vol.TargetPath] = vol
-		n = len(st.Volumes)
-		return nil
-	})
-	if err == nil {
-		d.m.volumes.Set(float64(n))
-	}
-	return err
+	return d.updateVolumes(func(v map[string]state.Volume) { v[vol.TargetPath] = vol })
 }
 
 func (d *Driver) stageVolume(vol state.Volume) error {
@@ -585,9 +576,14 @@ func (d *Driver) stageVolume(vol state.Volume) error {
 }
 
 func (d *Driver) deleteVolume(target string) error {
+	return d.updateVolumes(func(v map[string]state.Volume) { delete(v, target) })
+}
+
+// updateVolumes changes the durable volume records and keeps the volumes gauge in step with them.
+func (d *Driver) updateVolumes(change func(map[string]state.Volume)) error {
 	var n int
 	err := d.state.Update(func(st *state.State) error {
-		delete(st.Volumes, target)
+		change(st.Volumes)
 		n = len(st.Volumes)
 		return nil
 	})
