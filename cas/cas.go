@@ -218,6 +218,24 @@ func (s *Store) ingest(ctx context.Context, d digest.Digest, size int64, open Op
 	if err != nil {
 		return err
 	}
+	if offset == size && size > 0 {
+		// A crash after the last byte but before the commit: the partial may already be the blob, and asking the
+		// source for a range starting at its end is an error (416).
+		if digest.NewDigest(d.Algorithm(), h) == d {
+			if err := f.Sync(); err != nil {
+				return err
+			}
+			return s.commit(partial, d)
+		}
+		if err := f.Truncate(0); err != nil {
+			return err
+		}
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+		h.Reset()
+		offset = 0
+	}
 	rc, start, err := open(ctx, offset)
 	if err != nil {
 		return err

@@ -316,3 +316,40 @@ func TestConcurrentIngestsOfOneDigestWithAnotherSizeAreNotCoalesced(t *testing.T
 		t.Fatalf("ingest with a wrong size: %v, want a size mismatch", err)
 	}
 }
+
+// A crash after the last byte was written but before the commit leaves a complete partial: the next ingest
+// commits it without asking the source for anything (a range from its end would be refused with 416).
+func TestIngestCommitsACompletePartialWithoutTheSource(t *testing.T) {
+	s := open(t)
+	b := blob(1 << 20)
+	d := digest.FromBytes(b)
+	p := filepath.Join(s.Root(), "ingest", "sha256-"+d.Encoded()+".partial")
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src := &source{blob: b, seekable: true}
+	if err := s.Ingest(context.Background(), d, int64(len(b)), src.open); err != nil {
+		t.Fatal(err)
+	}
+	if src.opens.Load() != 0 {
+		t.Fatalf("opened the source %d times for a complete partial", src.opens.Load())
+	}
+	if err := s.Verify(d); err != nil {
+		t.Fatal(err)
+	}
+	// A complete-length partial with the wrong bytes is dropped and fetched again.
+	c := blob(4096)
+	dc := digest.FromBytes(c)
+	bad := append([]byte(nil), c...)
+	bad[0] ^= 1
+	if err := os.WriteFile(filepath.Join(s.Root(), "ingest", "sha256-"+dc.Encoded()+".partial"), bad, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src2 := &source{blob: c, seekable: true}
+	if err := s.Ingest(context.Background(), dc, int64(len(c)), src2.open); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Verify(dc); err != nil || src2.served.Load() != int64(len(c)) {
+		t.Fatalf("refetch of a bad complete partial: %v, served %d", err, src2.served.Load())
+	}
+}
