@@ -29,7 +29,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	filter, _ := pack.ParseFilter("config")
-	if err := pack.Unpack(ctx, store, m, "./llama3-config", pack.UnpackOptions{Kinds: []artifact.Kind{filter}}); err != nil {
+	if _, err := pack.Unpack(ctx, store, m, "./llama3-config", pack.UnpackOptions{Kinds: []artifact.Kind{filter}}); err != nil {
 		log.Fatal(err)
 	}
 }

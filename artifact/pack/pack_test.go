@@ -176,7 +176,7 @@ func TestRoundTrip(t *testing.T) {
 				t.Errorf("no %s layer in %v", format, formats)
 			}
 			out := filepath.Join(t.TempDir(), "out")
-			if err := pack.Unpack(context.Background(), s, m, out, pack.UnpackOptions{}); err != nil {
+			if _, err := pack.Unpack(context.Background(), s, m, out, pack.UnpackOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			got := tree(t, out)
@@ -223,8 +223,8 @@ func TestLayers(t *testing.T) {
 		"model-00001-of-00002.safetensors": artifact.LayerMediaType(artifact.KindWeight, artifact.FormatRaw),
 		"model-00002-of-00002.safetensors": artifact.LayerMediaType(artifact.KindWeight, artifact.FormatRaw),
 		"sub/extra.safetensors":            artifact.LayerMediaType(artifact.KindWeight, artifact.FormatRaw),
-		"config.json":                      artifact.LayerMediaType(artifact.KindWeightConfig, artifact.FormatTarGzip),
-		"README.md":                        artifact.LayerMediaType(artifact.KindDoc, artifact.FormatTarGzip),
+		"config.json":                      artifact.LayerMediaType(artifact.KindWeightConfig, artifact.FormatRaw), // single files stay raw
+		"README.md":                        artifact.LayerMediaType(artifact.KindDoc, artifact.FormatRaw),
 		"docs":                             artifact.LayerMediaType(artifact.KindDoc, artifact.FormatTarGzip),
 		"src":                              artifact.LayerMediaType(artifact.KindCode, artifact.FormatTarGzip),
 		"data":                             artifact.LayerMediaType(artifact.KindDataset, artifact.FormatTarGzip),
@@ -560,7 +560,7 @@ func TestUnpackFilters(t *testing.T) {
 		"both":    {pack.UnpackOptions{Kinds: []artifact.Kind{artifact.KindWeight}, Include: []string{"model-0000*"}}, []string{"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}},
 	} {
 		out := t.TempDir()
-		if err := pack.Unpack(context.Background(), s, m, out, tc.opts); err != nil {
+		if _, err := pack.Unpack(context.Background(), s, m, out, tc.opts); err != nil {
 			t.Fatal(err)
 		}
 		var got []string
@@ -616,7 +616,7 @@ func TestUnpackRefusesEscapes(t *testing.T) {
 		"nested dot-dot": push([]byte("evil"), raw, "a/../../escaped"),
 	} {
 		m := ocispec.Manifest{MediaType: ocispec.MediaTypeImageManifest, ArtifactType: artifact.ArtifactTypeModelManifest, Layers: []ocispec.Descriptor{layer}}
-		err := pack.Unpack(ctx, s, m, target, pack.UnpackOptions{})
+		_, err := pack.Unpack(ctx, s, m, target, pack.UnpackOptions{})
 		if err == nil {
 			t.Errorf("%s: unpacked", name)
 		}
@@ -628,7 +628,7 @@ func TestUnpackRefusesEscapes(t *testing.T) {
 	os.MkdirAll(target, 0o755)
 	os.Symlink(base, filepath.Join(target, "link"))
 	m := ocispec.Manifest{Layers: []ocispec.Descriptor{push([]byte("evil"), raw, "link/escaped")}}
-	if err := pack.Unpack(ctx, s, m, target, pack.UnpackOptions{}); err == nil {
+	if _, err := pack.Unpack(ctx, s, m, target, pack.UnpackOptions{}); err == nil {
 		t.Error("unpacked through a symlink")
 	}
 	if _, err := os.Stat(filepath.Join(base, "escaped")); !errors.Is(err, fs.ErrNotExist) {
@@ -651,7 +651,7 @@ func TestUnpackVerifiesDigests(t *testing.T) {
 	f.WriteAt([]byte("corrupt"), 100)
 	f.Close()
 	out := t.TempDir()
-	err = pack.Unpack(context.Background(), s, m, out, pack.UnpackOptions{})
+	_, err = pack.Unpack(context.Background(), s, m, out, pack.UnpackOptions{})
 	if err == nil || !strings.Contains(err.Error(), "digest mismatch") {
 		t.Fatalf("got %v", err)
 	}
@@ -821,7 +821,7 @@ func TestSymlinkInside(t *testing.T) {
 		t.Errorf("paramSize %q with the alias, %q without: a file reached twice was counted twice", model.Config.ParamSize, plainParams)
 	}
 	out := t.TempDir()
-	if err := pack.Unpack(context.Background(), s, m, out, pack.UnpackOptions{}); err != nil {
+	if _, err := pack.Unpack(context.Background(), s, m, out, pack.UnpackOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	fi, err := os.Lstat(filepath.Join(out, "alias", "model.safetensors"))

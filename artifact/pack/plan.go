@@ -168,9 +168,9 @@ func unwrapPathError(err error) error {
 //   - A directory matched by a rule becomes one tar layer of the rule's kind holding everything below it.
 //   - Every other file gets the kind of the rule matching it, or else artifact.KindOf its name.
 //   - Weight files are raw layers of their own, never archived or compressed.
-//   - Other files are raw layers of their own when format is raw. With a tar format, a top-level file is a
-//     one-file archive, and the remaining files under each top-level directory are one archive of that directory,
-//     whose kind is the kind most of them have.
+//   - Other files are raw layers of their own when format is raw. With a tar format, top-level files and files
+//     a rule names stay raw, and the remaining files under each top-level directory are one archive of that
+//     directory, whose kind is the kind most of them have.
 //
 // Flag rules override Modelfile rules; conflicting rules of one source, or a file claimed both on its own and as
 // part of a claimed directory, are duplicate layer paths. The rules that matched nothing are returned, since they
@@ -247,12 +247,10 @@ func plan(dir string, nodes []node, format artifact.Format, sources ...[]Rule) (
 			kind = r.Kind
 		}
 		top, _, nested := strings.Cut(n.rel, "/")
-		if kind == artifact.KindWeight || format == artifact.FormatRaw || format == "" {
+		// A single file is raw whatever the format: archiving it gains nothing, and generic tools (oras pull)
+		// would write the archive's bytes under the file's name.
+		if kind == artifact.KindWeight || format == artifact.FormatRaw || format == "" || !nested || r != nil {
 			layers = append(layers, layerPlan{kind: kind, format: artifact.FormatRaw, path: n.rel, nodes: []node{n}, size: n.size})
-			continue
-		}
-		if !nested || r != nil {
-			layers = append(layers, layerPlan{kind: kind, format: format, path: n.rel, nodes: []node{n}, size: n.size})
 			continue
 		}
 		g := groups[top]

@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
 	"runtime"
+	"sort"
 	"strings"
 
 	digest "github.com/opencontainers/go-digest"
@@ -44,6 +47,8 @@ type UnpackOptions struct {
 	// Concurrency bounds the layers written at once; 0 means GOMAXPROCS.
 	Concurrency int
 	Progress    Progress
+	// Force replaces existing files (CheckTargets); without it Unpack refuses before writing anything.
+	Force bool
 }
 
 // Select reports whether a layer passes the options' filters.
@@ -73,11 +78,14 @@ func (o UnpackOptions) Select(l artifact.Layer) bool {
 // Unpack writes the files of a model manifest, whose blobs src holds, into dir: raw layers as files with the
 // mode their metadata annotation records, tar layers extracted with package archive, container-image layers
 // applied in order. Every blob is verified against its digest as it is read; a raw file appears under its final
-// name only once verified. A layer path that would land outside dir is refused.
-func Unpack(ctx context.Context, src content.Fetcher, manifest ocispec.Manifest, dir string, opts UnpackOptions) error {
+// name only once verified. A layer path that would land outside dir is refused, and so, before anything is
+// written, are existing paths (see CheckTargets) unless opts.Force. Files get the modification time their
+// metadata annotation records, as fetch and tar extraction give them. It returns the files written, relative to
+// dir, sorted.
+func Unpack(ctx context.Context, src content.Fetcher, manifest ocispec.Manifest, dir string, opts UnpackOptions) ([]string, error) {
 	layers, err := artifact.Layers(manifest)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var model, image []artifact.Layer
 	for _, l := range layers {
@@ -90,6 +98,9 @@ func Unpack(ctx context.Context, src content.Fetcher, manifest ocispec.Manifest,
 			model = append(model, l)
 		}
 	}
+	if err := CheckTargets(dir, append(append([]artifact.Layer{}, model...), image...), opts.Force); err != nil {
+		return nil, err
+	}
 	if opts.Progress != nil {
 		var total int64
 		for _, l := range append(model, image...) {
@@ -98,11 +109,11 @@ func Unpack(ctx context.Context, src content.Fetcher, manifest ocispec.Manifest,
 		opts.Progress.Start(total)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
+		return nil, err
 	}
 	root, err := os.OpenRoot(dir)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer root.Close()
 	g, gctx := errgroup.WithContext(ctx)
@@ -120,15 +131,50 @@ func Unpack(ctx context.Context, src content.Fetcher, manifest ocispec.Manifest,
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return err
+		return nil, err
 	}
 	// Image layers stack: each applies over the previous ones, whiteouts included.
 	for _, l := range image {
 		if err := extractVerified(ctx, src, l, dir, archive.Options{AbsoluteSymlinks: true}, opts.Progress); err != nil {
-			return fmt.Errorf("layer %s: %w", l.Digest, err)
+			return nil, fmt.Errorf("layer %s: %w", l.Digest, err)
 		}
 	}
-	return nil
+	return filesWritten(dir, model, len(image) > 0)
+}
+
+// filesWritten lists the files the layers put in dir: a raw layer's file, and what lies below a tar layer's
+// directory (or below dir, for image layers and tar layers unpacked at the top).
+func filesWritten(dir string, model []artifact.Layer, image bool) ([]string, error) {
+	seen := map[string]bool{}
+	var files []string
+	add := func(rel string) error {
+		base := filepath.Join(dir, filepath.FromSlash(rel))
+		return filepath.WalkDir(base, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if d.IsDir() {
+				return nil
+			}
+			r, _ := filepath.Rel(dir, p)
+			if r = filepath.ToSlash(r); !seen[r] {
+				seen[r] = true
+				files = append(files, r)
+			}
+			return nil
+		})
+	}
+	if image {
+		model = []artifact.Layer{{}}
+	}
+	for _, l := range model {
+		name, _ := archive.CleanPath(l.Path)
+		if err := add(name); err != nil {
+			return nil, err
+		}
+	}
+	sort.Strings(files)
+	return files, nil
 }
 
 func unpackLayer(ctx context.Context, src content.Fetcher, root *os.Root, dir string, l artifact.Layer, p Progress) error {
@@ -143,7 +189,8 @@ func unpackLayer(ctx context.Context, src content.Fetcher, root *os.Root, dir st
 		return fmt.Errorf("raw layer path %q names the model root: %w", l.Path, archive.ErrUnsafePath)
 	}
 	mode := os.FileMode(0o644)
-	if meta, ok := fileMetadata(l.Annotations); ok && meta.Mode != 0 {
+	meta, ok := fileMetadata(l.Annotations)
+	if ok && meta.Mode != 0 {
 		mode = os.FileMode(meta.Mode).Perm()
 	}
 	if parent := path.Dir(name); parent != "." {
@@ -176,6 +223,11 @@ func unpackLayer(ctx context.Context, src content.Fetcher, root *os.Root, dir st
 	}
 	if err := f.Close(); err != nil {
 		return err
+	}
+	if mtime := meta.ModTime; ok && !mtime.IsZero() {
+		if err := root.Chtimes(tmp, mtime, mtime); err != nil {
+			return err
+		}
 	}
 	if err := root.Rename(tmp, name); err != nil {
 		return unsafe(err)

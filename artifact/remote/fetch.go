@@ -29,6 +29,8 @@ type FetchOptions struct {
 	Reporter Reporter
 	// Select, if set, picks the layers to write; nil writes them all.
 	Select func(artifact.Layer) bool
+	// Check, if set, sees the selected layers before anything is written; its error stops the fetch.
+	Check func([]artifact.Layer) error
 	// Archive tunes the extraction of tar layers (limits); ReadOnly and KeepWhiteouts are honoured.
 	Archive archive.Options
 	// Sync flushes each raw file to disk before it is renamed into place, so a power loss cannot leave a file
@@ -75,6 +77,11 @@ func fetch(ctx context.Context, src *Repository, dir string, opts FetchOptions) 
 			image = append(image, l)
 		} else {
 			model = append(model, l)
+		}
+	}
+	if opts.Check != nil {
+		if err := opts.Check(append(append([]artifact.Layer{}, model...), image...)); err != nil {
+			return nil, err
 		}
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
