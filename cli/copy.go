@@ -3,11 +3,13 @@ package cli
 import (
 	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 func init() {
 	register(func(g *Globals) *cobra.Command {
 		var rf remoteFlags
+		var from, to sideFlags
 		var referrers bool
 		cmd := &cobra.Command{
 			Use:     "copy SRC DST",
@@ -16,27 +18,83 @@ func init() {
 			Long: `Copy an artifact between registries, or between repositories of one registry, without a local copy.
 
 Within one registry the blobs are mounted across repositories, so no layer bytes move. DST's tag defaults to
-SRC's. The connection flags apply to both registries.`,
+SRC's. The connection flags apply to both registries; --from-* and --to-* set them for one side, as oras copy
+does (a TLS registry with its own CA on one side, a plain-HTTP one on the other).`,
 			Example: `  modelpack copy registry.local:5000/team-a/model:v1 registry.local:5000/team-b/model
-  modelpack copy -r registry.local:5000/org/model:v1 mirror.local/org/model:v1`,
+  modelpack copy -r registry.local:5000/org/model:v1 mirror.local/org/model:v1
+  modelpack copy --from-ca-file ca.pem --to-plain-http registry.example.com/org/model:v1 127.0.0.1:5000/org/model`,
 			Args: cobra.ExactArgs(2),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				opts := rf.options()
-				src, _, err := remote.NewRepository(withDefaultTag(args[0]), opts)
+				srcOpts, dstOpts := from.apply(cmd, opts), to.apply(cmd, opts)
+				srcRef, err := registryRef(args[0])
 				if err != nil {
 					return err
 				}
-				dst, _, err := remote.NewRepository(args[1], opts)
+				if _, err := registryRepo(args[1]); err != nil {
+					return err
+				}
+				src, _, err := remote.NewRepository(srcRef.String(), srcOpts)
+				if err != nil {
+					return err
+				}
+				dst, _, err := remote.NewRepository(args[1], dstOpts)
 				if err != nil {
 					return err
 				}
 				ui := newTransferUI(cmd, g, "copied")
 				res, err := remote.Copy(cmd.Context(), src, dst, remote.TransferOptions{Reporter: ui.reporter(), Referrers: referrers})
+				if err == nil {
+					fillArtifactType(cmd.Context(), src, &res.Descriptor)
+				}
 				return ui.done(res, err)
 			},
 		}
 		rf.register(cmd.Flags())
+		from.register(cmd.Flags(), "from", "source")
+		to.register(cmd.Flags(), "to", "destination")
 		cmd.Flags().BoolVarP(&referrers, "referrers", "r", false, "also copy the artifacts referring to it (signatures, SBOMs)")
 		return cmd
 	})
+}
+
+// sideFlags are copy's --from-* or --to-* connection flags: set, they replace the shared flag for that side.
+type sideFlags struct {
+	prefix string
+	opts   remote.Options
+}
+
+func (f *sideFlags) register(fs *pflag.FlagSet, prefix, side string) {
+	f.prefix = prefix
+	fs.BoolVar(&f.opts.PlainHTTP, prefix+"-plain-http", false, "talk plain HTTP to the "+side+" registry")
+	fs.BoolVar(&f.opts.Insecure, prefix+"-insecure", false, "skip verification of the "+side+" registry's TLS certificate")
+	fs.StringVar(&f.opts.CAFile, prefix+"-ca-file", "", "PEM CA bundle to trust for the "+side+" registry")
+	fs.StringVar(&f.opts.CertFile, prefix+"-cert-file", "", "client certificate (PEM) for the "+side+" registry")
+	fs.StringVar(&f.opts.KeyFile, prefix+"-key-file", "", "client certificate key (PEM) for the "+side+" registry")
+	fs.StringVar(&f.opts.RegistryConfig, prefix+"-registry-config", "", "docker config.json with credentials for the "+side+" registry")
+}
+
+// apply returns shared with this side's flags, those given, in place of the shared ones.
+func (f *sideFlags) apply(cmd *cobra.Command, shared remote.Options) remote.Options {
+	o := shared
+	set := func(name string) bool { return cmd.Flags().Changed(f.prefix + "-" + name) }
+	if set("plain-http") {
+		o.PlainHTTP = f.opts.PlainHTTP
+	}
+	if set("insecure") {
+		o.Insecure = f.opts.Insecure
+	}
+	if set("ca-file") {
+		o.CAFile = f.opts.CAFile
+	}
+	if set("cert-file") {
+		o.CertFile = f.opts.CertFile
+	}
+	if set("key-file") {
+		o.KeyFile = f.opts.KeyFile
+	}
+	if set("registry-config") {
+		o.RegistryConfig = f.opts.RegistryConfig
+	}
+	return o
 }

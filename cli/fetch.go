@@ -13,6 +13,7 @@ func init() {
 		var rf remoteFlags
 		var filters, include []string
 		var sync bool
+		var wf writeFlags
 		cmd := &cobra.Command{
 			Use:   "fetch REF DIR",
 			Short: "Write a model's files from a registry straight into a directory",
@@ -21,7 +22,10 @@ func init() {
 Every byte is hashed as it arrives. A raw layer is written to a temporary file renamed to its final name only
 when its digest matches; a tar layer is extracted aside and moved into place only when its digest matches, so a
 corrupt or interrupted download never leaves a partial file under a final name. Dropped connections resume with
-HTTP Range. --filter and --include select layers as for unpack.`,
+HTTP Range. --filter and --include select layers as for unpack.
+
+Files that already exist in DIR are refused before anything is written, unless --force. A container image is
+refused unless --image-rootfs.`,
 			Example: `  modelpack fetch registry.local:5000/org/llama3:8b ./llama3
   modelpack fetch registry.local:5000/org/llama3:8b ./cfg --filter config,docs
   modelpack fetch registry.local:5000/org/llama3:8b ./shard1 --include 'model-00001-*'`,
@@ -42,19 +46,29 @@ HTTP Range. --filter and --include select layers as for unpack.`,
 						return err
 					}
 				}
-				src, _, err := remote.NewRepository(withDefaultTag(args[0]), rf.options())
+				ref, err := registryRef(args[0])
+				if err != nil {
+					return err
+				}
+				src, _, err := remote.NewRepository(ref.String(), rf.options())
 				if err != nil {
 					return err
 				}
 				ui := newTransferUI(cmd, g, "fetched")
-				res, err := remote.Fetch(cmd.Context(), src, args[1], remote.FetchOptions{Reporter: ui.reporter(), Select: sel.Select, Sync: sync})
-				return ui.done(res, err)
+				res, err := remote.Fetch(cmd.Context(), src, args[1], remote.FetchOptions{Reporter: ui.reporter(), Select: sel.Select, Sync: sync, Check: wf.check(args[0], args[1])})
+				ui.stop()
+				if err != nil {
+					return err
+				}
+				fillArtifactType(cmd.Context(), src, &res.Descriptor)
+				return ui.print(transferJSON{Result: res, Dir: args[1]})
 			},
 		}
 		rf.register(cmd.Flags())
 		cmd.Flags().StringArrayVar(&filters, "filter", nil, "only layers of these kinds: weights, config, docs, code, dataset (repeatable or comma-separated)")
 		cmd.Flags().StringArrayVar(&include, "include", nil, "only layers whose path (or a parent directory) matches this glob (repeatable)")
 		cmd.Flags().BoolVar(&sync, "sync", false, "flush each file to disk before renaming it into place (survives power loss, runs at disk speed)")
+		wf.register(cmd)
 		_ = cmd.RegisterFlagCompletionFunc("filter", cobra.FixedCompletions([]string{"weights", "config", "docs", "code", "dataset"}, cobra.ShellCompDirectiveNoFileComp))
 		return cmd
 	})

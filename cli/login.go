@@ -69,6 +69,10 @@ with docker login. The password is read from --password-stdin, --password, or a 
 					password = string(b)
 				}
 				if err := remote.Login(cmd.Context(), host, auth.Credential{Username: user, Password: password}, rf.options()); err != nil {
+					if errors.Is(err, remote.ErrUnauthorized) {
+						// Not remote's hint to run login: that is what was just run.
+						return fmt.Errorf("login to %s failed: the registry rejected user %q with this password or token; nothing was saved: %w", host, user, remote.ErrUnauthorized)
+					}
 					return err
 				}
 				if g.IsJSON() {
@@ -80,7 +84,7 @@ with docker login. The password is read from --password-stdin, --password, or a 
 				return nil
 			},
 		}
-		rf.registerConnection(cmd.Flags())
+		rf.registerTransport(cmd.Flags())
 		cmd.Flags().StringVarP(&user, "username", "u", "", "user name")
 		cmd.Flags().StringVarP(&password, "password", "p", "", "password or token (prefer --password-stdin: flags show in ps)")
 		cmd.Flags().BoolVar(&passwordStdin, "password-stdin", false, "read the password or token from stdin")
@@ -92,7 +96,9 @@ with docker login. The password is read from --password-stdin, --password, or a 
 		cmd := &cobra.Command{
 			Use:   "logout REGISTRY",
 			Short: "Remove a registry's credentials from the docker config",
-			Args:  cobra.ExactArgs(1),
+			Example: `  modelpack logout registry.local:5000
+  modelpack logout --registry-config ./config.json 127.0.0.1:5000`,
+			Args: cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				if err := remote.Logout(cmd.Context(), args[0], rf.options()); err != nil {
 					return err

@@ -129,6 +129,9 @@ func runPack(cmd *cobra.Command, g *Globals, f *packFlags, dir string, pushSink 
 	if err != nil {
 		return err
 	}
+	if p, ok := sink.(interface{ printResult() error }); ok {
+		return p.printResult() // pack --push: what push prints
+	}
 	return printPacked(cmd, g, opts.Tag, where, desc)
 }
 

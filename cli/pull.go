@@ -22,7 +22,11 @@ Mirrors configured in --hosts-dir are tried before the registry itself.`,
   modelpack pull --plain-http 127.0.0.1:5000/org/model@sha256:…`,
 			Args: cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				ref := withDefaultTag(args[0])
+				parsed, err := registryRef(args[0])
+				if err != nil {
+					return err
+				}
+				ref := parsed.String()
 				local, err := layout.ParseReference(ref)
 				if err != nil {
 					return err
@@ -38,6 +42,9 @@ Mirrors configured in --hosts-dir are tried before the registry itself.`,
 				defer store.Close()
 				ui := newTransferUI(cmd, g, "pulled")
 				res, err := remote.Pull(cmd.Context(), src, store, local, remote.TransferOptions{Reporter: ui.reporter(), Referrers: referrers})
+				if err == nil {
+					fillArtifactType(cmd.Context(), store, &res.Descriptor)
+				}
 				return ui.done(res, err)
 			},
 		}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 
 	"github.com/modelpack/modelpack/artifact/layout"
 	"github.com/modelpack/modelpack/artifact/pack"
@@ -28,6 +29,9 @@ concurrently and each is retried with backoff on its own.`,
   modelpack push registry.local:5000/org/model:v1 --from llama3:8b`,
 			Args: cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
+				if _, err := registryRepo(args[0]); err != nil {
+					return err
+				}
 				ref := withDefaultTag(args[0])
 				local := ref
 				if from != "" {
@@ -48,10 +52,16 @@ concurrently and each is retried with backoff on its own.`,
 				}
 				ui := newTransferUI(cmd, g, "pushed")
 				res, err := remote.Push(cmd.Context(), store, local, dst, remote.TransferOptions{Reporter: ui.reporter(), Referrers: referrers})
-				if err := ui.done(res, err); err != nil {
+				ui.stop()
+				if err != nil {
 					return err
 				}
-				return sf.signPushed(cmd.Context(), cmd.OutOrStdout(), g, digestRef(dst, res), rf.options())
+				fillArtifactType(cmd.Context(), store, &res.Descriptor)
+				sig, err := sf.signPushed(cmd.Context(), digestRef(dst, res), rf.options())
+				if err != nil {
+					return err
+				}
+				return ui.print(transferJSON{Result: res, Signature: sig})
 			},
 		}
 		rf.register(cmd.Flags())
@@ -67,16 +77,20 @@ concurrently and each is retried with backoff on its own.`,
 		rf.registerConnection(cmd.Flags())
 		sf := addSignFlags(cmd.Flags())
 		return func(ctx context.Context, ref string) (pack.Sink, error) {
+			if _, err := registryRepo(ref); err != nil {
+				return nil, err
+			}
 			repo, _, err := remote.NewRepository(withDefaultTag(ref), rf.options())
 			if err != nil {
 				return nil, err
 			}
+			ui := newTransferUI(cmd, g, "pushed")
 			var rep remote.Reporter
-			if !g.Quiet && !g.ShowProgress() {
+			if !g.ShowProgress() {
 				// On a TTY the pack command's own bar shows progress.
-				rep = newTransferUI(cmd, g, "pushed").reporter()
+				rep = ui.reporter()
 			}
-			return &signingSink{Sink: remote.PackSink(repo, rep), repo: repo, sign: sf, cmd: cmd, g: g, opts: rf.options()}, nil
+			return &signingSink{Sink: remote.PackSink(repo, rep), repo: repo, sign: sf, ui: ui, opts: rf.options()}, nil
 		}
 	}
 }
@@ -86,19 +100,34 @@ func digestRef(repo *remote.Repository, res *remote.Result) string {
 	return repo.Reference.Registry + "/" + repo.Reference.Repository + "@" + res.Descriptor.Digest.String()
 }
 
-// signingSink signs the manifest once the pack is committed in the registry, for pack --push --sign.
+// signingSink signs the manifest once the pack is committed in the registry, for pack --push --sign, and prints
+// the push's summary as push does.
 type signingSink struct {
 	*remote.Sink
-	repo *remote.Repository
-	sign *signFlags
-	cmd  *cobra.Command
-	g    *Globals
-	opts remote.Options
+	repo         *remote.Repository
+	sign         *signFlags
+	ui           *transferUI
+	opts         remote.Options
+	artifactType string
+	sig          *signatureJSON
 }
 
 func (s *signingSink) Commit(ctx context.Context, manifest ocispec.Descriptor, manifestBytes []byte, tag string) error {
 	if err := s.Sink.Commit(ctx, manifest, manifestBytes, tag); err != nil {
 		return err
 	}
-	return s.sign.signPushed(ctx, s.cmd.ErrOrStderr(), s.g, digestRef(s.repo, s.Result()), s.opts)
+	var m ocispec.Manifest
+	if json.Unmarshal(manifestBytes, &m) == nil {
+		s.artifactType = m.ArtifactType
+	}
+	sig, err := s.sign.signPushed(ctx, digestRef(s.repo, s.Result()), s.opts)
+	s.sig = sig
+	return err
+}
+
+// printResult prints what was pushed (and signed), as push prints it.
+func (s *signingSink) printResult() error {
+	res := s.Result()
+	res.Descriptor.ArtifactType = s.artifactType
+	return s.ui.print(transferJSON{Result: res, Signature: s.sig})
 }

@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -14,11 +16,14 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"oras.land/oras-go/v2/content"
+	"oras.land/oras-go/v2/registry/remote/auth"
 )
 
 // remoteFlags are the connection flags of every command that talks to a registry.
 type remoteFlags struct {
-	opts remote.Options
+	opts               remote.Options
+	username, password string
 }
 
 func (f *remoteFlags) register(fs *pflag.FlagSet) {
@@ -26,8 +31,29 @@ func (f *remoteFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.opts.Concurrency, "concurrency", remote.DefaultConcurrency(), "blobs moved at once")
 }
 
-// registerConnection adds the flags that say how to reach the registry.
+// registerConnection adds the flags that say how to reach the registry, credentials included.
 func (f *remoteFlags) registerConnection(fs *pflag.FlagSet) {
+	f.registerTransport(fs)
+	registerCredentials(fs, &f.username, &f.password)
+}
+
+// registerCredentials adds -u/--username and -p/--password, as oras accepts them on every registry command.
+func registerCredentials(fs *pflag.FlagSet, user, password *string) {
+	fs.StringVarP(user, "username", "u", "", "registry user name (default: the docker config's credentials)")
+	fs.StringVarP(password, "password", "p", "", "registry password or token (with --username; flags show in ps, prefer modelpack login)")
+}
+
+// explicitCredential is the credential -u/-p give, for every host; nil without them.
+func explicitCredential(user, password string) auth.CredentialFunc {
+	if user == "" && password == "" {
+		return nil
+	}
+	cred := auth.Credential{Username: user, Password: password}
+	return func(context.Context, string) (auth.Credential, error) { return cred, nil }
+}
+
+// registerTransport adds the flags that say how to reach the registry: TLS, plain HTTP, mirrors.
+func (f *remoteFlags) registerTransport(fs *pflag.FlagSet) {
 	fs.StringVar(&f.opts.RegistryConfig, "registry-config", os.Getenv("MODELPACK_REGISTRY_CONFIG"),
 		"docker config.json holding registry credentials (default: $DOCKER_CONFIG/config.json or ~/.docker/config.json)")
 	fs.StringVar(&f.opts.CAFile, "ca-file", "", "PEM CA bundle to trust for the registry, besides the system roots")
@@ -43,6 +69,9 @@ func (f *remoteFlags) registerConnection(fs *pflag.FlagSet) {
 func (f *remoteFlags) options() remote.Options {
 	o := f.opts
 	o.UserAgent = "modelpack/" + Version
+	if c := explicitCredential(f.username, f.password); c != nil {
+		o.Credential = c
+	}
 	return o
 }
 
@@ -73,10 +102,10 @@ func newTransferUI(cmd *cobra.Command, g *Globals, verb string) *transferUI {
 	return u
 }
 
-// reporter is what to hand to the transfer; nil with --quiet.
+// reporter is what to hand to the transfer; nil with --quiet or -o json.
 func (u *transferUI) reporter() remote.Reporter {
 	switch {
-	case u.g.Quiet:
+	case !u.g.ShowLines():
 		return nil
 	case u.bars != nil:
 		return u.bars
@@ -86,14 +115,34 @@ func (u *transferUI) reporter() remote.Reporter {
 
 // done stops the bars and prints the result.
 func (u *transferUI) done(res *remote.Result, err error) error {
-	if u.bars != nil {
-		u.bars.stop()
-	}
+	u.stop()
 	if err != nil {
 		return err
 	}
+	return u.print(transferJSON{Result: res})
+}
+
+// stop stops the bars, if any; done and print may follow.
+func (u *transferUI) stop() {
+	if u.bars != nil {
+		u.bars.stop()
+		u.bars = nil
+	}
+}
+
+// transferJSON is the result of push, pull, copy, fetch and pack --push under -o json: remote.Result, the
+// directory fetch wrote into and the signature push --sign made.
+type transferJSON struct {
+	*remote.Result
+	Dir       string         `json:"dir,omitempty"`
+	Signature *signatureJSON `json:"signature,omitempty"`
+}
+
+// print writes the result: JSON, the digest alone with --quiet, or a summary.
+func (u *transferUI) print(r transferJSON) error {
+	res := r.Result
 	if u.g.IsJSON() {
-		return PrintJSON(u.out, res)
+		return PrintJSON(u.out, r)
 	}
 	if u.g.Quiet {
 		_, err := fmt.Fprintln(u.out, res.Descriptor.Digest)
@@ -124,7 +173,28 @@ func (u *transferUI) done(res *remote.Result, err error) error {
 		summary += fmt.Sprintf(", %d mounted", mounted)
 	}
 	fmt.Fprintf(u.out, "%s; %s transferred in %.1fs%s\n", summary, humanBytes(res.Transferred), res.Seconds, rate)
+	if r.Signature != nil {
+		fmt.Fprintf(u.out, "Signed %s (signature %s)\n", r.Signature.Signed, r.Signature.Tag)
+	}
 	return nil
+}
+
+// fillArtifactType gives a manifest descriptor the artifactType of the manifest it names (or, as OCI 1.1 says
+// for manifests without one, its config's media type), reading the manifest from src.
+func fillArtifactType(ctx context.Context, src content.Fetcher, d *ocispec.Descriptor) {
+	if d.ArtifactType != "" || (d.MediaType != ocispec.MediaTypeImageManifest && d.MediaType != "application/vnd.docker.distribution.manifest.v2+json") || d.Size > 4<<20 {
+		return
+	}
+	b, err := content.FetchAll(ctx, src, *d)
+	if err != nil {
+		return
+	}
+	var m ocispec.Manifest
+	if json.Unmarshal(b, &m) == nil {
+		if d.ArtifactType = m.ArtifactType; d.ArtifactType == "" {
+			d.ArtifactType = m.Config.MediaType
+		}
+	}
 }
 
 func capitalize(s string) string {
@@ -143,7 +213,8 @@ func blobLabel(d ocispec.Descriptor) string {
 	if len(short) > 12 {
 		short = short[:12]
 	}
-	if name == "" && strings.Contains(d.MediaType, "config") {
+	// A config blob, not a weight.config layer: configs are JSON documents.
+	if name == "" && strings.Contains(d.MediaType, "config") && strings.HasSuffix(d.MediaType, "+json") {
 		name = "(config)"
 	}
 	if name == "" {

@@ -3,12 +3,15 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"runtime/debug"
+	"syscall"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -53,11 +56,43 @@ func NewRoot() *cobra.Command {
 
 // Main runs the CLI and returns the process exit code.
 func Main() int {
-	if err := NewRoot().Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "Error:", err)
-		return 1
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return Run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+}
+
+// Run executes the command line args and returns the exit code: 0, 1 for an error, 130 when ctx was cancelled
+// (SIGINT or SIGTERM). Under -o json an error is printed as {"error": {"message": …}} on stderr.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	root := NewRoot()
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
 	}
-	return 0
+	code := 1
+	msg := err.Error()
+	if ctx.Err() != nil {
+		// Transfers keep what they verified (partial blobs resume with HTTP Range), so the next run continues.
+		code, msg = 130, "interrupted; run again to resume"
+	}
+	if f := root.PersistentFlags().Lookup("output"); f != nil && f.Value.String() == "json" {
+		_ = PrintJSON(stderr, errorJSON{Error: errorBody{Message: msg}})
+		return code
+	}
+	fmt.Fprintln(stderr, "Error:", msg)
+	return code
+}
+
+// errorJSON is how every command reports a failure under -o json (see docs/json.md).
+type errorJSON struct {
+	Error errorBody `json:"error"`
+}
+
+type errorBody struct {
+	Message string `json:"message"`
 }
 
 func validateOutput(o string) error {
@@ -92,10 +127,14 @@ func PrintJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-// ShowProgress reports whether progress bars belong on stderr: a TTY and not --quiet.
+// ShowProgress reports whether progress bars belong on stderr: a TTY, not --quiet, not -o json.
 func (g *Globals) ShowProgress() bool {
-	return !g.Quiet && term.IsTerminal(int(os.Stderr.Fd()))
+	return g.ShowLines() && term.IsTerminal(int(os.Stderr.Fd()))
 }
+
+// ShowLines reports whether progress belongs on stderr at all: not with --quiet, and not with -o json, whose
+// reader wants one JSON document and nothing else.
+func (g *Globals) ShowLines() bool { return !g.Quiet && !g.IsJSON() }
 
 func init() {
 	register(func(g *Globals) *cobra.Command {

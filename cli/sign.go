@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -20,6 +19,7 @@ import (
 type signRegistryFlags struct {
 	plainHTTP, insecure    bool
 	caFile, registryConfig string
+	username, password     string
 }
 
 func (f *signRegistryFlags) add(fl *pflag.FlagSet) {
@@ -27,11 +27,13 @@ func (f *signRegistryFlags) add(fl *pflag.FlagSet) {
 	fl.BoolVar(&f.insecure, "insecure", false, "skip TLS verification of the registry")
 	fl.StringVar(&f.caFile, "ca-file", "", "PEM CA bundle for the registry's TLS certificate")
 	fl.StringVar(&f.registryConfig, "registry-config", "", "docker config.json with registry credentials (default: docker's)")
+	registerCredentials(fl, &f.username, &f.password)
 }
 
 func (f *signRegistryFlags) options() (signing.RegistryOptions, error) {
 	return signingRegistryOptions(remote.Options{
 		PlainHTTP: f.plainHTTP, Insecure: f.insecure, CAFile: f.caFile, RegistryConfig: f.registryConfig,
+		Credential: explicitCredential(f.username, f.password),
 	})
 }
 
@@ -82,27 +84,39 @@ func addSignFlags(fl *pflag.FlagSet) *signFlags {
 	return s
 }
 
-// signPushed signs digestRef when --sign was given, reaching the registry with the push's options.
-func (s *signFlags) signPushed(ctx context.Context, w io.Writer, g *Globals, digestRef string, o remote.Options) error {
+// signatureJSON is a signature sign, push --sign and pack --push --sign made, as -o json shows it.
+type signatureJSON struct {
+	Signed string `json:"signed"` // the manifest signed, by digest
+	Tag    string `json:"tag"`    // where the signature is stored, as cosign stores it
+	Key    string `json:"key"`
+}
+
+func newSignatureJSON(signed, key string) *signatureJSON {
+	tag := signed
+	if repo, dgst, ok := strings.Cut(signed, "@"); ok {
+		tag = repo + ":" + strings.Replace(dgst, ":", "-", 1) + ".sig"
+	}
+	return &signatureJSON{Signed: signed, Tag: tag, Key: key}
+}
+
+// signPushed signs digestRef when --sign was given, reaching the registry with the push's options; nil without.
+func (s *signFlags) signPushed(ctx context.Context, digestRef string, o remote.Options) (*signatureJSON, error) {
 	if s.key == "" {
-		return nil
+		return nil, nil
 	}
 	reg, err := signingRegistryOptions(o)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	opts, err := s.signOptions(reg)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	signed, err := signing.SignDigest(ctx, digestRef, s.key, opts)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if !g.IsJSON() && !g.Quiet {
-		fmt.Fprintf(w, "Signed %s\n", signed)
-	}
-	return nil
+	return newSignatureJSON(signed, s.key), nil
 }
 
 func init() {
@@ -132,6 +146,9 @@ Nothing is uploaded to a transparency log (this is cosign sign --tlog-upload=fal
 				if sf.key == "" {
 					return errors.New("--key is required")
 				}
+				if _, err := registryRef(args[0]); err != nil {
+					return err
+				}
 				ro, err := reg.options()
 				if err != nil {
 					return err
@@ -144,10 +161,14 @@ Nothing is uploaded to a transparency log (this is cosign sign --tlog-upload=fal
 				if err != nil {
 					return err
 				}
+				sig := newSignatureJSON(signed, sf.key)
 				if g.IsJSON() {
-					return PrintJSON(cmd.OutOrStdout(), map[string]string{"signed": signed})
+					return PrintJSON(cmd.OutOrStdout(), struct {
+						Reference string         `json:"reference"`
+						Signature *signatureJSON `json:"signature"`
+					}{args[0], sig})
 				}
-				_, err = fmt.Fprintf(cmd.OutOrStdout(), "Signed %s\n", signed)
+				_, err = fmt.Fprintf(cmd.OutOrStdout(), "Signed %s (signature %s)\n", sig.Signed, sig.Tag)
 				return err
 			},
 		}

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"path"
@@ -14,10 +15,13 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 	"oras.land/oras-go/v2/content"
+	"oras.land/oras-go/v2/errdef"
+	"oras.land/oras-go/v2/registry"
 
 	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/artifact/layout"
 	"github.com/modelpack/modelpack/artifact/pack"
+	"github.com/modelpack/modelpack/artifact/remote"
 )
 
 func init() {
@@ -66,17 +70,26 @@ type artifactInfo struct {
 func loadArtifact(ctx context.Context, store *layout.Store, ref string) (*artifactInfo, error) {
 	desc, m, err := store.Manifest(ctx, ref)
 	if err != nil {
-		if desc.MediaType == ocispec.MediaTypeImageIndex || desc.MediaType == "application/vnd.docker.distribution.manifest.list.v2+json" {
+		if isIndex(desc.MediaType) {
 			return &artifactInfo{Reference: ref, Descriptor: desc, Size: desc.Size}, nil // an index: no layers to show
 		}
 		return nil, err
 	}
-	info := &artifactInfo{Reference: ref, Descriptor: desc, Manifest: &m, Size: desc.Size + m.Config.Size}
+	return describeManifest(ctx, store, ref, desc, m), nil
+}
+
+func isIndex(mediaType string) bool {
+	return mediaType == ocispec.MediaTypeImageIndex || mediaType == "application/vnd.docker.distribution.manifest.list.v2+json"
+}
+
+// describeManifest is what list and inspect show of a manifest whose blobs src holds.
+func describeManifest(ctx context.Context, src content.Fetcher, ref string, desc ocispec.Descriptor, m ocispec.Manifest) *artifactInfo {
+	info := &artifactInfo{Reference: ref, Descriptor: withArtifactType(desc, &m), Manifest: &m, Size: desc.Size + m.Config.Size}
 	for _, l := range m.Layers {
 		info.Size += l.Size
 	}
 	if m.Config.Size <= 4<<20 {
-		if cb, err := content.FetchAll(ctx, store, m.Config); err == nil && json.Valid(cb) {
+		if cb, err := content.FetchAll(ctx, src, m.Config); err == nil && json.Valid(cb) {
 			info.Config = cb
 			if artifact.IsModelManifest(m.ArtifactType, m.Config.MediaType) {
 				var model artifact.Model
@@ -87,7 +100,32 @@ func loadArtifact(ctx context.Context, store *layout.Store, ref string) (*artifa
 		}
 	}
 	info.Layers, _ = artifact.Layers(m)
-	return info, nil
+	return info
+}
+
+// loadRemoteArtifact reads a manifest and its config from a registry.
+func loadRemoteArtifact(ctx context.Context, ref registry.Reference, opts remote.Options) (*artifactInfo, error) {
+	repo, _, err := remote.NewRepository(ref.String(), opts)
+	if err != nil {
+		return nil, err
+	}
+	desc, rc, err := repo.FetchReference(ctx, ref.Reference)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	b, err := content.ReadAll(rc, desc)
+	if err != nil {
+		return nil, fmt.Errorf("manifest of %s: %w", ref, err)
+	}
+	if isIndex(desc.MediaType) {
+		return &artifactInfo{Reference: ref.String(), Descriptor: desc, Size: desc.Size}, nil
+	}
+	var m ocispec.Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("manifest of %s: %w", ref, err)
+	}
+	return describeManifest(ctx, repo, ref.String(), desc, m), nil
 }
 
 func listCmd(g *Globals) *cobra.Command {
@@ -138,20 +176,40 @@ func listCmd(g *Globals) *cobra.Command {
 }
 
 func inspectCmd(g *Globals) *cobra.Command {
-	return &cobra.Command{
-		Use:               "inspect REF",
-		Short:             "Show an artifact's manifest, config and layers",
+	var rf remoteFlags
+	var fromRemote bool
+	cmd := &cobra.Command{
+		Use:   "inspect REF",
+		Short: "Show an artifact's manifest, config and layers, from the local store or a registry",
+		Long: `Show an artifact's manifest, config and layers. REF is looked up in the local store; a REF that names a
+registry (REGISTRY/REPOSITORY:TAG) and is not in the store is read from the registry, with no copy kept, as is any
+REF with --remote. The connection flags are those of pull.`,
+		Example: `  modelpack inspect llama3:8b
+  modelpack inspect registry.local:5000/org/llama3:8b --remote
+  modelpack inspect --plain-http 127.0.0.1:5000/org/llama3:8b -o json`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: completeRefs(g, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			store, err := layout.Open(g.Home)
-			if err != nil {
-				return err
+			var info *artifactInfo
+			if !fromRemote {
+				store, err := layout.Open(g.Home)
+				if err != nil {
+					return err
+				}
+				defer store.Close()
+				info, err = loadArtifact(cmd.Context(), store, args[0])
+				if err != nil && !(errors.Is(err, errdef.ErrNotFound) && namesRegistry(args[0])) {
+					return err
+				}
 			}
-			defer store.Close()
-			info, err := loadArtifact(cmd.Context(), store, args[0])
-			if err != nil {
-				return err
+			if info == nil {
+				ref, err := registryRef(args[0])
+				if err != nil {
+					return err
+				}
+				if info, err = loadRemoteArtifact(cmd.Context(), ref, rf.options()); err != nil {
+					return err
+				}
 			}
 			if g.IsJSON() {
 				return PrintJSON(cmd.OutOrStdout(), info)
@@ -159,6 +217,9 @@ func inspectCmd(g *Globals) *cobra.Command {
 			return printInspect(cmd.OutOrStdout(), info)
 		},
 	}
+	rf.registerConnection(cmd.Flags())
+	cmd.Flags().BoolVar(&fromRemote, "remote", false, "read REF from its registry even if the local store holds it")
+	return cmd
 }
 
 func printInspect(out io.Writer, info *artifactInfo) error {
@@ -212,6 +273,7 @@ func printInspect(out io.Writer, info *artifactInfo) error {
 
 func unpackCmd(g *Globals) *cobra.Command {
 	var filters, include []string
+	var wf writeFlags
 	cmd := &cobra.Command{
 		Use:   "unpack REF DIR",
 		Short: "Write an artifact's files into a directory",
@@ -223,7 +285,7 @@ against its digest as it is written, and layer paths that would land outside DIR
 		Args:              cobra.ExactArgs(2),
 		ValidArgsFunction: completeRefs(g, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			opts := pack.UnpackOptions{Include: include}
+			opts := pack.UnpackOptions{Include: include, Force: wf.force}
 			for _, f := range filters {
 				for _, v := range strings.Split(f, ",") {
 					k, err := pack.ParseFilter(strings.TrimSpace(v))
@@ -250,22 +312,27 @@ against its digest as it is written, and layer paths that would land outside DIR
 			if info.Manifest == nil {
 				return fmt.Errorf("%s is a %s, not a manifest", args[0], info.Descriptor.MediaType)
 			}
+			var selected []artifact.Layer
+			for _, l := range info.Layers {
+				if opts.Select(l) {
+					selected = append(selected, l)
+				}
+			}
+			if err := wf.check(args[0], args[1])(selected); err != nil {
+				return err
+			}
 			var bar *progressBar
 			if g.ShowProgress() {
 				bar = &progressBar{desc: "unpacking"}
 				opts.Progress = bar
 			}
-			err = pack.Unpack(cmd.Context(), store, *info.Manifest, args[1], opts)
+			files, err := pack.Unpack(cmd.Context(), store, *info.Manifest, args[1], opts)
 			bar.finish()
 			if err != nil {
 				return err
 			}
 			if g.IsJSON() {
-				return PrintJSON(cmd.OutOrStdout(), struct {
-					Reference string `json:"reference"`
-					Digest    string `json:"digest"`
-					Dir       string `json:"dir"`
-				}{args[0], info.Descriptor.Digest.String(), args[1]})
+				return PrintJSON(cmd.OutOrStdout(), filesResult{Reference: args[0], Descriptor: withArtifactType(info.Descriptor, info.Manifest), Dir: args[1], Files: files})
 			}
 			if !g.Quiet {
 				fmt.Fprintf(cmd.OutOrStdout(), "unpacked %s into %s\n", args[0], args[1])
@@ -276,7 +343,27 @@ against its digest as it is written, and layer paths that would land outside DIR
 	cmd.Flags().StringArrayVar(&filters, "filter", nil, "only layers of these kinds: weights, config, docs, code, dataset (repeatable or comma-separated)")
 	cmd.Flags().StringArrayVar(&include, "include", nil, "only layers whose path (or a parent directory) matches this glob (repeatable)")
 	_ = cmd.RegisterFlagCompletionFunc("filter", cobra.FixedCompletions([]string{"weights", "config", "docs", "code", "dataset"}, cobra.ShellCompDirectiveNoFileComp))
+	wf.register(cmd)
 	return cmd
+}
+
+// filesResult is what unpack and fetch print with -o json: the artifact and the files written into dir.
+type filesResult struct {
+	Reference  string             `json:"reference"`
+	Descriptor ocispec.Descriptor `json:"descriptor"`
+	Dir        string             `json:"dir"`
+	Files      []string           `json:"files"`
+}
+
+// withArtifactType fills the descriptor's artifactType from its manifest, as OCI 1.1 descriptors carry it.
+func withArtifactType(d ocispec.Descriptor, m *ocispec.Manifest) ocispec.Descriptor {
+	if m != nil && d.ArtifactType == "" {
+		d.ArtifactType = m.ArtifactType
+		if d.ArtifactType == "" {
+			d.ArtifactType = m.Config.MediaType
+		}
+	}
+	return d
 }
 
 func matchCheck(p string) (bool, error) {

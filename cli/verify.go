@@ -65,6 +65,9 @@ modelpack sign have none. With --policy, REF is checked as the node driver check
   modelpack verify REF --policy /etc/modelpack/policy.yaml`,
 			Args: cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
+				if _, err := registryRef(args[0]); err != nil {
+					return err
+				}
 				var p *signing.Policy
 				var err error
 				if f.policy != "" {
@@ -95,7 +98,7 @@ modelpack sign have none. With --policy, REF is checked as the node driver check
 					return err
 				}
 				if g.IsJSON() {
-					return PrintJSON(cmd.OutOrStdout(), dec)
+					return PrintJSON(cmd.OutOrStdout(), verifyJSON{Reference: dec.Ref, Rule: dec.Rule, Mode: string(dec.Mode), Verified: dec.Verified, Authority: dec.Authority, Reason: dec.Reason})
 				}
 				if dec.Verified {
 					_, err = fmt.Fprintf(cmd.OutOrStdout(), "Verified %s by %s (rule %q)\n", dec.Ref, dec.Authority, dec.Rule)
@@ -127,6 +130,16 @@ modelpack sign have none. With --policy, REF is checked as the node driver check
 		reg.add(fl)
 		return cmd
 	})
+}
+
+// verifyJSON is verify's result: signing.Decision with "reference" named as every other command names it.
+type verifyJSON struct {
+	Reference string `json:"reference"`
+	Rule      string `json:"rule"`
+	Mode      string `json:"mode"`
+	Verified  bool   `json:"verified"`
+	Authority string `json:"authority,omitempty"`
+	Reason    string `json:"reason,omitempty"`
 }
 
 // envList seeds a repeatable flag from a cosign environment variable.

@@ -157,6 +157,8 @@ func (e *Error) describe() string {
 		return fmt.Sprintf("authentication required or credentials rejected (run `modelpack login %s`): %s", e.Registry, cause)
 	case e.Kind == ErrForbidden:
 		return fmt.Sprintf("access denied: the credentials lack permission for this repository (check `modelpack login %s`): %s", e.Registry, cause)
+	case e.Kind == ErrNotFound && strings.HasSuffix(cause, "not found"):
+		return cause // oras says "…: not found" already
 	case e.Kind == ErrNotFound:
 		return "not found: " + cause
 	case e.Kind == ErrDigestMismatch:

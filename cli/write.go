@@ -1,0 +1,40 @@
+package cli
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/artifact/pack"
+)
+
+// writeFlags say what unpack and fetch may do to the directory they write into.
+type writeFlags struct {
+	force, keepOld, imageRootfs bool
+}
+
+func (w *writeFlags) register(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.BoolVar(&w.force, "force", false, "replace files that already exist in DIR (read-only ones too); directories are never replaced")
+	fl.BoolVar(&w.keepOld, "keep-old-files", false, "refuse to replace existing files, before writing anything (the default; as oras pull --keep-old-files)")
+	fl.BoolVar(&w.imageRootfs, "image-rootfs", false, "REF may be a container image: write its root filesystem into DIR")
+	cmd.MarkFlagsMutuallyExclusive("force", "keep-old-files")
+}
+
+// check refuses, before anything is written, a container image without --image-rootfs and existing paths
+// without --force.
+func (w *writeFlags) check(ref, dir string) func([]artifact.Layer) error {
+	return func(layers []artifact.Layer) error {
+		n := 0
+		for _, l := range layers {
+			if l.Image {
+				n++
+			}
+		}
+		if n > 0 && !w.imageRootfs {
+			return fmt.Errorf("%s is a container image (%d filesystem layers), not a model: nothing was written; pass --image-rootfs to write its root filesystem into %s", ref, n, dir)
+		}
+		return pack.CheckTargets(dir, layers, w.force)
+	}
+}
