@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"fmt"
+
 	"github.com/modelpack/modelpack/artifact/layout"
 	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/spf13/cobra"
@@ -44,6 +46,9 @@ Mirrors configured in --hosts-dir are tried before the registry itself.`,
 				res, err := remote.Pull(cmd.Context(), src, store, local, remote.TransferOptions{Reporter: ui.reporter(), Referrers: referrers})
 				if err == nil {
 					fillArtifactType(cmd.Context(), store, &res.Descriptor)
+					if isImageConfig(res.Descriptor.ArtifactType) {
+						fmt.Fprintf(cmd.ErrOrStderr(), "note: %s is a container image, not a model; unpack writes its root filesystem only with --image-rootfs\n", ref)
+					}
 				}
 				return ui.done(res, err)
 			},

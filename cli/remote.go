@@ -179,6 +179,11 @@ func (u *transferUI) print(r transferJSON) error {
 	return nil
 }
 
+// isImageConfig reports whether an artifactType (a manifest's config media type) is a container image's.
+func isImageConfig(t string) bool {
+	return t == ocispec.MediaTypeImageConfig || t == "application/vnd.docker.container.image.v1+json"
+}
+
 // fillArtifactType gives a manifest descriptor the artifactType of the manifest it names (or, as OCI 1.1 says
 // for manifests without one, its config's media type), reading the manifest from src.
 func fillArtifactType(ctx context.Context, src content.Fetcher, d *ocispec.Descriptor) {

@@ -228,7 +228,10 @@ func printInspect(out io.Writer, info *artifactInfo) error {
 	fmt.Fprintf(w, "Digest:\t%s\n", info.Descriptor.Digest)
 	fmt.Fprintf(w, "Media type:\t%s\n", info.Descriptor.MediaType)
 	if m := info.Manifest; m != nil {
-		fmt.Fprintf(w, "Artifact type:\t%s\n", orDash(m.ArtifactType))
+		fmt.Fprintf(w, "Artifact type:\t%s\n", orDash(info.Descriptor.ArtifactType))
+		if isImageConfig(info.Descriptor.ArtifactType) {
+			fmt.Fprintf(w, "Kind:\t%s\n", "container image (unpack and fetch need --image-rootfs to write its root filesystem)")
+		}
 	}
 	fmt.Fprintf(w, "Size:\t%s\n", humanBytes(info.Size))
 	if m := info.Model; m != nil {

@@ -1,9 +1,12 @@
 package cli
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -208,3 +211,60 @@ func TestCopyBetweenTLSAndPlainHTTP(t *testing.T) {
 }
 
 func reg2(t *testing.T, host string) string { t.Helper(); return host + "/back/model:v1" }
+
+// Item: a container image is named as one, and its root filesystem is written only with --image-rootfs.
+func TestContainerImageNeedsImageRootfs(t *testing.T) {
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	t.Setenv("DOCKER_CONFIG", t.TempDir())
+	layer := filepath.Join(t.TempDir(), "layer.tar")
+	writeTar(t, layer, map[string]string{"etc/os-release": "ID=test\n"})
+	ref := reg.Host + "/img/busybox:v1"
+	crane := exec.Command(testenv.Tool(t, "crane"), "append", "--insecure", "--oci-empty-base", "-f", layer, "-t", ref)
+	if out, err := crane.CombinedOutput(); err != nil {
+		t.Fatalf("crane append: %v\n%s", err, out)
+	}
+	dir := filepath.Join(t.TempDir(), "rootfs")
+	_, err := runRemoteCLI(t, "", "fetch", "--plain-http", ref, dir)
+	if err == nil || !strings.Contains(err.Error(), "is a container image") || !strings.Contains(err.Error(), "--image-rootfs") {
+		t.Fatalf("fetch of an image: %v", err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatal("a refused fetch created the directory")
+	}
+	mustRemoteCLI(t, "fetch", "--plain-http", "--image-rootfs", "-q", ref, dir)
+	if b, _ := os.ReadFile(filepath.Join(dir, "etc", "os-release")); string(b) != "ID=test\n" {
+		t.Fatal("fetch --image-rootfs did not write the root filesystem")
+	}
+	home := t.TempDir()
+	var out, errb bytes.Buffer
+	root := NewRoot()
+	root.SetOut(&out)
+	root.SetErr(&errb)
+	root.SetArgs([]string{"--home", home, "pull", "--plain-http", ref})
+	if err := root.Execute(); err != nil || !strings.Contains(errb.String(), "is a container image, not a model") {
+		t.Fatalf("pull of an image: %v, stderr %q", err, errb.String())
+	}
+	if out := mustRemoteCLI(t, "--home", home, "inspect", ref); !strings.Contains(out, "container image") {
+		t.Fatalf("inspect of an image:\n%s", out)
+	}
+	if _, err := runRemoteCLI(t, "", "--home", home, "unpack", ref, filepath.Join(t.TempDir(), "u")); err == nil || !strings.Contains(err.Error(), "--image-rootfs") {
+		t.Fatalf("unpack of an image: %v", err)
+	}
+}
+
+func writeTar(t *testing.T, path string, files map[string]string) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tw := tar.NewWriter(f)
+	for name, body := range files {
+		tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(body)), Typeflag: tar.TypeReg})
+		tw.Write([]byte(body))
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

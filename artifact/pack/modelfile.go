@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"path"
+	"strconv"
 	"strings"
 
 	"github.com/modelpack/modelpack/artifact"
@@ -48,7 +49,7 @@ func ParseModelfile(r io.Reader, name string) (*Modelfile, error) {
 		}
 		keyword, arg, _ := strings.Cut(text, " ")
 		keyword = strings.ToUpper(keyword)
-		arg = strings.TrimSpace(arg)
+		arg = unquote(strings.TrimSpace(arg))
 		where := fmt.Sprintf("%s:%d", name, line)
 		if arg == "" {
 			return nil, fmt.Errorf("%s: %s needs an argument", where, keyword)
@@ -90,6 +91,19 @@ func ParseModelfile(r io.Reader, name string) (*Modelfile, error) {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	return mf, nil
+}
+
+// unquote strips one pair of surrounding quotes, as modctl's Modelfile parser does: NAME "llama 3" is llama 3.
+func unquote(s string) string {
+	if len(s) >= 2 && (s[0] == '"' || s[0] == '\'') && s[len(s)-1] == s[0] {
+		if s[0] == '"' {
+			if u, err := strconv.Unquote(s); err == nil {
+				return u
+			}
+		}
+		return s[1 : len(s)-1]
+	}
+	return s
 }
 
 // checkPattern refuses patterns that could never match a model-relative path.

@@ -119,9 +119,9 @@ func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Des
 	if err != nil {
 		return ocispec.Descriptor{}, err
 	}
-	for _, r := range unused {
-		if opts.Warn != nil {
-			opts.Warn(fmt.Sprintf("%s %s %q matches nothing in %s", r.Source, r.Kind, r.Pattern, dir))
+	if opts.Warn != nil {
+		for _, msg := range planWarnings(dir, layers, unused, len(mf.Rules) > 0) {
+			opts.Warn(msg)
 		}
 	}
 	model := inferModel(dir, layers, opts.Warn)
@@ -211,6 +211,31 @@ func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Des
 
 func bytesOpener(b []byte) func() (io.ReadCloser, error) {
 	return func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
+}
+
+// planWarnings are what a pack that succeeds should still say: rules that matched nothing, no weights at all, and
+// non-weight files a Modelfile does not name, which are packed by what their names suggest (weight.config for
+// names it does not know).
+func planWarnings(dir string, layers []layerPlan, unused []Rule, modelfile bool) []string {
+	var msgs []string
+	for _, r := range unused {
+		msgs = append(msgs, fmt.Sprintf("%s %s %q matches nothing in %s", r.Source, r.Kind, r.Pattern, dir))
+	}
+	weights := false
+	var uncovered []string
+	for _, l := range layers {
+		weights = weights || l.kind == artifact.KindWeight
+		if !l.ruled && l.kind != artifact.KindWeight { // weights are known by their extension
+			uncovered = append(uncovered, fmt.Sprintf("%s (%s)", l.path, l.kind))
+		}
+	}
+	if !weights {
+		msgs = append(msgs, fmt.Sprintf("%s holds no weight files (safetensors, gguf, bin, pt, onnx, …): the artifact has no weight layer; name weights with --kind weight=GLOB or a Modelfile MODEL line", dir))
+	}
+	if modelfile && len(uncovered) > 0 {
+		msgs = append(msgs, fmt.Sprintf("the Modelfile names no rule for %s: packed by file name", listPaths(uncovered)))
+	}
+	return msgs
 }
 
 // loadModelfile reads the Modelfile named by the options, or DIR/Modelfile if present. It returns the

@@ -709,8 +709,28 @@ func TestRules(t *testing.T) {
 	if _, ok := kinds["Modelfile"]; ok {
 		t.Error("the Modelfile was packed")
 	}
-	if len(warnings) != 1 || !strings.Contains(warnings[0], `"nothing-*" matches nothing`) {
+	if len(warnings) != 2 || !strings.Contains(warnings[0], `"nothing-*" matches nothing`) ||
+		!strings.Contains(warnings[1], "the Modelfile names no rule for config.json (weight.config)") || strings.Contains(warnings[1], "safetensors") {
 		t.Errorf("warnings %q", warnings)
+	}
+}
+
+// A pack with no weights, and quoted Modelfile values, are not silent surprises.
+func TestNoWeightsWarnsAndModelfileQuotes(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "m")
+	os.MkdirAll(src, 0o755)
+	os.WriteFile(filepath.Join(src, "config.json"), []byte(`{}`), 0o644)
+	os.WriteFile(filepath.Join(src, "Modelfile"), []byte("NAME \"llama 3\"\nFAMILY 'llama3'\nCONFIG \"config.json\"\n"), 0o644)
+	var warnings []string
+	s := openStore(t)
+	_, cfg := readManifest(t, s, packInto(t, s, src, pack.Options{Warn: func(msg string) { warnings = append(warnings, msg) }}))
+	if len(warnings) != 1 || !strings.Contains(warnings[0], "holds no weight files") {
+		t.Fatalf("warnings %q", warnings)
+	}
+	var model artifact.Model
+	json.Unmarshal(cfg, &model)
+	if model.Descriptor.Name != "llama 3" || model.Descriptor.Family != "llama3" {
+		t.Fatalf("quoted Modelfile values: name %q family %q", model.Descriptor.Name, model.Descriptor.Family)
 	}
 }
 

@@ -29,6 +29,7 @@ type layerPlan struct {
 	dir    bool   // path names a directory
 	nodes  []node // raw: the file; tar: directories and files in lexical order, paths model-relative
 	size   int64  // bytes of file content read
+	ruled  bool   // a rule (flag or Modelfile) chose the kind, not the file name
 }
 
 // UserError is bad input: it names the path and says what is wrong with it, in one line.
@@ -238,7 +239,7 @@ func plan(dir string, nodes []node, format artifact.Format, sources ...[]Rule) (
 				if r.Kind == artifact.KindWeight && f != artifact.FormatTar {
 					f = artifact.FormatTar // weights do not compress
 				}
-				claimed, claimedBy = &layerPlan{kind: r.Kind, format: f, path: n.rel, dir: true, nodes: []node{n}}, r
+				claimed, claimedBy = &layerPlan{kind: r.Kind, format: f, path: n.rel, dir: true, nodes: []node{n}, ruled: true}, r
 			}
 			continue
 		}
@@ -250,7 +251,7 @@ func plan(dir string, nodes []node, format artifact.Format, sources ...[]Rule) (
 		// A single file is raw whatever the format: archiving it gains nothing, and generic tools (oras pull)
 		// would write the archive's bytes under the file's name.
 		if kind == artifact.KindWeight || format == artifact.FormatRaw || format == "" || !nested || r != nil {
-			layers = append(layers, layerPlan{kind: kind, format: artifact.FormatRaw, path: n.rel, nodes: []node{n}, size: n.size})
+			layers = append(layers, layerPlan{kind: kind, format: artifact.FormatRaw, path: n.rel, nodes: []node{n}, size: n.size, ruled: r != nil})
 			continue
 		}
 		g := groups[top]
