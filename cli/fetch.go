@@ -55,7 +55,7 @@ refused unless --image-rootfs.`,
 					return err
 				}
 				ui := newTransferUI(cmd, g, "fetched")
-				res, err := remote.Fetch(cmd.Context(), src, args[1], remote.FetchOptions{Reporter: ui.reporter(), Select: sel.Select, Sync: sync, Check: wf.check(args[0], args[1])})
+				res, err := remote.Fetch(cmd.Context(), src, args[1], remote.FetchOptions{Reporter: ui.reporter(), Select: wf.skipIdentical(args[1], sel.Select), Sync: sync, Check: wf.check(args[0], args[1])})
 				ui.stop()
 				if err != nil {
 					return err

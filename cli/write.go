@@ -38,3 +38,11 @@ func (w *writeFlags) check(ref, dir string) func([]artifact.Layer) error {
 		return pack.CheckTargets(dir, layers, w.force)
 	}
 }
+
+// skipIdentical wraps a layer selection so that files DIR already holds byte for byte are not written again: a
+// fetch run again after an interruption writes what is missing instead of refusing what it wrote before.
+func (w *writeFlags) skipIdentical(dir string, sel func(artifact.Layer) bool) func(artifact.Layer) bool {
+	return func(l artifact.Layer) bool {
+		return sel(l) && !pack.Identical(dir, l)
+	}
+}

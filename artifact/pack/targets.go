@@ -3,6 +3,7 @@ package pack
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -121,4 +122,34 @@ func CheckTargets(dir string, layers []artifact.Layer, force bool) error {
 		return e
 	}
 	return nil
+}
+
+// Identical reports whether dir already holds a raw layer's file with the layer's exact bytes (same size, same
+// digest): writing it again would change nothing, so a rerun after an interruption skips it instead of refusing.
+func Identical(dir string, l artifact.Layer) bool {
+	if l.Image || l.Format != artifact.FormatRaw || l.Digest.Validate() != nil {
+		return false
+	}
+	name, err := archive.CleanPath(l.Path)
+	if err != nil || name == "" {
+		return false
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return false
+	}
+	defer root.Close()
+	if fi, err := root.Lstat(name); err != nil || !fi.Mode().IsRegular() || fi.Size() != l.Size {
+		return false
+	}
+	f, err := root.Open(name)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	v := l.Digest.Verifier()
+	if _, err := io.Copy(v, f); err != nil {
+		return false
+	}
+	return v.Verified()
 }

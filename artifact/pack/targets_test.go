@@ -50,8 +50,15 @@ func TestUnpackRefusesExistingPathsBeforeWriting(t *testing.T) {
 		t.Fatalf("config.json mtime %v, want the recorded epoch", fi.ModTime())
 	}
 
-	// A local edit, a read-only file: a second unpack refuses, names them, and writes nothing.
+	// A rerun over an untouched unpack writes nothing and succeeds: every file is already there, byte for byte.
+	if again, err := pack.Unpack(ctx, s, m, out, pack.UnpackOptions{}); err != nil || strings.Join(again, ",") != strings.Join(files, ",") {
+		t.Fatalf("rerun over identical files: %v %v", err, again)
+	}
+
+	// A local edit, a changed read-only file: a second unpack refuses, names them, and writes nothing.
 	os.WriteFile(filepath.Join(out, "config.json"), []byte("mine"), 0o644)
+	os.Chmod(filepath.Join(out, "README.md"), 0o644)
+	os.WriteFile(filepath.Join(out, "README.md"), []byte("mine"), 0o444)
 	os.Chmod(filepath.Join(out, "README.md"), 0o444)
 	before := snapshot(t, out)
 	_, err = pack.Unpack(ctx, s, m, out, pack.UnpackOptions{})

@@ -79,7 +79,8 @@ func (o UnpackOptions) Select(l artifact.Layer) bool {
 // mode their metadata annotation records, tar layers extracted with package archive, container-image layers
 // applied in order. Every blob is verified against its digest as it is read; a raw file appears under its final
 // name only once verified. A layer path that would land outside dir is refused, and so, before anything is
-// written, are existing paths (see CheckTargets) unless opts.Force. Files get the modification time their
+// written, are existing paths (see CheckTargets) unless opts.Force; files already there with the layer's exact
+// bytes are left as they are. Files get the modification time their
 // metadata annotation records, as fetch and tar extraction give them. It returns the files written, relative to
 // dir, sorted.
 func Unpack(ctx context.Context, src content.Fetcher, manifest ocispec.Manifest, dir string, opts UnpackOptions) ([]string, error) {
@@ -87,14 +88,15 @@ func Unpack(ctx context.Context, src content.Fetcher, manifest ocispec.Manifest,
 	if err != nil {
 		return nil, err
 	}
-	var model, image []artifact.Layer
+	var model, image, same []artifact.Layer
 	for _, l := range layers {
-		if !opts.Select(l) {
-			continue
-		}
-		if l.Image {
+		switch {
+		case !opts.Select(l):
+		case l.Image:
 			image = append(image, l)
-		} else {
+		case Identical(dir, l):
+			same = append(same, l) // already there, byte for byte (a rerun): nothing to write
+		default:
 			model = append(model, l)
 		}
 	}
@@ -139,7 +141,7 @@ func Unpack(ctx context.Context, src content.Fetcher, manifest ocispec.Manifest,
 			return nil, fmt.Errorf("layer %s: %w", l.Digest, err)
 		}
 	}
-	return filesWritten(dir, model, len(image) > 0)
+	return filesWritten(dir, append(model, same...), len(image) > 0)
 }
 
 // filesWritten lists the files the layers put in dir: a raw layer's file, and what lies below a tar layer's
