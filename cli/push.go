@@ -127,6 +127,7 @@ func (s *signingSink) Commit(ctx context.Context, manifest ocispec.Descriptor, m
 
 // printResult prints what was pushed (and signed), as push prints it.
 func (s *signingSink) printResult() error {
+	s.ui.stop()
 	res := s.Result()
 	res.Descriptor.ArtifactType = s.artifactType
 	return s.ui.print(transferJSON{Result: res, Signature: s.sig})

@@ -90,8 +90,9 @@ type transferUI struct {
 	g    *Globals
 	verb string // past tense: pushed, pulled, copied, fetched
 	out  io.Writer
-	err  io.Writer
-	bars *barRenderer
+	err   io.Writer
+	bars  *barRenderer
+	lines *lineReporter
 }
 
 func newTransferUI(cmd *cobra.Command, g *Globals, verb string) *transferUI {
@@ -110,7 +111,10 @@ func (u *transferUI) reporter() remote.Reporter {
 	case u.bars != nil:
 		return u.bars
 	}
-	return &lineReporter{w: u.err, verb: u.verb, started: map[string]time.Time{}}
+	if u.lines == nil {
+		u.lines = newLineReporter(u.err, u.verb)
+	}
+	return u.lines
 }
 
 // done stops the bars and prints the result.
@@ -122,11 +126,15 @@ func (u *transferUI) done(res *remote.Result, err error) error {
 	return u.print(transferJSON{Result: res})
 }
 
-// stop stops the bars, if any; done and print may follow.
+// stop stops the bars or the periodic lines, if any; done and print may follow.
 func (u *transferUI) stop() {
 	if u.bars != nil {
 		u.bars.stop()
 		u.bars = nil
+	}
+	if u.lines != nil {
+		u.lines.stop()
+		u.lines = nil
 	}
 }
 
@@ -228,25 +236,73 @@ func blobLabel(d ocispec.Descriptor) string {
 	return short + " " + name
 }
 
-// lineReporter prints one line per blob when it is done: logs and CI output stay readable.
+// lineReporter is progress for logs and CI (stderr not a TTY): a line when each blob starts, a line per long
+// blob every interval while it moves, and a line when it is done.
 type lineReporter struct {
-	mu      sync.Mutex
-	w       io.Writer
-	verb    string
-	started map[string]time.Time
+	mu       sync.Mutex
+	w        io.Writer
+	verb     string
+	started  map[string]time.Time
+	active   map[string]*lineBlob
+	interval time.Duration
+	quit     chan struct{}
+	wg       sync.WaitGroup
 }
 
-func (r *lineReporter) Start(d ocispec.Descriptor, _ int64) {
+type lineBlob struct {
+	desc ocispec.Descriptor
+	n    atomic.Int64
+}
+
+// progressInterval is how often a blob still moving gets a progress line: MODELPACK_PROGRESS_INTERVAL (a Go
+// duration), 10s by default.
+func progressInterval() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("MODELPACK_PROGRESS_INTERVAL")); err == nil && d > 0 {
+		return d
+	}
+	return 10 * time.Second
+}
+
+func newLineReporter(w io.Writer, verb string) *lineReporter {
+	r := &lineReporter{w: w, verb: verb, started: map[string]time.Time{}, active: map[string]*lineBlob{}, interval: progressInterval(), quit: make(chan struct{})}
+	r.wg.Add(1)
+	go r.loop()
+	return r
+}
+
+// progressive is the verb of a blob under way: "pushing", "fetching".
+func progressive(verb string) string {
+	if v, ok := map[string]string{"copied": "copying"}[verb]; ok {
+		return v
+	}
+	return strings.TrimSuffix(verb, "ed") + "ing"
+}
+
+func (r *lineReporter) Start(d ocispec.Descriptor, done int64) {
 	r.mu.Lock()
-	r.started[d.Digest.String()] = time.Now()
-	r.mu.Unlock()
+	defer r.mu.Unlock()
+	key := d.Digest.String()
+	if _, ok := r.active[key]; !ok {
+		fmt.Fprintf(r.w, "%-8s %s  %s\n", progressive(r.verb), blobLabel(d), humanBytes(d.Size))
+		r.active[key] = &lineBlob{desc: d}
+		r.started[key] = time.Now()
+	}
+	r.active[key].n.Store(done)
 }
 
-func (r *lineReporter) Update(ocispec.Descriptor, int64) {}
+func (r *lineReporter) Update(d ocispec.Descriptor, done int64) {
+	r.mu.Lock()
+	b := r.active[d.Digest.String()]
+	r.mu.Unlock()
+	if b != nil {
+		b.n.Store(done)
+	}
+}
 
 func (r *lineReporter) Finish(d ocispec.Descriptor, status remote.Status, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	delete(r.active, d.Digest.String())
 	line := fmt.Sprintf("%-8s %s  %s", verbFor(r.verb, status), blobLabel(d), humanBytes(d.Size))
 	if start, ok := r.started[d.Digest.String()]; ok && status == remote.StatusTransferred {
 		secs := time.Since(start).Seconds()
@@ -255,6 +311,39 @@ func (r *lineReporter) Finish(d ocispec.Descriptor, status remote.Status, err er
 		}
 	}
 	fmt.Fprintln(r.w, line)
+}
+
+// loop prints a progress line for every blob still moving, once an interval.
+func (r *lineReporter) loop() {
+	defer r.wg.Done()
+	t := time.NewTicker(r.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.quit:
+			return
+		case <-t.C:
+		}
+		r.mu.Lock()
+		for key, b := range r.active {
+			n, size := b.n.Load(), b.desc.Size
+			pct := 100.0
+			if size > 0 {
+				pct = 100 * float64(n) / float64(size)
+			}
+			line := fmt.Sprintf("%-8s %s  %s / %s (%.0f%%)", progressive(r.verb), blobLabel(b.desc), humanBytes(n), humanBytes(size), pct)
+			if secs := time.Since(r.started[key]).Seconds(); secs > 0 {
+				line += fmt.Sprintf("  %s/s", humanBytes(int64(float64(n)/secs)))
+			}
+			fmt.Fprintln(r.w, line)
+		}
+		r.mu.Unlock()
+	}
+}
+
+func (r *lineReporter) stop() {
+	close(r.quit)
+	r.wg.Wait()
 }
 
 // barRenderer draws a bar per blob in flight, with throughput, redrawing the block in place; finished blobs
