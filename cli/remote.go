@@ -87,9 +87,9 @@ func withDefaultTag(ref string) string {
 // transferUI shows the progress of a transfer on stderr — bars on a TTY, a line per blob otherwise, nothing with
 // --quiet — and prints the summary on stdout.
 type transferUI struct {
-	g    *Globals
-	verb string // past tense: pushed, pulled, copied, fetched
-	out  io.Writer
+	g     *Globals
+	verb  string // past tense: pushed, pulled, copied, fetched
+	out   io.Writer
 	err   io.Writer
 	bars  *barRenderer
 	lines *lineReporter
