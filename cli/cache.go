@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -29,8 +30,19 @@ func (f *cacheFlags) open(opts cache.Options) (*cache.Cache, error) {
 	if _, err := os.Stat(f.root); err != nil {
 		return nil, fmt.Errorf("cache root: %w", err)
 	}
+	// The driver's --root holds its cache in <root>/cache: a root given as the driver's is taken to mean that,
+	// rather than opened (and initialised) as an empty cache of its own.
+	if isCache(filepath.Join(f.root, "cache")) && !isCache(f.root) {
+		f.root = filepath.Join(f.root, "cache")
+	}
 	opts.Root, opts.LockTimeout = f.root, f.lockTimeout
 	return cache.Open(opts)
+}
+
+// isCache reports whether dir holds a cache's metadata.
+func isCache(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, "meta.db"))
+	return err == nil
 }
 
 func init() {
@@ -43,7 +55,7 @@ func init() {
 
 A cache root is held by one process at a time: while the driver runs, these commands wait up to --lock-timeout.`,
 		}
-		cmd.PersistentFlags().StringVar(&f.root, "root", defaultCacheRoot(), "cache directory (env MODELPACK_CACHE_ROOT)")
+		cmd.PersistentFlags().StringVar(&f.root, "root", defaultCacheRoot(), "cache directory (env MODELPACK_CACHE_ROOT); the driver's --root works too (its cache is <root>/cache)")
 		cmd.PersistentFlags().DurationVar(&f.lockTimeout, "lock-timeout", 5*time.Second, "how long to wait for another process holding the cache")
 		cmd.AddCommand(cacheLsCmd(g, f), cacheDuCmd(g, f), cacheGCCmd(g, f), cacheVerifyCmd(g, f), cacheRmCmd(g, f), cacheBenchCmd(f))
 		return cmd

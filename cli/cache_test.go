@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -29,7 +31,8 @@ func runCLI(t *testing.T, args ...string) (string, error) {
 
 func TestCacheCommands(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
+	driverRoot := t.TempDir()
+	dir := filepath.Join(driverRoot, "cache") // where csi-driver --root=driverRoot keeps its cache
 	store := memory.New()
 	push := func(mt string, b []byte, ann map[string]string) ocispec.Descriptor {
 		d := content.NewDescriptorFromBytes(mt, b)
@@ -60,6 +63,13 @@ func TestCacheCommands(t *testing.T) {
 	out, err := runCLI(t, "cache", "ls", "--root", dir)
 	if err != nil || !strings.Contains(out, m.Digest.Encoded()[:12]) || !strings.Contains(out, "vol-1") {
 		t.Fatalf("ls: %v\n%s", err, out)
+	}
+	// The driver's --root is understood as its cache, <root>/cache, not opened as an empty cache.
+	if out, err := runCLI(t, "cache", "ls", "--root", driverRoot); err != nil || !strings.Contains(out, m.Digest.Encoded()[:12]) {
+		t.Fatalf("ls --root of the driver's root: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(driverRoot, "meta.db")); err == nil {
+		t.Fatal("cache ls made the driver's root a cache")
 	}
 	out, err = runCLI(t, "cache", "ls", "--root", dir, "-o", "json")
 	var entries []cache.Entry

@@ -1,0 +1,66 @@
+package cli
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/modelpack/modelpack/internal/testenv"
+	"github.com/modelpack/modelpack/internal/testmodel"
+)
+
+// tourScript is the sh block under "## A short tour" in README.md, as written.
+func tourScript(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, tour, ok := strings.Cut(string(b), "## A short tour")
+	if !ok {
+		t.Fatal("README.md has no tour")
+	}
+	_, block, ok := strings.Cut(tour, "```sh\n")
+	if !ok {
+		t.Fatal("the tour has no sh block")
+	}
+	script, _, _ := strings.Cut(block, "```")
+	return script
+}
+
+// The README's tour, run by bash with the built binary against a real registry: only the registry's port differs
+// from what the README says (localhost:5000).
+func TestReadmeTourRunsAsWritten(t *testing.T) {
+	bin := testenv.Modelpack(t)
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	script := tourScript(t)
+	if !strings.Contains(script, "localhost:5000/") {
+		t.Fatal("the tour names no localhost:5000 registry")
+	}
+	port := reg.Host[strings.LastIndex(reg.Host, ":"):]
+	script = strings.ReplaceAll(script, "localhost:5000", "localhost"+port)
+	work := t.TempDir()
+	if err := testmodel.Generate(filepath.Join(work, "llama-3-8b"), testmodel.Small); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("bash", "-euo", "pipefail", "-c", script)
+	cmd.Dir = work
+	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(bin)+":"+os.Getenv("PATH"), "MODELPACK_HOME="+filepath.Join(work, "home"),
+		"DOCKER_CONFIG="+filepath.Join(work, "docker"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the README tour failed: %v\n%s", err, out)
+	}
+	for _, want := range []string{"packed llama3:8b", "Pushed localhost" + port + "/models/llama3:8b", "Signed ", "\n8b\n", "Verified localhost" + port + "/models/llama3@sha256:"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("the tour's output lacks %q:\n%s", want, out)
+		}
+	}
+	for _, f := range []string{"out/config.json", "weights/" + testmodel.ShardName(0, 2), "cosign.key", "cosign.pub"} {
+		if _, err := os.Stat(filepath.Join(work, f)); err != nil {
+			t.Errorf("after the tour: %v", err)
+		}
+	}
+}
