@@ -18,9 +18,11 @@ import (
 	"strings"
 	"testing"
 
+	humanize "github.com/dustin/go-humanize"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"oras.land/oras-go/v2/registry"
@@ -37,6 +39,10 @@ var newObject = map[string]func() any{
 	"v1/Namespace":                                    func() any { return &corev1.Namespace{} },
 	"v1/ServiceAccount":                               func() any { return &corev1.ServiceAccount{} },
 	"v1/ConfigMap":                                    func() any { return &corev1.ConfigMap{} },
+	"v1/Service":                                      func() any { return &corev1.Service{} },
+	"scheduling.k8s.io/v1/PriorityClass":              func() any { return &schedulingv1.PriorityClass{} },
+	"monitoring.coreos.com/v1/PodMonitor":             func() any { return &map[string]any{} },
+	"monitoring.coreos.com/v1/ServiceMonitor":         func() any { return &map[string]any{} },
 	"v1/Pod":                                          func() any { return &corev1.Pod{} },
 	"v1/PersistentVolume":                             func() any { return &corev1.PersistentVolume{} },
 	"v1/PersistentVolumeClaim":                        func() any { return &corev1.PersistentVolumeClaim{} },
@@ -138,6 +144,17 @@ func TestKustomizeOverlays(t *testing.T) {
 	}
 }
 
+// The production overlay sets the cache size once, through the env value the flag reads.
+func TestProductionCacheSize(t *testing.T) {
+	plugin := container(podSpec(index(kustomize(t, "production"))["DaemonSet/modelpack-node"]), "modelpack")
+	for _, e := range plugin.Env {
+		if e.Name == "CACHE_MAX_SIZE" && e.Value == "800GiB" {
+			return
+		}
+	}
+	t.Errorf("production CACHE_MAX_SIZE: %+v", plugin.Env)
+}
+
 func TestHelmChart(t *testing.T) {
 	for name, sets := range map[string][]string{
 		"defaults": nil,
@@ -146,6 +163,7 @@ func TestHelmChart(t *testing.T) {
 			"policy.keysSecret=modelpack-keys", "prepull.bandwidth=200MiB", "prepull.models[0]=registry.example.com/m/a:1",
 			"cache.maxSize=500GiB", "plainHTTPRegistries[0]=registry.local:5000", "image.digest=sha256:" + strings.Repeat("a", 64),
 			"kubeletDir=/var/snap/microk8s/common/var/lib/kubelet", "driverName=models.example.com",
+			"metrics.podMonitor.enabled=true", "metrics.serviceMonitor.enabled=true",
 		},
 		"minimal": {"prepull.enabled=false", "controller.enabled=false", "policy.existingConfigMap=site-policy"},
 	} {
@@ -159,6 +177,12 @@ func TestHelmChart(t *testing.T) {
 			checkInstall(t, objs)
 			if name == "everything" {
 				checkMirrors(t, objs)
+				ix := index(objs)
+				for _, k := range []string{"PodMonitor/modelpack", "ServiceMonitor/modelpack"} {
+					if _, ok := ix[k]; !ok {
+						t.Errorf("metrics.*Monitor.enabled did not render %s", k)
+					}
+				}
 			}
 			if name == "minimal" {
 				for _, o := range objs {
@@ -292,7 +316,7 @@ func checkInstall(t *testing.T, objs []object) {
 	ix := index(objs)
 	for _, o := range objs {
 		switch o.kind {
-		case "Namespace", "CSIDriver", "ClusterRole", "ClusterRoleBinding", "StorageClass", "PersistentVolume":
+		case "Namespace", "CSIDriver", "ClusterRole", "ClusterRoleBinding", "StorageClass", "PersistentVolume", "PriorityClass":
 		default:
 			if o.namespace != "modelpack" {
 				t.Errorf("%s %s is in namespace %q, want modelpack", o.kind, o.name, o.namespace)
@@ -339,6 +363,9 @@ func checkInstall(t *testing.T, objs []object) {
 	if plugin.SecurityContext == nil || plugin.SecurityContext.Privileged == nil || !*plugin.SecurityContext.Privileged {
 		t.Error("the plugin must be privileged to mount into pods")
 	}
+	checkSidecars(t, ps)
+	checkCacheSize(t, plugin)
+	checkMetricsServices(t, ix, objs)
 	// The kubelet directory: mounted Bidirectional at the same path as on the host.
 	var kubeletDir string
 	for _, m := range plugin.VolumeMounts {
@@ -433,12 +460,115 @@ func checkInstall(t *testing.T, objs []object) {
 	}
 }
 
+// checkSidecars holds every container but the privileged plugin to a restricted securityContext.
+func checkSidecars(t *testing.T, ps *corev1.PodSpec) {
+	t.Helper()
+	for _, c := range ps.Containers {
+		if c.Name == "modelpack" {
+			continue
+		}
+		sc := c.SecurityContext
+		if sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+			sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || sc.SeccompProfile == nil {
+			t.Errorf("sidecar %s: securityContext %+v, want no privilege escalation, read-only root, all capabilities dropped, a seccomp profile", c.Name, sc)
+		}
+	}
+}
+
+// checkCacheSize: --cache-max-size is given once, from the CACHE_MAX_SIZE env value overlays set.
+func checkCacheSize(t *testing.T, plugin *corev1.Container) {
+	t.Helper()
+	n := 0
+	for _, a := range plugin.Args {
+		if strings.HasPrefix(a, "--cache-max-size") {
+			n++
+			if a != "--cache-max-size=$(CACHE_MAX_SIZE)" {
+				t.Errorf("plugin %s, want --cache-max-size=$(CACHE_MAX_SIZE)", a)
+			}
+		}
+	}
+	if n != 1 {
+		t.Errorf("plugin has --cache-max-size %d times", n)
+	}
+	for _, e := range plugin.Env {
+		if e.Name == "CACHE_MAX_SIZE" {
+			if _, err := humanize.ParseBytes(e.Value); err != nil {
+				t.Errorf("CACHE_MAX_SIZE %q: %v", e.Value, err)
+			}
+			return
+		}
+	}
+	t.Error("plugin has no CACHE_MAX_SIZE env")
+}
+
+// checkMetricsServices: each metrics Service selects pods that expose its port as "metrics".
+func checkMetricsServices(t *testing.T, ix map[string]object, objs []object) {
+	t.Helper()
+	for name, port := range map[string]int32{"modelpack-node-metrics": 9808, "modelpack-prepull-metrics": 9809} {
+		o, ok := ix["Service/"+name]
+		if !ok {
+			if name == "modelpack-prepull-metrics" && ix["DaemonSet/modelpack-prepull"].obj == nil {
+				continue
+			}
+			t.Errorf("no Service %s", name)
+			continue
+		}
+		svc := o.obj.(*corev1.Service)
+		if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != port || svc.Spec.Ports[0].TargetPort.StrVal != "metrics" {
+			t.Errorf("Service %s ports %+v, want %d → metrics", name, svc.Spec.Ports, port)
+		}
+		matched := false
+		for _, w := range objs {
+			ps := podSpec(w)
+			if ps == nil || w.kind != "DaemonSet" {
+				continue
+			}
+			labels := w.obj.(*appsv1.DaemonSet).Spec.Template.Labels
+			sel := true
+			for k, v := range svc.Spec.Selector {
+				sel = sel && labels[k] == v
+			}
+			if !sel {
+				continue
+			}
+			matched = true
+			found := false
+			for _, c := range ps.Containers {
+				for _, p := range c.Ports {
+					found = found || (p.Name == "metrics" && p.ContainerPort == port)
+				}
+			}
+			if !found {
+				t.Errorf("Service %s selects %s, which has no metrics port %d", name, w.name, port)
+			}
+		}
+		if !matched {
+			t.Errorf("Service %s selects no pods", name)
+		}
+	}
+}
+
 func checkPrepull(t *testing.T, ix map[string]object, pre object, hostSocket string) {
 	t.Helper()
 	ps := podSpec(pre)
 	c := container(ps, "prepull")
 	if c == nil {
 		t.Fatal("prepull DaemonSet has no prepull container")
+	}
+	// A priority that schedules it ahead of a backlog without preempting, and no control-plane nodes.
+	if pc, ok := ix["PriorityClass/"+ps.PriorityClassName].obj.(*schedulingv1.PriorityClass); !ok || pc.PreemptionPolicy == nil || *pc.PreemptionPolicy != corev1.PreemptNever || pc.Value <= 0 {
+		t.Errorf("prepull priorityClassName %q: no PriorityClass above 0 that never preempts", ps.PriorityClassName)
+	}
+	excluded := false
+	if a := ps.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
+		for _, term := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+			for _, e := range term.MatchExpressions {
+				excluded = excluded || (e.Key == "node-role.kubernetes.io/control-plane" && e.Operator == corev1.NodeSelectorOpDoesNotExist)
+			}
+		}
+	}
+	if !excluded {
+		t.Error("the prepull DaemonSet may run on control-plane nodes")
 	}
 	f := parseFlags(c.Args)
 	if got := hostPathAt(t, ps, c, path.Dir(f["socket"])) + "/" + path.Base(f["socket"]); got != hostSocket {
