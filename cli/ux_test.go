@@ -268,3 +268,35 @@ func writeTar(t *testing.T, path string, files map[string]string) {
 		t.Fatal(err)
 	}
 }
+
+// Item: a hosts.toml entry for the origin itself (containerd's way to give it a CA) is used for the origin, by
+// push, fetch and login alike, with no --ca-file.
+func TestHostsTomlCAForTheOrigin(t *testing.T) {
+	caFile, certFile, keyFile := testenv.WriteCA(t)
+	hash, _ := bcrypt.GenerateFromPassword([]byte("pw"), bcrypt.MinCost)
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{CertFile: certFile, KeyFile: keyFile, Htpasswd: "ann:" + string(hash) + "\n"})
+	t.Setenv("DOCKER_CONFIG", t.TempDir())
+	hosts := t.TempDir()
+	dir := filepath.Join(hosts, reg.Host)
+	os.MkdirAll(dir, 0o755)
+	ca, _ := os.ReadFile(caFile)
+	os.WriteFile(filepath.Join(dir, "ca.pem"), ca, 0o644)
+	toml := "server = \"https://" + reg.Host + "\"\n[host.\"https://" + reg.Host + "\"]\n  capabilities = [\"pull\", \"resolve\", \"push\"]\n  ca = \"ca.pem\"\n"
+	os.WriteFile(filepath.Join(dir, "hosts.toml"), []byte(toml), 0o644)
+	cfg := filepath.Join(t.TempDir(), "config.json")
+	if out, err := runRemoteCLI(t, "pw", "login", reg.Host, "--hosts-dir", hosts, "--registry-config", cfg, "-u", "ann", "--password-stdin"); err != nil {
+		t.Fatalf("login with the origin's CA from hosts.toml: %v %s", err, out)
+	}
+	model := t.TempDir()
+	if err := testmodel.Generate(model, testmodel.Small); err != nil {
+		t.Fatal(err)
+	}
+	ref := reg.Host + "/hosts/model:v1"
+	mustRemoteCLI(t, "pack", model, "-t", ref, "--push", "--hosts-dir", hosts, "--registry-config", cfg, "-q")
+	mustRemoteCLI(t, "fetch", ref, t.TempDir(), "--hosts-dir", hosts, "--registry-config", cfg, "-q")
+	// A wrong password: the message says so and suggests nothing already done.
+	_, err := runRemoteCLI(t, "nope", "login", reg.Host, "--hosts-dir", hosts, "--registry-config", cfg, "-u", "ann", "--password-stdin")
+	if err == nil || !strings.Contains(err.Error(), `rejected user "ann"`) || strings.Contains(err.Error(), "modelpack login") {
+		t.Fatalf("login with a wrong password: %v", err)
+	}
+}

@@ -124,6 +124,13 @@ func loadEndpoints(opts Options, host string) ([]endpoint, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: host %q: %w", path, key[1], err)
 		}
+		if u.Scheme == origin.scheme && u.Host == origin.host && strings.TrimSuffix(u.Path, "/") == origin.path {
+			// The origin's own entry (containerd's way to give it a ca or client certificate): not a mirror.
+			if err := applyEntry(&origin, f.Host[key[1]], base); err != nil {
+				return nil, fmt.Errorf("%s: host %q: %w", path, key[1], err)
+			}
+			continue
+		}
 		ep := endpoint{scheme: u.Scheme, host: u.Host, path: strings.TrimSuffix(u.Path, "/"), mirror: true,
 			pull: true, resolve: true}
 		if err := applyEntry(&ep, f.Host[key[1]], base); err != nil {

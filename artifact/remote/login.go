@@ -45,7 +45,7 @@ func newRegistry(host string, opts Options) (*remote.Registry, error) {
 		return nil, fmt.Errorf("invalid registry %q: %w", host, err)
 	}
 	eps, err := loadEndpoints(Options{PlainHTTP: opts.PlainHTTP, Insecure: opts.Insecure, CAFile: opts.CAFile,
-		CertFile: opts.CertFile, KeyFile: opts.KeyFile}, host)
+		CertFile: opts.CertFile, KeyFile: opts.KeyFile, HostsDir: opts.HostsDir}, host)
 	if err != nil {
 		return nil, err
 	}
@@ -54,7 +54,7 @@ func newRegistry(host string, opts Options) (*remote.Registry, error) {
 	if err != nil {
 		return nil, err
 	}
-	reg.PlainHTTP = opts.PlainHTTP
+	reg.PlainHTTP = origin.scheme == "http"
 	reg.Client = authClient(hc, nil, auth.NewCache(), opts.UserAgent)
 	return reg, nil
 }
