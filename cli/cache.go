@@ -64,7 +64,9 @@ A cache root is held by one process at a time: while the driver runs, these comm
 
 func cacheLsCmd(g *Globals, f *cacheFlags) *cobra.Command {
 	return &cobra.Command{
-		Use:   "ls",
+		Use: "ls",
+		Example: `  modelpack cache ls --root /var/lib/modelpack
+  modelpack cache ls -o json`,
 		Short: "List the manifests in the cache, most recently used first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -108,9 +110,10 @@ func cacheLsCmd(g *Globals, f *cacheFlags) *cobra.Command {
 
 func cacheDuCmd(g *Globals, f *cacheFlags) *cobra.Command {
 	return &cobra.Command{
-		Use:   "du",
-		Short: "Show what the cache holds on disk",
-		Args:  cobra.NoArgs,
+		Use:     "du",
+		Example: `  modelpack cache du --root /var/lib/modelpack`,
+		Short:   "Show what the cache holds on disk",
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := f.open(cache.Options{})
 			if err != nil {
@@ -142,8 +145,9 @@ func cacheGCCmd(g *Globals, f *cacheFlags) *cobra.Command {
 	var maxSize string
 	var minAge time.Duration
 	cmd := &cobra.Command{
-		Use:   "gc",
-		Short: "Evict least recently used, unreferenced manifests down to --max-size and delete unneeded content",
+		Use:     "gc",
+		Example: `  modelpack cache gc --root /var/lib/modelpack --max-size 100GiB`,
+		Short:   "Evict least recently used, unreferenced manifests down to --max-size and delete unneeded content",
 		Long: `Evict least recently used manifests that no volume or pin references until the cache fits --max-size, then
 delete every blob, extracted layer, view and partial download that no remaining manifest needs. With --max-size 0
 nothing is evicted; only unneeded content is deleted.`,
@@ -184,9 +188,10 @@ nothing is evicted; only unneeded content is deleted.`,
 
 func cacheVerifyCmd(g *Globals, f *cacheFlags) *cobra.Command {
 	return &cobra.Command{
-		Use:   "verify",
-		Short: "Re-hash every blob and check every manifest has its content; exits 1 on any problem",
-		Args:  cobra.NoArgs,
+		Use:     "verify",
+		Example: `  modelpack cache verify --root /var/lib/modelpack`,
+		Short:   "Re-hash every blob and check every manifest has its content; exits 1 on any problem",
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := f.open(cache.Options{})
 			if err != nil {
@@ -218,9 +223,10 @@ func cacheVerifyCmd(g *Globals, f *cacheFlags) *cobra.Command {
 
 func cacheRmCmd(g *Globals, f *cacheFlags) *cobra.Command {
 	return &cobra.Command{
-		Use:   "rm DIGEST...",
-		Short: "Remove manifests (by digest or unique prefix) and the content only they use; refused while referenced",
-		Args:  cobra.MinimumNArgs(1),
+		Use:     "rm DIGEST...",
+		Example: `  modelpack cache rm --root /var/lib/modelpack sha256:3f1c…`,
+		Short:   "Remove manifests (by digest or unique prefix) and the content only they use; refused while referenced",
+		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := f.open(cache.Options{})
 			if err != nil {

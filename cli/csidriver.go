@@ -68,7 +68,9 @@ func init() {
 	register(func(g *Globals) *cobra.Command {
 		f := &csiDriverFlags{}
 		cmd := &cobra.Command{
-			Use:   "csi-driver",
+			Use: "csi-driver",
+			Example: `  modelpack csi-driver --endpoint unix:///csi/csi.sock --node-id "$NODE_NAME" --root /var/lib/modelpack \
+    --policy /etc/modelpack/policy/policy.yaml --cache-max-size 100GiB`,
 			Short: "Run the CSI node plugin that mounts models read-only into pods",
 			Long: `Run the CSI node plugin. Pods name a model in a volume's attributes and the node mounts it read-only,
 with the semantics of Kubernetes image volumes:

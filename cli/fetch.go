@@ -30,6 +30,12 @@ refused unless --image-rootfs.`,
   modelpack fetch registry.local:5000/org/llama3:8b ./cfg --filter config,docs
   modelpack fetch registry.local:5000/org/llama3:8b ./shard1 --include 'model-00001-*'`,
 			Args: cobra.ExactArgs(2),
+			ValidArgsFunction: func(_ *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
+				if len(args) == 1 {
+					return nil, cobra.ShellCompDirectiveFilterDirs
+				}
+				return nil, cobra.ShellCompDirectiveNoFileComp
+			},
 			RunE: func(cmd *cobra.Command, args []string) error {
 				sel := pack.UnpackOptions{Include: include}
 				for _, f := range filters {

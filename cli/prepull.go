@@ -37,7 +37,9 @@ func init() {
 	register(func(g *Globals) *cobra.Command {
 		f := &prepullFlags{}
 		cmd := &cobra.Command{
-			Use:   "prepull [REF...]",
+			Use: "prepull [REF...]",
+			Example: `  modelpack prepull registry.example.com/models/llama3:8b
+  modelpack prepull --file models.yaml`,
 			Short: "Pull models into this node's cache ahead of the pods that mount them, and keep them pinned",
 			Long: `Ask the CSI driver on this node to pull models into its cache before any pod mounts them. The driver checks
 them against its trust policy first, exactly as for a mount, and pins them so cache GC keeps them until they are
@@ -291,9 +293,10 @@ func isTerminal(w io.Writer) bool {
 
 func prepullStatusCmd(g *Globals, f *prepullFlags) *cobra.Command {
 	return &cobra.Command{
-		Use:   "status",
-		Short: "Show the prepull lists on this node and where each reference stands",
-		Args:  cobra.NoArgs,
+		Use:     "status",
+		Example: `  modelpack prepull status --socket /var/lib/kubelet/plugins/modelpack.csi.dev/prepull.sock`,
+		Short:   "Show the prepull lists on this node and where each reference stands",
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, err := prepull.NewClient(f.socket).Entries(cmd.Context(), f.list, 0)
 			if err != nil {
@@ -310,9 +313,10 @@ func prepullStatusCmd(g *Globals, f *prepullFlags) *cobra.Command {
 
 func prepullCancelCmd(f *prepullFlags) *cobra.Command {
 	return &cobra.Command{
-		Use:   "cancel REF...",
-		Short: "Stop prepulling references and unpin them (the cache may then evict them)",
-		Args:  cobra.MinimumNArgs(1),
+		Use:     "cancel REF...",
+		Example: `  modelpack prepull cancel registry.example.com/models/llama3:8b`,
+		Short:   "Stop prepulling references and unpin them (the cache may then evict them)",
+		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c := prepull.NewClient(f.socket)
 			list := f.listOr(prepull.DefaultList)
@@ -330,9 +334,10 @@ func prepullCancelCmd(f *prepullFlags) *cobra.Command {
 // can only open it while the driver is stopped.
 func prepullCacheCmd(g *Globals, f *prepullFlags) *cobra.Command {
 	return &cobra.Command{
-		Use:   "cache",
-		Short: "List the running driver's node cache: each model, its size and what holds it (pins, volumes)",
-		Args:  cobra.NoArgs,
+		Use:     "cache",
+		Example: `  modelpack prepull cache -o json`,
+		Short:   "List the running driver's node cache: each model, its size and what holds it (pins, volumes)",
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			es, err := prepull.NewClient(f.socket).Cache(cmd.Context())
 			if err != nil {

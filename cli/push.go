@@ -67,6 +67,7 @@ concurrently and each is retried with backoff on its own.`,
 		rf.register(cmd.Flags())
 		sf = addSignFlags(cmd.Flags())
 		cmd.Flags().StringVar(&from, "from", "", "local store reference to push (default: REF)")
+		_ = cmd.RegisterFlagCompletionFunc("from", completeRefs(g, -1))
 		cmd.Flags().BoolVarP(&referrers, "referrers", "r", false, "also push the artifacts referring to it (signatures, SBOMs)")
 		return cmd
 	})

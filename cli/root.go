@@ -139,9 +139,10 @@ func (g *Globals) ShowLines() bool { return !g.Quiet && !g.IsJSON() }
 func init() {
 	register(func(g *Globals) *cobra.Command {
 		return &cobra.Command{
-			Use:   "version",
-			Short: "Print the modelpack version",
-			Args:  cobra.NoArgs,
+			Use:     "version",
+			Example: `  modelpack version -o json`,
+			Short:   "Print the modelpack version",
+			Args:    cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				v := struct {
 					Version string `json:"version"`

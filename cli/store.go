@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path"
 	"strings"
 	"sync"
 	"text/tabwriter"
+	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/schollz/progressbar/v3"
@@ -31,6 +33,17 @@ func init() {
 	register(tagCmd)
 	register(rmCmd)
 	register(pruneCmd)
+}
+
+// completeRefThenDir completes REF DIR: a stored reference, then a directory.
+func completeRefThenDir(g *Globals) cobra.CompletionFunc {
+	refs := completeRefs(g, 1)
+	return func(cmd *cobra.Command, args []string, prefix string) ([]string, cobra.ShellCompDirective) {
+		if len(args) == 1 {
+			return nil, cobra.ShellCompDirectiveFilterDirs
+		}
+		return refs(cmd, args, prefix)
+	}
 }
 
 // completeRefs completes references held in the local store.
@@ -130,7 +143,9 @@ func loadRemoteArtifact(ctx context.Context, ref registry.Reference, opts remote
 
 func listCmd(g *Globals) *cobra.Command {
 	return &cobra.Command{
-		Use:     "list",
+		Use: "list",
+		Example: `  modelpack list
+  modelpack list -o json`,
 		Aliases: []string{"ls"},
 		Short:   "List the artifacts in the local store",
 		Args:    cobra.NoArgs,
@@ -286,7 +301,7 @@ against its digest as it is written, and layer paths that would land outside DIR
   modelpack unpack llama3:8b ./cfg --filter config --filter docs
   modelpack unpack llama3:8b ./shard --include 'model-00001-*'`,
 		Args:              cobra.ExactArgs(2),
-		ValidArgsFunction: completeRefs(g, 1),
+		ValidArgsFunction: completeRefThenDir(g),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts := pack.UnpackOptions{Include: include, Force: wf.force}
 			for _, f := range filters {
@@ -379,6 +394,7 @@ func matchCheck(p string) (bool, error) {
 func tagCmd(g *Globals) *cobra.Command {
 	return &cobra.Command{
 		Use:               "tag SOURCE TARGET",
+		Example:           `  modelpack tag llama3:8b registry.local:5000/org/llama3:8b`,
 		Short:             "Give a stored artifact another reference",
 		Args:              cobra.ExactArgs(2),
 		ValidArgsFunction: completeRefs(g, 1),
@@ -413,7 +429,9 @@ func tagCmd(g *Globals) *cobra.Command {
 func rmCmd(g *Globals) *cobra.Command {
 	var prune bool
 	cmd := &cobra.Command{
-		Use:               "rm REF...",
+		Use: "rm REF...",
+		Example: `  modelpack rm llama3:8b
+  modelpack rm --prune llama3:8b llama3:70b`,
 		Aliases:           []string{"remove"},
 		Short:             "Remove references from the local store (content goes with prune)",
 		Args:              cobra.MinimumNArgs(1),
@@ -464,9 +482,10 @@ func rmCmd(g *Globals) *cobra.Command {
 
 func pruneCmd(g *Globals) *cobra.Command {
 	return &cobra.Command{
-		Use:   "prune",
-		Short: "Delete blobs that no reference in the local store reaches",
-		Args:  cobra.NoArgs,
+		Use:     "prune",
+		Example: `  modelpack prune -o json`,
+		Short:   "Delete blobs that no reference in the local store reaches",
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			store, err := layout.Open(g.Home)
 			if err != nil {
@@ -511,7 +530,25 @@ type progressBar struct {
 }
 
 func (p *progressBar) Start(total int64) {
-	p.once.Do(func() { p.bar = progressbar.DefaultBytes(total, p.desc) })
+	p.once.Do(func() { p.bar = newBytesBar(os.Stderr, total, p.desc) })
+}
+
+// newBytesBar is progressbar.DefaultBytes in binary units (MiB, GiB), as every other size modelpack prints.
+func newBytesBar(w io.Writer, total int64, desc string) *progressbar.ProgressBar {
+	return progressbar.NewOptions64(total,
+		progressbar.OptionSetDescription(desc),
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionShowBytes(true),
+		progressbar.OptionShowTotalBytes(true),
+		progressbar.OptionUseIECUnits(true),
+		progressbar.OptionSetWidth(10),
+		progressbar.OptionThrottle(65*time.Millisecond),
+		progressbar.OptionShowCount(),
+		progressbar.OptionOnCompletion(func() { fmt.Fprint(w, "\n") }),
+		progressbar.OptionSpinnerType(14),
+		progressbar.OptionFullWidth(),
+		progressbar.OptionSetRenderBlankState(true),
+	)
 }
 
 func (p *progressBar) Add(n int64) {
