@@ -77,24 +77,17 @@ func (f *sideFlags) register(fs *pflag.FlagSet, prefix, side string) {
 // apply returns shared with this side's flags, those given, in place of the shared ones.
 func (f *sideFlags) apply(cmd *cobra.Command, shared remote.Options) remote.Options {
 	o := shared
-	set := func(name string) bool { return cmd.Flags().Changed(f.prefix + "-" + name) }
-	if set("plain-http") {
-		o.PlainHTTP = f.opts.PlainHTTP
-	}
-	if set("insecure") {
-		o.Insecure = f.opts.Insecure
-	}
-	if set("ca-file") {
-		o.CAFile = f.opts.CAFile
-	}
-	if set("cert-file") {
-		o.CertFile = f.opts.CertFile
-	}
-	if set("key-file") {
-		o.KeyFile = f.opts.KeyFile
-	}
-	if set("registry-config") {
-		o.RegistryConfig = f.opts.RegistryConfig
+	for name, set := range map[string]func(){
+		"plain-http":      func() { o.PlainHTTP = f.opts.PlainHTTP },
+		"insecure":        func() { o.Insecure = f.opts.Insecure },
+		"ca-file":         func() { o.CAFile = f.opts.CAFile },
+		"cert-file":       func() { o.CertFile = f.opts.CertFile },
+		"key-file":        func() { o.KeyFile = f.opts.KeyFile },
+		"registry-config": func() { o.RegistryConfig = f.opts.RegistryConfig },
+	} {
+		if cmd.Flags().Changed(f.prefix + "-" + name) {
+			set()
+		}
 	}
 	return o
 }

@@ -8,17 +8,13 @@ import (
 	"testing"
 
 	"github.com/modelpack/modelpack/internal/testenv"
-	"github.com/modelpack/modelpack/internal/testmodel"
 )
 
 // Item: unpack and fetch refuse to overwrite, before writing anything; --force replaces files.
 func TestUnpackAndFetchRefuseToOverwrite(t *testing.T) {
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
 	t.Setenv("DOCKER_CONFIG", t.TempDir())
-	model := t.TempDir()
-	if err := testmodel.Generate(model, testmodel.Small); err != nil {
-		t.Fatal(err)
-	}
+	model := smallModel(t)
 	home := t.TempDir()
 	ref := reg.Host + "/org/overwrite:v1"
 	mustRemoteCLI(t, "--home", home, "pack", model, "-t", ref, "--push", "--plain-http", "-q")

@@ -35,10 +35,7 @@ type descriptorJSON struct {
 func TestInspectRemoteAndTags(t *testing.T) {
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
 	t.Setenv("DOCKER_CONFIG", t.TempDir())
-	model := t.TempDir()
-	if err := testmodel.Generate(model, testmodel.Small); err != nil {
-		t.Fatal(err)
-	}
+	model := smallModel(t)
 	repo := reg.Host + "/org/tagged"
 	for _, tag := range []string{"v1", "v2"} {
 		mustRemoteCLI(t, "pack", model, "-t", repo+":"+tag, "--push", "--plain-http", "-q")
@@ -97,10 +94,7 @@ func TestJSONOutputIsOneSchema(t *testing.T) {
 	t.Setenv("COSIGN_PASSWORD", "pw")
 	keys := filepath.Join(t.TempDir(), "cosign")
 	mustRemoteCLI(t, "key", "generate", "--output-key-prefix", keys)
-	model := t.TempDir()
-	if err := testmodel.Generate(model, testmodel.Small); err != nil {
-		t.Fatal(err)
-	}
+	model := smallModel(t)
 	home := t.TempDir()
 	ref := reg.Host + "/json/model:v1"
 	mustRemoteCLI(t, "--home", home, "pack", model, "-t", "json/model:v1", "-q")
@@ -191,10 +185,7 @@ func TestCopyBetweenTLSAndPlainHTTP(t *testing.T) {
 	tlsReg := testenv.StartRegistry(t, testenv.RegistryOptions{CertFile: certFile, KeyFile: keyFile, Htpasswd: "ann:" + string(hash) + "\n"})
 	plain := testenv.StartRegistry(t, testenv.RegistryOptions{})
 	t.Setenv("DOCKER_CONFIG", t.TempDir())
-	model := t.TempDir()
-	if err := testmodel.Generate(model, testmodel.Small); err != nil {
-		t.Fatal(err)
-	}
+	model := smallModel(t)
 	src := tlsReg.Host + "/org/model:v1"
 	// -u/-p on a command that logs in, as oras takes them.
 	mustRemoteCLI(t, "pack", model, "-t", src, "--push", "--ca-file", caFile, "-u", "ann", "-p", "pw", "-q")
@@ -287,10 +278,7 @@ func TestHostsTomlCAForTheOrigin(t *testing.T) {
 	if out, err := runRemoteCLI(t, "pw", "login", reg.Host, "--hosts-dir", hosts, "--registry-config", cfg, "-u", "ann", "--password-stdin"); err != nil {
 		t.Fatalf("login with the origin's CA from hosts.toml: %v %s", err, out)
 	}
-	model := t.TempDir()
-	if err := testmodel.Generate(model, testmodel.Small); err != nil {
-		t.Fatal(err)
-	}
+	model := smallModel(t)
 	ref := reg.Host + "/hosts/model:v1"
 	mustRemoteCLI(t, "pack", model, "-t", ref, "--push", "--hosts-dir", hosts, "--registry-config", cfg, "-q")
 	mustRemoteCLI(t, "fetch", ref, t.TempDir(), "--hosts-dir", hosts, "--registry-config", cfg, "-q")
@@ -299,4 +287,14 @@ func TestHostsTomlCAForTheOrigin(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `rejected user "ann"`) || strings.Contains(err.Error(), "modelpack login") {
 		t.Fatalf("login with a wrong password: %v", err)
 	}
+}
+
+// smallModel generates testmodel.Small in a temporary directory.
+func smallModel(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := testmodel.Generate(dir, testmodel.Small); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
