@@ -14,7 +14,6 @@ import (
 	"testing"
 
 	"github.com/modelpack/modelpack/internal/testenv"
-	"github.com/modelpack/modelpack/signing"
 	"github.com/modelpack/modelpack/signing/signingtest"
 )
 
@@ -155,8 +154,11 @@ func TestSigningCosignSignModelpackVerify(t *testing.T) {
 	if !strings.Contains(out, "Verified "+ref) || !strings.Contains(out, "key cosign.pub") {
 		t.Fatalf("verify output: %s", out)
 	}
-	var dec signing.Decision
-	if err := json.Unmarshal([]byte(e.must(e.mp, "verify", ref, "--key", "cosign.pub", "--insecure-ignore-tlog", "-o", "json")), &dec); err != nil || !dec.Verified || dec.Ref != ref {
+	var dec struct { // docs/json.md: verification
+		Reference string `json:"reference"`
+		Verified  bool   `json:"verified"`
+	}
+	if err := json.Unmarshal([]byte(e.must(e.mp, "verify", ref, "--key", "cosign.pub", "--insecure-ignore-tlog", "-o", "json")), &dec); err != nil || !dec.Verified || dec.Reference != ref {
 		t.Fatalf("json decision %+v: %v", dec, err)
 	}
 
