@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	digest "github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -297,4 +299,20 @@ func smallModel(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return dir
+}
+
+// Item: pack --push prints what push prints, and a weight.config layer is not labelled "(config)".
+func TestPackPushSummary(t *testing.T) {
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	t.Setenv("DOCKER_CONFIG", t.TempDir())
+	ref := reg.Host + "/summary/model:v1"
+	out := mustRemoteCLI(t, "pack", smallModel(t), "-t", ref, "--push", "--plain-http")
+	if !strings.Contains(out, "Pushed "+ref) || !strings.Contains(out, "Digest: sha256:") || !strings.Contains(out, "Blobs: ") {
+		t.Fatalf("pack --push summary:\n%s", out)
+	}
+	layer := ocispec.Descriptor{MediaType: "application/vnd.cncf.model.weight.config.v1.raw", Digest: digest.Digest("sha256:" + strings.Repeat("a", 64))}
+	config := ocispec.Descriptor{MediaType: "application/vnd.cncf.model.config.v1+json", Digest: digest.Digest("sha256:" + strings.Repeat("b", 64))}
+	if strings.Contains(blobLabel(layer), "(config)") || !strings.Contains(blobLabel(config), "(config)") {
+		t.Fatalf("labels: layer %q, config %q", blobLabel(layer), blobLabel(config))
+	}
 }
