@@ -723,8 +723,13 @@ func checkCommandLine(t *testing.T, o object, c corev1.Container) {
 		t.Errorf("%s %s container %s: no command %q: %v", o.kind, o.name, c.Name, c.Args[0], err)
 		return
 	}
+	seen := map[string]bool{}
 	for _, a := range rest {
 		name, _, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		if f := cmd.Flags().Lookup(name); seen[name] && f != nil && !strings.HasSuffix(f.Value.Type(), "Array") && !strings.HasSuffix(f.Value.Type(), "Slice") {
+			t.Errorf("%s %s container %s: --%s is given more than once; an SRE reading it cannot tell which wins", o.kind, o.name, c.Name, name)
+		}
+		seen[name] = true
 		if !strings.HasPrefix(a, "--") || (cmd.Flags().Lookup(name) == nil && cmd.InheritedFlags().Lookup(name) == nil) {
 			t.Errorf("%s %s container %s: `modelpack %s` has no flag %s", o.kind, o.name, c.Name, c.Args[0], a)
 		}
