@@ -46,7 +46,7 @@ Mirrors configured in --hosts-dir are tried before the registry itself.`,
 				res, err := remote.Pull(cmd.Context(), src, store, local, remote.TransferOptions{Reporter: ui.reporter(), Referrers: referrers})
 				if err == nil {
 					fillArtifactType(cmd.Context(), store, &res.Descriptor)
-					if isImageConfig(res.Descriptor.ArtifactType) {
+					if isImageConfig(res.Descriptor.ArtifactType) && !g.IsJSON() { // JSON says it in artifactType
 						fmt.Fprintf(cmd.ErrOrStderr(), "note: %s is a container image, not a model; unpack writes its root filesystem only with --image-rootfs\n", ref)
 					}
 				}
