@@ -60,8 +60,9 @@ does (a TLS registry with its own CA on one side, a plain-HTTP one on the other)
 
 // sideFlags are copy's --from-* or --to-* connection flags: set, they replace the shared flag for that side.
 type sideFlags struct {
-	prefix string
-	opts   remote.Options
+	prefix             string
+	opts               remote.Options
+	username, password string
 }
 
 func (f *sideFlags) register(fs *pflag.FlagSet, prefix, side string) {
@@ -72,6 +73,8 @@ func (f *sideFlags) register(fs *pflag.FlagSet, prefix, side string) {
 	fs.StringVar(&f.opts.CertFile, prefix+"-cert-file", "", "client certificate (PEM) for the "+side+" registry")
 	fs.StringVar(&f.opts.KeyFile, prefix+"-key-file", "", "client certificate key (PEM) for the "+side+" registry")
 	fs.StringVar(&f.opts.RegistryConfig, prefix+"-registry-config", "", "docker config.json with credentials for the "+side+" registry")
+	fs.StringVar(&f.username, prefix+"-username", "", "user name for the "+side+" registry")
+	fs.StringVar(&f.password, prefix+"-password", "", "password or token for the "+side+" registry")
 }
 
 // apply returns shared with this side's flags, those given, in place of the shared ones.
@@ -88,6 +91,9 @@ func (f *sideFlags) apply(cmd *cobra.Command, shared remote.Options) remote.Opti
 		if cmd.Flags().Changed(f.prefix + "-" + name) {
 			set()
 		}
+	}
+	if c := explicitCredential(f.username, f.password); c != nil {
+		o.Credential = c
 	}
 	return o
 }

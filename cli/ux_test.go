@@ -199,7 +199,10 @@ func TestCopyBetweenTLSAndPlainHTTP(t *testing.T) {
 	dir := t.TempDir()
 	mustRemoteCLI(t, "fetch", "--plain-http", dst, dir, "-q")
 	back := reg2(t, tlsReg.Host)
-	mustRemoteCLI(t, "copy", dst, back, "--from-plain-http", "--to-ca-file", caFile, "-u", "ann", "-p", "pw", "-q")
+	if _, err := runRemoteCLI(t, "", "copy", dst, back, "--from-plain-http", "--to-ca-file", caFile); err == nil {
+		t.Fatal("copy to a registry with basic auth succeeded with no credentials")
+	}
+	mustRemoteCLI(t, "copy", dst, back, "--from-plain-http", "--to-ca-file", caFile, "--to-username", "ann", "--to-password", "pw", "-q")
 	mustRemoteCLI(t, "inspect", "--remote", back, "--ca-file", caFile, "-u", "ann", "-p", "pw")
 }
 
