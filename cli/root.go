@@ -58,6 +58,10 @@ func NewRoot() *cobra.Command {
 func Main() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	go func() {
+		<-ctx.Done()
+		stop() // a second signal kills at once, should winding down hang
+	}()
 	return Run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 }
 
