@@ -226,7 +226,7 @@ func TestPrune(t *testing.T) {
 	}
 	out := t.TempDir()
 	m := fetchManifest(t, s, b)
-	if err := pack.Unpack(ctx, s, m, out, pack.UnpackOptions{}); err != nil {
+	if _, err := pack.Unpack(ctx, s, m, out, pack.UnpackOptions{}); err != nil {
 		t.Fatalf("b damaged by prune: %v", err)
 	}
 	// Nothing but b's blobs remain.
