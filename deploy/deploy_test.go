@@ -25,6 +25,7 @@ import (
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"oras.land/oras-go/v2/registry"
 	"sigs.k8s.io/yaml"
 
@@ -36,13 +37,13 @@ import (
 
 // newObject maps every kind the manifests may contain to its Go type; any other kind fails the test.
 var newObject = map[string]func() any{
-	"v1/Namespace":                                    func() any { return &corev1.Namespace{} },
-	"v1/ServiceAccount":                               func() any { return &corev1.ServiceAccount{} },
-	"v1/ConfigMap":                                    func() any { return &corev1.ConfigMap{} },
-	"v1/Service":                                      func() any { return &corev1.Service{} },
-	"scheduling.k8s.io/v1/PriorityClass":              func() any { return &schedulingv1.PriorityClass{} },
-	"monitoring.coreos.com/v1/PodMonitor":             func() any { return &map[string]any{} },
-	"monitoring.coreos.com/v1/ServiceMonitor":         func() any { return &map[string]any{} },
+	"v1/Namespace":                            func() any { return &corev1.Namespace{} },
+	"v1/ServiceAccount":                       func() any { return &corev1.ServiceAccount{} },
+	"v1/ConfigMap":                            func() any { return &corev1.ConfigMap{} },
+	"v1/Service":                              func() any { return &corev1.Service{} },
+	"scheduling.k8s.io/v1/PriorityClass":      func() any { return &schedulingv1.PriorityClass{} },
+	"monitoring.coreos.com/v1/PodMonitor":     func() any { return &unstructured.Unstructured{} },
+	"monitoring.coreos.com/v1/ServiceMonitor": func() any { return &unstructured.Unstructured{} },
 	"v1/Pod":                                          func() any { return &corev1.Pod{} },
 	"v1/PersistentVolume":                             func() any { return &corev1.PersistentVolume{} },
 	"v1/PersistentVolumeClaim":                        func() any { return &corev1.PersistentVolumeClaim{} },
@@ -164,6 +165,7 @@ func TestHelmChart(t *testing.T) {
 			"cache.maxSize=500GiB", "plainHTTPRegistries[0]=registry.local:5000", "image.digest=sha256:" + strings.Repeat("a", 64),
 			"kubeletDir=/var/snap/microk8s/common/var/lib/kubelet", "driverName=models.example.com",
 			"metrics.podMonitor.enabled=true", "metrics.serviceMonitor.enabled=true",
+			"sidecars.registrar.image=registry.k8s.io/sig-storage/csi-node-driver-registrar@sha256:" + strings.Repeat("b", 64),
 		},
 		"minimal": {"prepull.enabled=false", "controller.enabled=false", "policy.existingConfigMap=site-policy"},
 	} {
