@@ -24,8 +24,9 @@ when its digest matches; a tar layer is extracted aside and moved into place onl
 corrupt or interrupted download never leaves a partial file under a final name. Dropped connections resume with
 HTTP Range. --filter and --include select layers as for unpack.
 
-Files that already exist in DIR are refused before anything is written, unless --force. A container image is
-refused unless --image-rootfs.`,
+Files that already exist in DIR are refused before anything is written, unless --force; files already there
+byte for byte are skipped, so a fetch interrupted (Ctrl-C) completes when run again. A container image is refused
+unless --image-rootfs. Files get the modification time the artifact records.`,
 			Example: `  modelpack fetch registry.local:5000/org/llama3:8b ./llama3
   modelpack fetch registry.local:5000/org/llama3:8b ./cfg --filter config,docs
   modelpack fetch registry.local:5000/org/llama3:8b ./shard1 --include 'model-00001-*'`,
