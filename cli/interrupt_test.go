@@ -119,6 +119,12 @@ func TestPipedProgressAndInterrupt(t *testing.T) {
 			if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 130 || !strings.Contains(string(rest), "interrupted; run again to resume") {
 				t.Fatalf("after %v: %v\n%s%s", sig, err, seen.String(), rest)
 			}
+			entries, _ := os.ReadDir(dir)
+			for _, e := range entries {
+				if e.Name() == shard || strings.HasPrefix(e.Name(), ".modelpack") {
+					t.Errorf("after %v, %s was left in the directory", sig, e.Name())
+				}
+			}
 			proxy.release()
 			if out, err := exec.Command(bin, "fetch", "--plain-http", "-q", ref, dir).CombinedOutput(); err != nil {
 				t.Fatalf("run again: %v\n%s", err, out)
