@@ -115,7 +115,7 @@ func withOp(op string, repo *Repository, err error) error {
 	if errors.Is(err, context.Canceled) {
 		return err
 	}
-	return &Error{Op: op, Registry: repo.Reference.Registry, Repository: repo.Reference.Repository, Kind: kindOf(err), Err: err}
+	return &Error{Op: op, Registry: repo.Reference.Registry, Repository: repo.Reference.Repository, Kind: kindOf(err), Err: err, Hints: repo.opts.Hints}
 }
 
 // transfer copies the artifact srcRef names in two phases. First every blob (configs and layers of the manifest,

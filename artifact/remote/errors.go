@@ -125,6 +125,7 @@ type Error struct {
 	Subject    string // the manifest reference or blob (digest and file name), if any
 	Kind       error  // one of the sentinels, or nil
 	Err        error  // the underlying error
+	Hints      Hints  // the settings that fix a TLS failure; zero names the CLI's flags
 }
 
 func (e *Error) Error() string {
@@ -172,9 +173,9 @@ func (e *Error) describe() string {
 	case e.Kind == ErrNotOCI:
 		return "the server does not speak the OCI distribution API: " + cause
 	case e.Kind == ErrTLS && strings.Contains(cause, "HTTP response to HTTPS client"):
-		return "the registry serves plain HTTP (use --plain-http): " + cause
+		return "the registry serves plain HTTP (" + e.Hints.orCLI().PlainHTTP + "): " + cause
 	case e.Kind == ErrTLS:
-		return "TLS verification failed (pass --ca-file with the registry's CA, or --insecure to skip verification): " + cause
+		return "TLS verification failed (" + e.Hints.orCLI().TLS + "): " + cause
 	case e.Kind == ErrUnavailable && (errors.Is(e.Err, syscall.ECONNREFUSED)):
 		return "connection refused: " + cause
 	case e.Kind == ErrUnavailable:
@@ -192,7 +193,7 @@ func (e *Error) Unwrap() []error {
 }
 
 // wrapErr names the registry, repository and subject of err, unless it already does.
-func wrapErr(op, registry, repository, subject string, err error) error {
+func wrapErr(op, registry, repository, subject string, hints Hints, err error) error {
 	if err == nil {
 		return nil
 	}
@@ -204,7 +205,7 @@ func wrapErr(op, registry, repository, subject string, err error) error {
 		return err
 	}
 	redactURLs(err)
-	return &Error{Op: op, Registry: registry, Repository: repository, Subject: subject, Kind: kindOf(err), Err: err}
+	return &Error{Op: op, Registry: registry, Repository: repository, Subject: subject, Kind: kindOf(err), Err: err, Hints: hints}
 }
 
 // redactURLs drops user info and query strings from the URLs that net/http and oras-go print in err. A registry

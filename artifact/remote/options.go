@@ -45,6 +45,33 @@ type Options struct {
 	Credential auth.CredentialFunc
 	// UserAgent is sent with every request.
 	UserAgent string
+	// Hints name, in errors, the settings that fix a TLS failure, in the words of the program using this package;
+	// the zero value names the CLI's flags.
+	Hints Hints
+}
+
+// Hints tell a user which of the program's settings fixes a failure.
+type Hints struct {
+	// PlainHTTP is how to reach a registry that serves plain HTTP.
+	PlainHTTP string
+	// TLS is how to trust, or skip verifying, a registry's certificate.
+	TLS string
+}
+
+// CLIHints name the modelpack CLI's flags.
+var CLIHints = Hints{
+	PlainHTTP: "use --plain-http",
+	TLS:       "pass --ca-file with the registry's CA, or --insecure to skip verification",
+}
+
+func (h Hints) orCLI() Hints {
+	if h.PlainHTTP == "" {
+		h.PlainHTTP = CLIHints.PlainHTTP
+	}
+	if h.TLS == "" {
+		h.TLS = CLIHints.TLS
+	}
+	return h
 }
 
 // DefaultConcurrency is the number of blobs moved at once when Options.Concurrency is 0. Model layers are few and

@@ -85,7 +85,7 @@ func (r *Repository) String() string { return r.Reference.Registry + "/" + r.Ref
 
 // wrap names the origin registry and repository in err.
 func (r *Repository) wrap(subject string, err error) error {
-	return wrapErr("", r.Reference.Registry, r.Reference.Repository, subject, err)
+	return wrapErr("", r.Reference.Registry, r.Reference.Repository, subject, r.opts.Hints, err)
 }
 
 // readers returns the endpoints that may serve a read of the given capability, in order.

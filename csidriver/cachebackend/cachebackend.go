@@ -57,8 +57,17 @@ type Backend struct {
 
 var _ csidriver.Backend = (*Backend)(nil)
 
+// DriverHints name the driver's own settings in transport errors: it has no --insecure or --plain-http.
+var DriverHints = remote.Hints{
+	PlainHTTP: "list the registry in --plain-http-registries",
+	TLS:       "give the registry's CA with --ca-file, or a hosts.toml for it under --hosts-dir (ca, or skip_verify)",
+}
+
 // New returns a backend on an open cache.
 func New(c *cache.Cache, opts Options) *Backend {
+	if opts.Remote.Hints == (remote.Hints{}) {
+		opts.Remote.Hints = DriverHints
+	}
 	return &Backend{cache: c, opts: opts}
 }
 
