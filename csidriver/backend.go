@@ -2,7 +2,9 @@ package csidriver
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"log/slog"
 
 	digest "github.com/opencontainers/go-digest"
 )
@@ -49,6 +51,13 @@ func (Credentials) String() string { return "[credentials redacted]" }
 
 // GoString keeps credentials out of %#v.
 func (c Credentials) GoString() string { return c.String() }
+
+// LogValue keeps credentials out of slog output, text or JSON, also inside groups.
+func (c Credentials) LogValue() slog.Value { return slog.StringValue(c.String()) }
+
+// MarshalJSON keeps credentials out of JSON: slog's JSON handler marshals a struct holding them with
+// encoding/json, which would otherwise print the docker config (base64 and all).
+func (c Credentials) MarshalJSON() ([]byte, error) { return json.Marshal(c.String()) }
 
 // Selector picks a partial view of a model.
 type Selector struct {
