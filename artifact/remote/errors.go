@@ -12,9 +12,9 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/modelpack/modelpack/cas"
+	"github.com/modelpack/modelpack/internal/errdef"
 	"oras.land/oras-go/v2/content"
-	"oras.land/oras-go/v2/errdef"
+	oraserr "oras.land/oras-go/v2/errdef"
 	"oras.land/oras-go/v2/registry/remote/auth"
 	"oras.land/oras-go/v2/registry/remote/errcode"
 )
@@ -22,18 +22,20 @@ import (
 // Causes of a failed transfer. Every error returned by this package wraps at most one of them, so callers (the CSI
 // driver maps them to gRPC codes) can test with errors.Is or switch on Classify.
 var (
-	ErrUnauthorized   = errors.New("unauthorized")
-	ErrForbidden      = errors.New("access denied")
-	ErrNotFound       = errors.New("not found")
-	ErrUnavailable    = errors.New("registry unavailable")
-	ErrDigestMismatch = errors.New("digest mismatch")
-	ErrNoSpace        = errors.New("no space left on device")
-	ErrNotOCI         = errors.New("not an OCI registry")
+	ErrUnauthorized   = errdef.ErrUnauthorized
+	ErrForbidden      = errdef.ErrForbidden
+	ErrNotFound       = errdef.ErrNotFound
+	ErrUnavailable    = errdef.ErrUnavailable
+	ErrDigestMismatch = errdef.ErrDigestMismatch
+	// ErrSizeMismatch: the registry's blob is not the size its descriptor declares; retrying cannot help.
+	ErrSizeMismatch = errdef.ErrSizeMismatch
+	ErrNoSpace      = errdef.ErrNoSpace
+	ErrNotOCI       = errors.New("not an OCI registry")
 	// ErrTLS is a certificate the client does not trust, or TLS spoken to a plain-HTTP server.
 	ErrTLS = errors.New("TLS failure")
 )
 
-var sentinels = []error{ErrUnauthorized, ErrForbidden, ErrNotFound, ErrNoSpace, ErrDigestMismatch, ErrNotOCI, ErrTLS, ErrUnavailable}
+var sentinels = []error{ErrUnauthorized, ErrForbidden, ErrNotFound, ErrNoSpace, ErrSizeMismatch, ErrDigestMismatch, ErrNotOCI, ErrTLS, ErrUnavailable}
 
 // Classify returns the sentinel that describes err, or err itself when it is none of the known causes (and nil for
 // nil). Context cancellation is returned as is.
@@ -60,12 +62,10 @@ func kindOf(err error) error {
 	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
 		return ErrNoSpace
 	}
-	if errors.Is(err, cas.ErrSizeMismatch) && strings.Contains(err.Error(), "will resume") {
-		// cas reports a transfer cut short as a size mismatch; it is an interruption, not bad content.
-		return ErrUnavailable
+	if errors.Is(err, ErrSizeMismatch) || errors.Is(err, content.ErrTrailingData) {
+		return ErrSizeMismatch
 	}
-	if errors.Is(err, cas.ErrDigestMismatch) || errors.Is(err, content.ErrMismatchedDigest) ||
-		errors.Is(err, cas.ErrSizeMismatch) || errors.Is(err, content.ErrTrailingData) {
+	if errors.Is(err, ErrDigestMismatch) || errors.Is(err, content.ErrMismatchedDigest) {
 		return ErrDigestMismatch
 	}
 	var resp *errcode.ErrorResponse
@@ -93,7 +93,7 @@ func kindOf(err error) error {
 		}
 		return nil
 	}
-	if errors.Is(err, errdef.ErrNotFound) {
+	if errors.Is(err, oraserr.ErrNotFound) {
 		return ErrNotFound
 	}
 	if errors.Is(err, auth.ErrBasicCredentialNotFound) {
@@ -111,7 +111,9 @@ func kindOf(err error) error {
 	var dnsErr *net.DNSError
 	var opErr *net.OpError
 	if errors.As(err, &dnsErr) || errors.As(err, &opErr) || errors.Is(err, syscall.ECONNREFUSED) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, context.DeadlineExceeded) {
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, errdef.ErrIncomplete) {
+		// A transfer cut short (cas keeps the partial) is an interruption, not bad content.
 		return ErrUnavailable
 	}
 	return nil
@@ -168,6 +170,11 @@ func (e *Error) describe() string {
 			cause += " (the received bytes were dropped)"
 		}
 		return cause
+	case e.Kind == ErrSizeMismatch:
+		if !strings.Contains(cause, "size mismatch") {
+			cause = "size mismatch: " + cause
+		}
+		return cause + " (the registry's blob is not the size the manifest declares; retrying cannot help)"
 	case e.Kind == ErrNoSpace:
 		return "disk full: " + cause
 	case e.Kind == ErrNotOCI:
@@ -235,7 +242,7 @@ func retryable(err error) bool {
 		return false
 	}
 	switch kindOf(err) {
-	case ErrUnauthorized, ErrForbidden, ErrNotFound, ErrDigestMismatch, ErrNoSpace, ErrTLS, ErrNotOCI:
+	case ErrUnauthorized, ErrForbidden, ErrNotFound, ErrSizeMismatch, ErrDigestMismatch, ErrNoSpace, ErrTLS, ErrNotOCI:
 		return false
 	}
 	var dnsErr *net.DNSError
