@@ -7,6 +7,8 @@ import (
 	"log/slog"
 
 	digest "github.com/opencontainers/go-digest"
+
+	"github.com/modelpack/modelpack/internal/errdef"
 )
 
 // Backend is what the node server needs from the node cache and the registry transport. The driver decides
@@ -83,14 +85,17 @@ type Stats struct {
 
 // Errors a Backend wraps so the driver can return the CSI code the spec asks for.
 var (
-	ErrUnauthorized     = errors.New("unauthorized")
-	ErrForbidden        = errors.New("forbidden")
-	ErrNotFound         = errors.New("not found")
-	ErrUnavailable      = errors.New("registry unavailable")
-	ErrNoSpace          = errors.New("no space left in the node cache")
+	ErrUnauthorized     = errdef.ErrUnauthorized
+	ErrForbidden        = errdef.ErrForbidden
+	ErrNotFound         = errdef.ErrNotFound
+	ErrUnavailable      = errdef.ErrUnavailable
+	ErrNoSpace          = errdef.ErrNoSpace
 	ErrInvalidReference = errors.New("invalid reference")
 	// ErrDenied is a policy refusal (an unsigned or untrusted artifact).
 	ErrDenied = errors.New("denied by policy")
 	// ErrUnsupported is content the node cannot mount (an unknown media type, a layer over the size limits).
 	ErrUnsupported = errors.New("unsupported content")
+	// ErrBadContent is hostile or corrupt content: bytes that do not match their digest or size, an archive
+	// entry escaping the model or naming a device, layers that claim the same path.
+	ErrBadContent = errors.New("content refused")
 )

@@ -13,6 +13,8 @@ import (
 
 	"oras.land/oras-go/v2/registry/remote/auth"
 
+	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/artifact/archive"
 	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/cache"
 	"github.com/modelpack/modelpack/csidriver"
@@ -32,6 +34,15 @@ func TestClassifyMapsCausesToDriverErrors(t *testing.T) {
 		{fmt.Errorf("layer: %w", cache.ErrTooLarge), csidriver.ErrUnsupported},
 		{fmt.Errorf("layer: %w", cache.ErrUnsupported), csidriver.ErrUnsupported},
 		{fmt.Errorf("acquire: %w", cache.ErrNotFound), csidriver.ErrNotFound},
+		// Hostile or corrupt content is the artifact's fault (FAILED_PRECONDITION), never INTERNAL.
+		{fmt.Errorf("extract layer: %w", archive.ErrUnsafePath), csidriver.ErrBadContent},
+		{fmt.Errorf("extract layer: %w", archive.ErrLinkEscape), csidriver.ErrBadContent},
+		{fmt.Errorf("extract layer: %w", archive.ErrSpecialFile), csidriver.ErrBadContent},
+		{fmt.Errorf("manifest: %w: %w", cache.ErrUnsupported, artifact.ErrPathConflict), csidriver.ErrBadContent},
+		{fmt.Errorf("layer: %w", cache.ErrDigestMismatch), csidriver.ErrBadContent},
+		{fmt.Errorf("layer: %w", cache.ErrSizeMismatch), csidriver.ErrBadContent},
+		{&remote.Error{Kind: remote.ErrSizeMismatch, Err: errors.New("GET: size mismatch")}, csidriver.ErrBadContent},
+		{fmt.Errorf("extract layer: %w", archive.ErrLimit), csidriver.ErrUnsupported},
 	} {
 		got := classify(tc.err)
 		if !errors.Is(got, tc.want) {
