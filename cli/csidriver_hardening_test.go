@@ -12,7 +12,7 @@ func TestCSIDriverHardeningFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"--max-extract-bytes", "--max-extract-ratio", "--registry-idle-timeout",
+	for _, want := range []string{"--max-extract-bytes", "--max-extract-ratio", "--registry-idle-timeout", "never https→http",
 		"--registry-response-timeout", "--registry-attempts", "FAILED_PRECONDITION", "UNAVAILABLE"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("csi-driver --help does not mention %s", want)

@@ -3,9 +3,12 @@ package testenv
 import (
 	"context"
 	"encoding/json"
+	"encoding/pem"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,8 +30,11 @@ type HostileRegistry struct {
 	manifests map[string]served // by tag and digest
 	blobs     map[digest.Digest][]byte
 	gets      map[digest.Digest]int
+	requests  int
 	// OnBlob, if set, serves a blob GET instead of the default; it returns false to fall back to the default.
 	OnBlob func(w http.ResponseWriter, r *http.Request, d digest.Digest, content []byte) bool
+	// OnManifest is OnBlob for manifest GETs (by tag or digest).
+	OnManifest func(w http.ResponseWriter, r *http.Request, reference string, content []byte) bool
 }
 
 type served struct {
@@ -38,11 +44,36 @@ type served struct {
 
 // StartHostileRegistry starts one on loopback over plain HTTP, closed at test end.
 func StartHostileRegistry(t testing.TB) *HostileRegistry {
-	h := &HostileRegistry{manifests: map[string]served{}, blobs: map[digest.Digest][]byte{}, gets: map[digest.Digest]int{}}
+	h := newHostile()
 	h.srv = httptest.NewServer(http.HandlerFunc(h.serve))
 	t.Cleanup(h.srv.Close)
 	h.Host = strings.TrimPrefix(h.srv.URL, "http://")
 	return h
+}
+
+// StartHostileRegistryTLS starts one over TLS with a certificate for 127.0.0.1 signed by its own CA, and returns
+// the CA's PEM file.
+func StartHostileRegistryTLS(t testing.TB) (*HostileRegistry, string) {
+	h := newHostile()
+	h.srv = httptest.NewTLSServer(http.HandlerFunc(h.serve))
+	t.Cleanup(h.srv.Close)
+	h.Host = strings.TrimPrefix(h.srv.URL, "https://")
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: h.srv.Certificate().Raw}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return h, ca
+}
+
+func newHostile() *HostileRegistry {
+	return &HostileRegistry{manifests: map[string]served{}, blobs: map[digest.Digest][]byte{}, gets: map[digest.Digest]int{}}
+}
+
+// Requests counts the requests the registry answered.
+func (h *HostileRegistry) Requests() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.requests
 }
 
 // Close stops the server and cuts the connections of handlers still running.
@@ -85,6 +116,9 @@ func (h *HostileRegistry) Gets(d digest.Digest) int {
 }
 
 func (h *HostileRegistry) serve(w http.ResponseWriter, r *http.Request) {
+	h.mu.Lock()
+	h.requests++
+	h.mu.Unlock()
 	w.Header().Set("Docker-Distribution-Api-Version", "registry/2.0")
 	p := r.URL.Path
 	if p == "/v2/" {
@@ -92,10 +126,15 @@ func (h *HostileRegistry) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	if i := strings.LastIndex(p, "/manifests/"); i > 0 {
 		h.mu.Lock()
-		m, ok := h.manifests[p[i+len("/manifests/"):]]
+		ref := p[i+len("/manifests/"):]
+		m, ok := h.manifests[ref]
+		hook := h.OnManifest
 		h.mu.Unlock()
 		if !ok {
 			http.Error(w, `{"errors":[{"code":"MANIFEST_UNKNOWN"}]}`, http.StatusNotFound)
+			return
+		}
+		if r.Method == http.MethodGet && hook != nil && hook(w, r, ref, m.b) {
 			return
 		}
 		w.Header().Set("Content-Type", m.mediaType)
