@@ -169,7 +169,6 @@ func readManifest(rc io.ReadCloser, desc ocispec.Descriptor) ([]byte, error) {
 	return content.ReadAll(rc, desc)
 }
 
-
 type fetcher struct {
 	src     *Repository
 	dir     string

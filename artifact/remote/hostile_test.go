@@ -3,6 +3,7 @@ package remote
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -135,5 +136,42 @@ func TestFetchAgreesWithTheDriverOnAPlatformlessIndex(t *testing.T) {
 	}
 	if b, err := os.ReadFile(filepath.Join(dir, "tokenizer.json")); err != nil || string(b) != string(data) {
 		t.Fatalf("tokenizer.json = %q, %v", b, err)
+	}
+}
+
+// A registry that sends a manifest's headers and then nothing fails the read within the timeouts.
+func TestStalledManifestBodyFails(t *testing.T) {
+	h := testenv.StartHostileRegistry(t)
+	desc := h.Manifest(t, "v1", ocispec.Manifest{MediaType: ocispec.MediaTypeImageManifest}, ocispec.MediaTypeImageManifest)
+	h.OnManifest = func(w http.ResponseWriter, r *http.Request, _ string, b []byte) bool {
+		w.Header().Set("Content-Type", ocispec.MediaTypeImageManifest)
+		w.Header().Set("Docker-Content-Digest", digest.FromBytes(b).String())
+		w.Header().Set("Content-Length", fmt.Sprint(len(b)))
+		w.WriteHeader(http.StatusOK)
+		w.Write(b[:len(b)/2])
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+		return true
+	}
+	repo := hostileRepo(t, h, Timeouts{ResponseHeader: 100 * time.Millisecond, Idle: 100 * time.Millisecond})
+	for name, read := range map[string]func() error{
+		"by descriptor": func() error {
+			rc, err := repo.Fetch(context.Background(), desc)
+			if err == nil {
+				_, err = io.ReadAll(rc)
+			}
+			return err
+		},
+		"by tag": func() error {
+			_, rc, err := repo.FetchReference(context.Background(), "v1")
+			if err == nil {
+				_, err = io.ReadAll(rc)
+			}
+			return err
+		},
+	} {
+		if err := read(); !errors.Is(err, ErrUnavailable) {
+			t.Errorf("%s: got %v, want ErrUnavailable", name, err)
+		}
 	}
 }

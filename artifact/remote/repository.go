@@ -1,6 +1,7 @@
 package remote
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -133,19 +134,44 @@ type fetched struct {
 // FetchReference resolves and fetches a manifest in one request.
 func (r *Repository) FetchReference(ctx context.Context, reference string) (ocispec.Descriptor, io.ReadCloser, error) {
 	f, err := firstOf(ctx, r.readers(true), func(ep *endpointRepo) (fetched, error) {
-		d, rc, err := ep.repo.FetchReference(ctx, reference)
-		return fetched{d, rc}, err
+		return r.readManifest(ctx, func(ctx context.Context) (ocispec.Descriptor, io.ReadCloser, error) {
+			return ep.repo.FetchReference(ctx, reference)
+		})
 	})
 	return f.desc, f.rc, r.manifestErr(ctx, reference, err)
+}
+
+// readManifest reads a whole manifest (at most maxManifestBytes, checked against its descriptor) within the
+// response-header and idle timeouts, so a registry that sends the headers and then nothing cannot hold the caller.
+func (r *Repository) readManifest(ctx context.Context, fetch func(context.Context) (ocispec.Descriptor, io.ReadCloser, error)) (fetched, error) {
+	tm := r.opts.Timeouts.orDefault()
+	mctx, cancel := context.WithTimeoutCause(ctx, tm.ResponseHeader+tm.Idle,
+		fmt.Errorf("%w: the manifest did not arrive within %s", ErrUnavailable, tm.ResponseHeader+tm.Idle))
+	defer cancel()
+	d, rc, err := fetch(mctx)
+	if err != nil {
+		return fetched{}, err
+	}
+	b, err := readManifest(rc, d)
+	if err != nil {
+		if cause := context.Cause(mctx); cause != nil && ctx.Err() == nil {
+			err = fmt.Errorf("%w (%v)", cause, err)
+		}
+		return fetched{}, err
+	}
+	return fetched{d, io.NopCloser(bytes.NewReader(b))}, nil
 }
 
 // Fetch fetches a manifest or blob. Blob reads resume after a dropped connection (see openBlob).
 func (r *Repository) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
 	if isManifest(desc) {
-		rc, err := firstOf(ctx, r.readers(false), func(ep *endpointRepo) (io.ReadCloser, error) {
-			return ep.repo.Fetch(ctx, desc)
+		f, err := firstOf(ctx, r.readers(false), func(ep *endpointRepo) (fetched, error) {
+			return r.readManifest(ctx, func(ctx context.Context) (ocispec.Descriptor, io.ReadCloser, error) {
+				rc, err := ep.repo.Fetch(ctx, desc)
+				return desc, rc, err
+			})
 		})
-		return rc, r.manifestErr(ctx, desc.Digest.String(), err)
+		return f.rc, r.manifestErr(ctx, desc.Digest.String(), err)
 	}
 	return newResumableReader(ctx, desc, 0, r.openBlob, nil, r.opts.Timeouts), nil
 }
