@@ -324,9 +324,14 @@ func parseContentRange(h string) (first, total int64, ok bool) {
 	if err != nil {
 		return 0, 0, false
 	}
+	if first < 0 {
+		return 0, 0, false
+	}
 	total = -1
-	if t, err := strconv.ParseInt(size, 10, 64); err == nil {
-		total = t
+	if size != "*" {
+		if total, err = strconv.ParseInt(size, 10, 64); err != nil || total < 0 {
+			return 0, 0, false
+		}
 	}
 	return first, total, true
 }
