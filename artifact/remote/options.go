@@ -57,17 +57,18 @@ type Options struct {
 type Timeouts struct {
 	// ResponseHeader is how long a request waits for the response headers.
 	ResponseHeader time.Duration
-	// Idle is how long a blob read may go without a byte before the attempt is abandoned; the read then resumes
-	// on a new connection from the byte it stopped at.
+	// Idle is how long a blob read may go without a byte, its response headers included, before the attempt is
+	// abandoned; the read then resumes on a new connection from the byte it stopped at.
 	Idle time.Duration
 	// Attempts is how many consecutive attempts of one blob read may fail without a byte of progress (refused,
 	// stalled, cut off) before the read gives up with the last cause.
 	Attempts int
 }
 
-// DefaultTimeouts: a registry answers headers within a minute, and a healthy stream is never silent for 30 s;
-// eight attempts with backoff ride out a registry restart.
-var DefaultTimeouts = Timeouts{ResponseHeader: time.Minute, Idle: 30 * time.Second, Attempts: 8}
+// DefaultTimeouts: a registry answers within two minutes (committing a large upload takes a while), a blob
+// download is never silent for 30 s (its response headers included), and eight attempts with backoff ride out a
+// registry restart.
+var DefaultTimeouts = Timeouts{ResponseHeader: 2 * time.Minute, Idle: 30 * time.Second, Attempts: 8}
 
 func (t Timeouts) orDefault() Timeouts {
 	if t.ResponseHeader <= 0 {

@@ -123,7 +123,13 @@ func (r *resumableReader) connect() error {
 			return err
 		}
 		actx, cancel := context.WithTimeout(r.ctx, attemptTimeout(r.desc.Size-r.offset))
+		// Waiting for the response is waiting for the first byte: it gets the idle limit, not the longer
+		// response-header limit of uploads.
+		silent := time.AfterFunc(r.tm.Idle, cancel)
 		rc, start, err := r.open(actx, r.desc, r.offset)
+		if !silent.Stop() && err != nil && r.ctx.Err() == nil {
+			err = fmt.Errorf("%w: %s: no response for %s (%v)", ErrUnavailable, r.desc.Digest, r.tm.Idle, err)
+		}
 		if err == nil && start != r.offset {
 			// The server ignored the Range request: skip what is already held.
 			if start > r.offset {
