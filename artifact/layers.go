@@ -1,6 +1,7 @@
 package artifact
 
 import (
+	"errors"
 	"fmt"
 	"path"
 	"strings"
@@ -47,10 +48,58 @@ func Layers(m ocispec.Manifest) ([]Layer, error) {
 			if err := checkModelPath(l.Path); err != nil {
 				return nil, fmt.Errorf("layer %d (%s): %w", i, d.Digest, err)
 			}
+			if l.Format == FormatRaw && path.Clean(l.Path) == "." {
+				return nil, fmt.Errorf("layer %d (%s): file path %q names the model root, not a file", i, d.Digest, l.Path)
+			}
 		}
 		out = append(out, l)
 	}
+	if err := checkPathConflicts(out); err != nil {
+		return nil, err
+	}
 	return out, nil
+}
+
+// ErrPathConflict: two layers of one manifest claim the same path, or one claims a file where another puts a
+// directory. Which wins would depend on the order of extraction, so the manifest is refused.
+var ErrPathConflict = errors.New("conflicting layer paths")
+
+// checkPathConflicts refuses two model layers at one path (unless they are the same blob listed twice), and a
+// file that another layer uses as a directory ("a" and "a/b").
+func checkPathConflicts(ls []Layer) error {
+	conflict := func(i, j int, why string) error {
+		return fmt.Errorf("%w: layer %d (%s, path %q) and layer %d (%s, path %q) %s",
+			ErrPathConflict, i, ls[i].Digest, ls[i].Path, j, ls[j].Digest, ls[j].Path, why)
+	}
+	files := map[string]int{}
+	for i, l := range ls {
+		if l.Image || l.Format != FormatRaw {
+			continue
+		}
+		p := path.Clean(l.Path)
+		if j, ok := files[p]; ok {
+			if ls[j].Digest != l.Digest {
+				return conflict(j, i, "are both that file")
+			}
+			continue
+		}
+		files[p] = i
+	}
+	for i, l := range ls {
+		if l.Image || l.Path == "" {
+			continue
+		}
+		p := path.Clean(l.Path)
+		if j, ok := files[p]; ok && l.Format != FormatRaw {
+			return conflict(j, i, "put a file and a directory at the same path")
+		}
+		for d := path.Dir(p); d != "." && d != "/"; d = path.Dir(d) {
+			if j, ok := files[d]; ok {
+				return conflict(j, i, "need that file to be a directory")
+			}
+		}
+	}
+	return nil
 }
 
 func classify(d ocispec.Descriptor) (Layer, error) {

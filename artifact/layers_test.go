@@ -1,6 +1,7 @@
 package artifact
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -110,4 +111,51 @@ func FuzzLayers(f *testing.F) {
 			t.Fatalf("accepted escaping path %q", l.Path)
 		}
 	})
+}
+
+// Two layers at one path, or a file that another layer needs as a directory, are refused with both layers named:
+// which one would win depends on extraction order.
+func TestLayersRefusesConflictingPaths(t *testing.T) {
+	raw := func(p, content string) ocispec.Descriptor {
+		return ocispec.Descriptor{MediaType: "application/vnd.cncf.model.weight.v1.raw", Digest: digest.FromString(content), Size: 1,
+			Annotations: map[string]string{AnnotationFilepath: p}}
+	}
+	dir := func(p, content string) ocispec.Descriptor {
+		return ocispec.Descriptor{MediaType: "application/vnd.cncf.model.code.v1.tar", Digest: digest.FromString(content), Size: 1,
+			Annotations: map[string]string{AnnotationFilepath: p}}
+	}
+	for name, tc := range map[string]struct {
+		layers []ocispec.Descriptor
+		a, b   string // the digests the error must name
+	}{
+		"same file twice":          {[]ocispec.Descriptor{raw("w.bin", "1"), raw("other", "x"), raw("./w.bin", "2")}, "1", "2"},
+		"file then file below it":  {[]ocispec.Descriptor{raw("a", "1"), raw("a/b", "2")}, "1", "2"},
+		"file below then the file": {[]ocispec.Descriptor{raw("a/b/c", "1"), raw("a", "2")}, "2", "1"},
+		"file and directory layer": {[]ocispec.Descriptor{dir("code", "1"), raw("code", "2")}, "2", "1"},
+		"file and directory below": {[]ocispec.Descriptor{raw("code", "1"), dir("code/src", "2")}, "1", "2"},
+	} {
+		_, err := Layers(ocispec.Manifest{Layers: tc.layers})
+		if !errors.Is(err, ErrPathConflict) {
+			t.Errorf("%s: got %v, want ErrPathConflict", name, err)
+			continue
+		}
+		for _, c := range []string{tc.a, tc.b} {
+			if !strings.Contains(err.Error(), digest.FromString(c).String()) {
+				t.Errorf("%s: %q does not name layer %s", name, err, digest.FromString(c))
+			}
+		}
+	}
+	for name, layers := range map[string][]ocispec.Descriptor{
+		"one blob listed twice":    {raw("w.bin", "1"), raw("w.bin", "1")},
+		"siblings":                 {raw("a/b", "1"), raw("a/c", "2"), dir("a/d", "3")},
+		"two tars of one dir":      {dir("src", "1"), dir("src", "2")},
+		"prefix that is not a dir": {raw("ab", "1"), raw("a/b", "2")},
+	} {
+		if _, err := Layers(ocispec.Manifest{Layers: layers}); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	if _, err := Layers(ocispec.Manifest{Layers: []ocispec.Descriptor{raw(".", "1")}}); err == nil {
+		t.Error("a raw layer at the model root (path \".\") was accepted")
+	}
 }

@@ -21,12 +21,13 @@ import (
 
 	"github.com/modelpack/modelpack/artifact/archive"
 	"github.com/modelpack/modelpack/cas"
+	"github.com/modelpack/modelpack/internal/errdef"
 )
 
 // Errors callers can test with errors.Is.
 var (
 	// ErrNotFound: the manifest is not in the cache (or its pull has not completed).
-	ErrNotFound = errors.New("not in cache")
+	ErrNotFound = errdef.ErrNotFound
 	// ErrInUse: the content is referenced by a volume or pin, or is being pulled.
 	ErrInUse = errors.New("in use")
 	// ErrTooLarge: a manifest, index or config over MaxManifestBytes.

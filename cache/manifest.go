@@ -2,8 +2,8 @@ package cache
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
-	"strings"
 
 	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -164,58 +164,11 @@ func checkDescriptor(d ocispec.Descriptor) error {
 	return nil
 }
 
-// choosePlatform picks the manifest for platform p from an index. An index of artifacts with no platform (a model
-// packed by tools that wrap everything in an index) gives its only entry.
+// choosePlatform picks the manifest for platform p from an index, with the project's one chooser.
 func choosePlatform(ix *ocispec.Index, want ocispec.Platform) (ocispec.Descriptor, error) {
-	var candidates []ocispec.Descriptor
-	var seen []string
-	best, bestScore := -1, 0
-	for i, m := range ix.Manifests {
-		if !isManifestType(m.MediaType) && m.MediaType != "" {
-			continue // nested indexes and foreign entries are not followed
-		}
-		if m.Platform == nil {
-			candidates = append(candidates, m)
-			continue
-		}
-		pl := m.Platform
-		seen = append(seen, platformString(*pl))
-		if pl.OS != want.OS || pl.Architecture != want.Architecture {
-			continue
-		}
-		score := 1
-		if normVariant(pl.Architecture, pl.Variant) == normVariant(want.Architecture, want.Variant) {
-			score = 2
-		} else if want.Variant != "" && pl.Variant != "" {
-			continue
-		}
-		if score > bestScore {
-			best, bestScore = i, score
-		}
+	m, err := artifact.ChoosePlatform(*ix, want)
+	if errors.Is(err, artifact.ErrAmbiguousIndex) {
+		return m, fmt.Errorf("%w: %w", ErrUnsupported, err)
 	}
-	if best >= 0 {
-		return ix.Manifests[best], nil
-	}
-	if len(seen) == 0 && len(candidates) == 1 {
-		return candidates[0], nil
-	}
-	if len(seen) == 0 {
-		return ocispec.Descriptor{}, fmt.Errorf("%w: index has %d manifests and no platforms to choose by", ErrUnsupported, len(candidates))
-	}
-	return ocispec.Descriptor{}, fmt.Errorf("%w: no manifest for platform %s in index (has %s)", ErrNotFound, platformString(want), strings.Join(seen, ", "))
-}
-
-func normVariant(arch, v string) string {
-	if arch == "arm64" && v == "" {
-		return "v8"
-	}
-	return v
-}
-
-func platformString(p ocispec.Platform) string {
-	s := p.OS + "/" + p.Architecture
-	if p.Variant != "" {
-		s += "/" + p.Variant
-	}
-	return s
+	return m, err
 }

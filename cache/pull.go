@@ -36,6 +36,7 @@ type flight struct {
 	result ocispec.Descriptor
 	err    error
 	cancel context.CancelFunc
+	src    *sourceSet // the sources of every caller, so one that stalls or fails hands over to the next
 
 	mu      sync.Mutex
 	pubMu   sync.Mutex // callbacks run one at a time, never after their Pull returned
@@ -101,12 +102,12 @@ func (c *Cache) Pull(ctx context.Context, src oras.ReadOnlyTarget, desc ocispec.
 	}
 	if f == nil {
 		ctx, cancel := context.WithCancel(c.ctx)
-		f = &flight{ctx: ctx, done: make(chan struct{}), cancel: cancel, subs: map[int]func(Progress){}}
+		f = &flight{ctx: ctx, done: make(chan struct{}), cancel: cancel, subs: map[int]func(Progress){}, src: newSourceSet(src)}
 		c.flights[desc.Digest] = f
 		c.wg.Add(1)
 		go func() {
 			defer c.wg.Done()
-			f.result, f.err = c.pull(ctx, f, src, desc)
+			f.result, f.err = c.pull(ctx, f, f.src, desc)
 			c.mu.Lock()
 			if c.flights[desc.Digest] == f {
 				delete(c.flights, desc.Digest)
@@ -127,6 +128,7 @@ func (c *Cache) Pull(ctx context.Context, src oras.ReadOnlyTarget, desc ocispec.
 		}()
 	} else {
 		c.m.pulls.WithLabelValues("joined").Inc()
+		f.src.add(src)
 	}
 	id := f.join(progress)
 	c.mu.Unlock()
@@ -457,7 +459,7 @@ func (c *Cache) fetchBlob(ctx context.Context, f *flight, i int, src oras.ReadOn
 			f.running[i].Store(start)
 			return &countingReader{rc: rc, n: &f.running[i], fetched: c.m.fetchedBytes.Add, publish: f.publish}, start, nil
 		})
-		if err == nil || ctx.Err() != nil || errors.Is(err, ErrDigestMismatch) || errors.Is(err, errdef.ErrNotFound) {
+		if err == nil || ctx.Err() != nil || errors.Is(err, ErrDigestMismatch) || errors.Is(err, ErrSizeMismatch) || errors.Is(err, errdef.ErrNotFound) {
 			return err
 		}
 	}
@@ -520,6 +522,7 @@ func (c *Cache) extractLayer(ctx context.Context, l artifact.Layer, dst string) 
 		}
 		st, err := archive.Unpack(ctxReader{ctx, blob}, l.Format, tmp, archive.Options{
 			Limits:           c.opts.Limits,
+			Size:             l.Size,
 			KeepWhiteouts:    true,
 			ReadOnly:         true,
 			WorldReadable:    !l.Image,

@@ -22,13 +22,17 @@ import (
 	"github.com/gofrs/flock"
 	digest "github.com/opencontainers/go-digest"
 	"golang.org/x/sync/singleflight"
+
+	"github.com/modelpack/modelpack/internal/errdef"
 )
 
-// Errors callers can test with errors.Is.
+// Errors callers can test with errors.Is (the project's shared causes, see internal/errdef).
 var (
-	ErrNotFound       = errors.New("blob not found")
-	ErrSizeMismatch   = errors.New("size mismatch")
-	ErrDigestMismatch = errors.New("digest mismatch")
+	ErrNotFound       = errdef.ErrNotFound
+	ErrSizeMismatch   = errdef.ErrSizeMismatch
+	ErrDigestMismatch = errdef.ErrDigestMismatch
+	// ErrIncomplete: reading the source failed part way; the partial is kept and the next Ingest resumes it.
+	ErrIncomplete = errdef.ErrIncomplete
 )
 
 // Store is a content-addressed blob directory rooted at Root.
@@ -259,6 +263,10 @@ func (s *Store) ingest(ctx context.Context, d digest.Digest, size int64, open Op
 	defer copyBuffers.Put(buf)
 	n, err := io.CopyBuffer(io.MultiWriter(writeBehind(f, offset), h), io.LimitReader(ctxReader{ctx, rc}, size-offset+1), *buf)
 	if err != nil {
+		if ctx.Err() == nil {
+			// The partial is kept: the next Ingest resumes it.
+			return fmt.Errorf("fetch %s: %w: %w", d, ErrIncomplete, err)
+		}
 		return fmt.Errorf("fetch %s: %w", d, err)
 	}
 	got := offset + n
@@ -266,9 +274,8 @@ func (s *Store) ingest(ctx context.Context, d digest.Digest, size int64, open Op
 		if got > size {
 			os.Remove(partial)
 		}
-		if got < size && ctx.Err() == nil {
-			return fmt.Errorf("%s: %w: got %d bytes, want %d (incomplete transfer, will resume)", d, ErrSizeMismatch, got, size)
-		}
+		// A stream that ends cleanly short of size says the blob is shorter than its descriptor (a dropped
+		// connection is an error, above). The partial stays in case it was only cut off.
 		return fmt.Errorf("%s: %w: got %d bytes, want %d", d, ErrSizeMismatch, got, size)
 	}
 	if actual := digest.NewDigest(d.Algorithm(), h); actual != d {

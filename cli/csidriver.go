@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/modelpack/modelpack/artifact/archive"
 	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/cache"
 	"github.com/modelpack/modelpack/csidriver"
@@ -59,7 +60,9 @@ type csiDriverFlags struct {
 	endpoint, nodeID, root, driverName, metricsAddr string
 	hostsDir, registryConfig, caFile                string
 	plainHTTP                                       []string
-	cacheMax                                        string
+	cacheMax, maxExtract                            string
+	maxExtractRatio                                 float64
+	registryTimeouts                                remote.Timeouts
 	gcInterval                                      time.Duration
 	logFormat, logLevel                             string
 }
@@ -85,7 +88,18 @@ with the semantics of Kubernetes image volumes:
     noexec: "true"
 
 Pulls outlive kubelet's deadline: a publish that runs out of time returns ABORTED with the progress and the
-retry joins the pull under way. State under --root survives restarts, SIGKILL included.`,
+retry joins the pull under way. State under --root survives restarts, SIGKILL included.
+
+A registry that stalls cannot hold a pull: --registry-response-timeout bounds the wait for headers,
+--registry-idle-timeout a download without a byte, and --registry-attempts the attempts in a row without
+progress before the pull fails with UNAVAILABLE; a volume of the same digest from another registry takes the
+pull over. A tar layer may expand to --max-extract-ratio times its declared size and --max-extract-bytes in
+all (sparse files at their apparent size), checked before a byte is written; over either, FAILED_PRECONDITION.
+
+Errors: INVALID_ARGUMENT bad attributes; ABORTED pull continues, retry joins it; FAILED_PRECONDITION
+pullPolicy Never and absent, content over the limits, hostile or corrupt content (republish it); NOT_FOUND;
+UNAVAILABLE registry unreachable, stalled or untrusted TLS (--ca-file, --hosts-dir, --plain-http-registries);
+UNAUTHENTICATED; PERMISSION_DENIED registry or signature policy; RESOURCE_EXHAUSTED disk full; INTERNAL a bug.`,
 			Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error { return runCSIDriver(cmd.Context(), f) },
 		}
@@ -100,6 +114,11 @@ retry joins the pull under way. State under --root survives restarts, SIGKILL in
 		fl.StringVar(&f.caFile, "ca-file", "", "PEM CA bundle trusted for registries in addition to the system roots")
 		fl.StringSliceVar(&f.plainHTTP, "plain-http-registries", nil, "registries (host[:port]) reached over plain HTTP")
 		fl.StringVar(&f.cacheMax, "cache-max-size", "0", "evict least recently used models above this size (e.g. 200GiB; 0 = no limit)")
+		fl.StringVar(&f.maxExtract, "max-extract-bytes", "1TiB", "largest a tar layer may expand to (decompression and sparse-file bombs)")
+		fl.Float64Var(&f.maxExtractRatio, "max-extract-ratio", archive.DefaultLimits.MaxRatio, "largest a tar layer may expand to, as a multiple of its declared size (never below 64MiB)")
+		fl.DurationVar(&f.registryTimeouts.ResponseHeader, "registry-response-timeout", remote.DefaultTimeouts.ResponseHeader, "how long a registry request waits for the response headers")
+		fl.DurationVar(&f.registryTimeouts.Idle, "registry-idle-timeout", remote.DefaultTimeouts.Idle, "how long a blob download may go without a byte before it reconnects")
+		fl.IntVar(&f.registryTimeouts.Attempts, "registry-attempts", remote.DefaultTimeouts.Attempts, "attempts in a row without a byte of progress before a download fails")
 		fl.DurationVar(&f.gcInterval, "gc-interval", 5*time.Minute, "how often orphaned volumes and the cache are collected")
 		fl.StringVar(&f.logFormat, "log-format", "json", "log format: json or text")
 		fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -126,13 +145,21 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags) error {
 	if err != nil {
 		return fmt.Errorf("--cache-max-size: %w", err)
 	}
+	maxExtract, err := parseByteSize(f.maxExtract)
+	if err != nil || maxExtract <= 0 {
+		return fmt.Errorf("--max-extract-bytes %q: want a size above 0 (e.g. 500GiB)", f.maxExtract)
+	}
+	if f.maxExtractRatio < 1 {
+		return fmt.Errorf("--max-extract-ratio %g: want 1 or more", f.maxExtractRatio)
+	}
 	if parent == nil {
 		parent = context.Background()
 	}
 	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	c, err := cache.Open(cache.Options{Root: filepath.Join(f.root, "cache"), MaxBytes: maxBytes})
+	c, err := cache.Open(cache.Options{Root: filepath.Join(f.root, "cache"), MaxBytes: maxBytes,
+		Limits: archive.Limits{MaxBytes: maxExtract, MaxRatio: f.maxExtractRatio}})
 	if err != nil {
 		return fmt.Errorf("open cache: %w", err)
 	}
@@ -156,6 +183,7 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags) error {
 			HostsDir:       f.hostsDir,
 			CAFile:         f.caFile,
 			UserAgent:      "modelpack-csi/" + Version,
+			Timeouts:       f.registryTimeouts,
 		},
 		PlainHTTPRegistries: f.plainHTTP,
 		Root:                f.root,

@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/csidriver"
 	"github.com/modelpack/modelpack/csidriver/cachebackend"
 	"github.com/modelpack/modelpack/signing"
@@ -18,7 +19,7 @@ func init() {
 	var policyPath string
 	registerCSIDriverExtension(csiDriverExtension{
 		AddFlags: func(fs *pflag.FlagSet) {
-			fs.StringVar(&policyPath, "policy", "", "node trust policy (YAML); reloaded on change. Empty: signatures are not checked")
+			fs.StringVar(&policyPath, "policy", "", "node trust policy (YAML); reloaded on change. Empty: signatures are not checked. Signatures are read like models: --ca-file, --hosts-dir, --plain-http-registries, never https→http")
 		},
 		Setup: func(ctx context.Context, env *CSIDriverEnv) error {
 			if policyPath == "" {
@@ -34,6 +35,8 @@ func init() {
 				return err
 			}
 			reg.PlainHTTPHosts = env.PlainHTTPRegistries
+			// Signatures travel the model's transport: its TLS settings, hosts.toml and plain-HTTP list.
+			reg.TransportFor = remote.TransportsFor(env.Remote, env.PlainHTTPRegistries)
 			v := signing.NewVerifier(p, reg)
 			v.Log = env.Logger
 			env.Driver.Collectors = append(env.Driver.Collectors, v.Collector())

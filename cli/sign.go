@@ -54,7 +54,8 @@ func signingRegistryOptions(o remote.Options) (signing.RegistryOptions, error) {
 			return credentials.Credential(store)(ctx, host)
 		}
 	}
-	return signing.RegistryOptions{PlainHTTP: o.PlainHTTP, Insecure: o.Insecure, CAFile: o.CAFile, Credentials: creds}, nil
+	return signing.RegistryOptions{PlainHTTP: o.PlainHTTP, Insecure: o.Insecure, CAFile: o.CAFile, Credentials: creds,
+		TransportFor: remote.TransportsFor(o, nil)}, nil
 }
 
 // signFlags are what signing needs beyond the registry: the key and the signed annotations. push and pack --push

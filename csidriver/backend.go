@@ -2,9 +2,13 @@ package csidriver
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"log/slog"
 
 	digest "github.com/opencontainers/go-digest"
+
+	"github.com/modelpack/modelpack/internal/errdef"
 )
 
 // Backend is what the node server needs from the node cache and the registry transport. The driver decides
@@ -50,6 +54,13 @@ func (Credentials) String() string { return "[credentials redacted]" }
 // GoString keeps credentials out of %#v.
 func (c Credentials) GoString() string { return c.String() }
 
+// LogValue keeps credentials out of slog output, text or JSON, also inside groups.
+func (c Credentials) LogValue() slog.Value { return slog.StringValue(c.String()) }
+
+// MarshalJSON keeps credentials out of JSON: slog's JSON handler marshals a struct holding them with
+// encoding/json, which would otherwise print the docker config (base64 and all).
+func (c Credentials) MarshalJSON() ([]byte, error) { return json.Marshal(c.String()) }
+
 // Selector picks a partial view of a model.
 type Selector struct {
 	// Kinds are ModelPack layer kinds (weight, weight.config, doc, code, dataset); empty means all.
@@ -74,14 +85,17 @@ type Stats struct {
 
 // Errors a Backend wraps so the driver can return the CSI code the spec asks for.
 var (
-	ErrUnauthorized     = errors.New("unauthorized")
-	ErrForbidden        = errors.New("forbidden")
-	ErrNotFound         = errors.New("not found")
-	ErrUnavailable      = errors.New("registry unavailable")
-	ErrNoSpace          = errors.New("no space left in the node cache")
+	ErrUnauthorized     = errdef.ErrUnauthorized
+	ErrForbidden        = errdef.ErrForbidden
+	ErrNotFound         = errdef.ErrNotFound
+	ErrUnavailable      = errdef.ErrUnavailable
+	ErrNoSpace          = errdef.ErrNoSpace
 	ErrInvalidReference = errors.New("invalid reference")
 	// ErrDenied is a policy refusal (an unsigned or untrusted artifact).
 	ErrDenied = errors.New("denied by policy")
 	// ErrUnsupported is content the node cannot mount (an unknown media type, a layer over the size limits).
 	ErrUnsupported = errors.New("unsupported content")
+	// ErrBadContent is hostile or corrupt content: bytes that do not match their digest or size, an archive
+	// entry escaping the model or naming a device, layers that claim the same path.
+	ErrBadContent = errors.New("content refused")
 )

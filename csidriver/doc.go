@@ -33,15 +33,31 @@
 //
 // # Errors
 //
+// Every failure maps to one code (errorCodes in puller.go implements this table; INTERNAL is left for bugs of
+// the driver and for the node failing under it: a mount or a state write that fails):
+//
 //	INVALID_ARGUMENT     missing field, unknown or bad attribute, bad reference, subPath not in the model
-//	ALREADY_EXISTS       the target is published with other arguments
+//	                     → fix the volume's attributes
+//	ALREADY_EXISTS       the target is published with other arguments → unpublish it first
 //	ABORTED              the pull continues in the background, or another call on the target is running
-//	FAILED_PRECONDITION  pullPolicy Never and absent; content the node cannot mount
-//	NOT_FOUND            no such manifest (or platform in the index)
-//	UNAVAILABLE          registry unreachable
-//	UNAUTHENTICATED      no or wrong credentials, or a pull secret that is not a docker config
-//	PERMISSION_DENIED    the registry or the signature policy refused
-//	RESOURCE_EXHAUSTED   the node cache's disk is full
+//	                     → nothing: kubelet retries and joins the pull
+//	FAILED_PRECONDITION  pullPolicy Never and absent → prepull it, or allow pulls;
+//	                     content the node cannot mount (unknown media type, a manifest over 4 MiB, a layer
+//	                     over the extract limits --max-extract-bytes / --max-extract-ratio) → republish it,
+//	                     or raise the limits;
+//	                     hostile or corrupt content (bytes that do not match their digest or size, a tar entry
+//	                     escaping the model, a link escape, a device node, a file at the model root, two
+//	                     layers claiming one path) → republish the artifact; the bytes were dropped
+//	NOT_FOUND            no such manifest (or platform in the index) → fix the reference or platform
+//	UNAVAILABLE          registry unreachable, stalled (no byte for the idle timeout, bounded retries), TLS
+//	                     not trusted → check the registry; trust its CA with --ca-file or --hosts-dir, list
+//	                     plain-HTTP registries in --plain-http-registries
+//	UNAUTHENTICATED      no or wrong credentials, or a pull secret that is not a docker config → fix the
+//	                     nodePublishSecretRef or the node's docker config
+//	PERMISSION_DENIED    the registry or the signature policy refused → grant access, or sign the artifact
+//	                     as the policy requires
+//	RESOURCE_EXHAUSTED   the node cache's disk is full → free space or lower --cache-max-size
+//	INTERNAL             a bug of the driver, or the node failing a mount or a state write → report it
 //
 // Credentials come from the nodePublishSecretRef (a kubernetes.io/dockerconfigjson secret), then the node's
 // docker config and credential helpers; mirrors come from a containerd-style hosts directory. Secrets are never

@@ -136,24 +136,33 @@ func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublish
 	if err := d.stageVolume(vol); err != nil {
 		return nil, status.Errorf(codes.Internal, "record publish of %s: %v", target, err)
 	}
-	published := false
+	published, killed := false, false
 	defer func() {
-		if !published {
+		if !published && !killed {
 			if err := d.undo(vol); err != nil {
 				log.Error("clean up failed publish", "error", err.Error())
 			}
 		}
 	}()
 
+	if killed = d.killed("staged"); killed {
+		return nil, errKilled
+	}
 	tRecord := time.Since(start)
 	source, err := d.acquireSource(vol, attrs.Selector)
 	if err != nil {
 		return nil, err
 	}
+	if killed = d.killed("acquired"); killed {
+		return nil, errKilled
+	}
 	tAcquire := time.Since(start)
 	vol.Source = source
 	if err := d.mountTarget(vol); err != nil {
 		return nil, status.Errorf(codes.Internal, "mount %s on %s: %v", source, target, err)
+	}
+	if killed = d.killed("mounted"); killed {
+		return nil, errKilled
 	}
 	tMount := time.Since(start)
 	vol.Phase = state.PhasePublished

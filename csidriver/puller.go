@@ -158,28 +158,34 @@ func (p *puller) inFlight() int {
 	return len(p.jobs)
 }
 
+// errorCodes is the table of doc.go (# Errors) for the causes a Backend reports, in order of precedence: the
+// first cause an error wraps decides its code. Anything else is INTERNAL: a bug of ours.
+var errorCodes = []struct {
+	cause error
+	code  codes.Code
+}{
+	{ErrInvalidReference, codes.InvalidArgument},
+	{ErrUnauthorized, codes.Unauthenticated},
+	{ErrDenied, codes.PermissionDenied},
+	{ErrForbidden, codes.PermissionDenied},
+	{ErrNoSpace, codes.ResourceExhausted},
+	{ErrBadContent, codes.FailedPrecondition},
+	{ErrUnsupported, codes.FailedPrecondition},
+	{ErrNotFound, codes.NotFound},
+	{ErrUnavailable, codes.Unavailable},
+	{context.Canceled, codes.Aborted},
+	{context.DeadlineExceeded, codes.Aborted},
+}
+
 // codeOf maps a backend error to the CSI code the spec asks for.
 func codeOf(err error) codes.Code {
 	if s, ok := status.FromError(err); ok {
 		return s.Code()
 	}
-	switch {
-	case errors.Is(err, ErrUnauthorized):
-		return codes.Unauthenticated
-	case errors.Is(err, ErrForbidden), errors.Is(err, ErrDenied):
-		return codes.PermissionDenied
-	case errors.Is(err, ErrNotFound):
-		return codes.NotFound
-	case errors.Is(err, ErrUnavailable):
-		return codes.Unavailable
-	case errors.Is(err, ErrNoSpace):
-		return codes.ResourceExhausted
-	case errors.Is(err, ErrUnsupported):
-		return codes.FailedPrecondition
-	case errors.Is(err, ErrInvalidReference):
-		return codes.InvalidArgument
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return codes.Aborted
+	for _, row := range errorCodes {
+		if errors.Is(err, row.cause) {
+			return row.code
+		}
 	}
 	return codes.Internal
 }

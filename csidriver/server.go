@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -83,6 +84,18 @@ type Driver struct {
 	ids *identityServer
 	ns  *nodeServer
 	cs  *controllerServer
+
+	// killedAt, set by tests, stands for the driver being killed at a step of a publish ("staged", "acquired",
+	// "mounted"): when it returns true the publish stops there and undoes nothing, as after a SIGKILL.
+	killedAt atomic.Pointer[func(step string) bool]
+}
+
+// errKilled is what a publish stopped by killedAt returns.
+var errKilled = status.Error(codes.Unavailable, "driver killed (test)")
+
+func (d *Driver) killed(step string) bool {
+	f := d.killedAt.Load()
+	return f != nil && (*f)(step)
 }
 
 // New opens the driver's state and builds its services; Run serves them.

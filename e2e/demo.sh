@@ -9,6 +9,8 @@ DEMO=${DEMO_DIR:-$(mktemp -d /tmp/modelpack-demo.XXXXXX)}
 export MODELPACK_HOME=$DEMO/home
 export COSIGN_PASSWORD=demo-password
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+# fail stops the demo: under set -e a check written as `cmd && echo ok` would let a failing cmd pass.
+fail() { echo "FAIL: $*" >&2; exit 1; }
 DRIVER_PID=
 cleanup() {
   [ -n "${TARGET:-}" ] && mountpoint -q "$TARGET" 2>/dev/null && csiclient -endpoint "unix://$DEMO/csi.sock" unpublish -target "$TARGET" >/dev/null 2>&1 || true
@@ -31,7 +33,8 @@ modelpack inspect demo/llama:v1
 
 step "4. unpack and compare with the source"
 modelpack unpack demo/llama:v1 "$DEMO/unpacked"
-diff -r "$DEMO/model" "$DEMO/unpacked" && echo "unpacked files are identical to the source"
+diff -r "$DEMO/model" "$DEMO/unpacked" || fail "unpacked files differ from the source"
+echo "unpacked files are identical to the source"
 
 step "5. a real registry on loopback, a cosign key pair, push and sign the digest"
 start_registry "$DEMO/registry"
@@ -70,7 +73,8 @@ for o in ro nosuid nodev; do [[ ",$opts," == *",$o,"* ]] || { echo "mount lacks 
 if touch "$TARGET/write-test" 2>"$DEMO/touch.err"; then echo "write succeeded on a read-only volume"; exit 1; fi
 cat "$DEMO/touch.err"
 (cd "$DEMO/model" && sha256sum $(find . -type f | sort)) > "$DEMO/source.sha256"
-(cd "$TARGET" && sha256sum -c --quiet "$DEMO/source.sha256") && echo "every file matches the source digest"
+(cd "$TARGET" && sha256sum -c --quiet "$DEMO/source.sha256") || fail "the mounted files differ from the source"
+echo "every file matches the source digest"
 
 step "9. an unsigned model under the same rule is refused before any of its layers is pulled"
 go run ./internal/cmd/genmodel --shards 1 --shard-size 1MiB --seed 99 "$DEMO/model2"
@@ -81,11 +85,14 @@ if csiclient -endpoint "unix://$DEMO/csi.sock" publish -target "$DEMO/kubelet/po
   echo "an unsigned model was mounted"; exit 1
 fi
 cat "$DEMO/denied.err"
-grep -q PermissionDenied "$DEMO/denied.err" && echo "refused with PERMISSION_DENIED, nothing mounted"
+grep -q PermissionDenied "$DEMO/denied.err" || fail "the unsigned model was not refused with PERMISSION_DENIED"
+! mountpoint -q "$DEMO/kubelet/pods/pod-2/volumes/kubernetes.io~csi/model/mount" 2>/dev/null || fail "the unsigned model is mounted"
+echo "refused with PERMISSION_DENIED, nothing mounted"
 
 step "10. unpublish"
 csiclient -endpoint "unix://$DEMO/csi.sock" unpublish -target "$TARGET"
-[ ! -e "$TARGET" ] && echo "target removed"
+[ ! -e "$TARGET" ] || fail "the target is still there after unpublish"
+echo "target removed"
 TARGET=
 echo
 echo "demo complete: $DEMO"

@@ -158,15 +158,15 @@ func TestSigningCosignSignModelpackVerify(t *testing.T) {
 		Reference string `json:"reference"`
 		Verified  bool   `json:"verified"`
 	}
-	if err := json.Unmarshal([]byte(e.must(e.mp, "verify", ref, "--key", "cosign.pub", "--insecure-ignore-tlog", "-o", "json")), &dec); err != nil || !dec.Verified || dec.Reference != ref {
+	if err := json.Unmarshal([]byte(e.must(e.mp, "verify", "--plain-http", ref, "--key", "cosign.pub", "--insecure-ignore-tlog", "-o", "json")), &dec); err != nil || !dec.Verified || dec.Reference != ref {
 		t.Fatalf("json decision %+v: %v", dec, err)
 	}
 
 	t.Run("wrong key", func(t *testing.T) {
-		e.mustFail("wrong key", e.mp, "verify", ref, "--key", "wrong.pub", "--insecure-ignore-tlog")
+		e.mustFail("wrong key", e.mp, "verify", "--plain-http", ref, "--key", "wrong.pub", "--insecure-ignore-tlog")
 	})
 	t.Run("tlog is required unless waived", func(t *testing.T) {
-		e.mustFail("--insecure-ignore-tlog", e.mp, "verify", ref, "--key", "cosign.pub")
+		e.mustFail("--insecure-ignore-tlog", e.mp, "verify", "--plain-http", ref, "--key", "cosign.pub")
 	})
 	t.Run("policy: unsigned refused, tag moved refused", func(t *testing.T) {
 		pol := signingtest.WriteFile(t, e.dir, "policy.yaml", []byte(`
@@ -177,13 +177,13 @@ rules:
   keys: [cosign.pub]
   transparencyLog: waive
 `))
-		e.must(e.mp, "verify", ref, "--policy", pol)
+		e.must(e.mp, "verify", "--plain-http", ref, "--policy", pol)
 		unsigned, _ := e.push("models/unsigned", "v1", "nobody signed this")
-		e.mustFail(`rule "models": no signature`, e.mp, "verify", unsigned, "--policy", pol)
+		e.mustFail(`rule "models": no signature`, e.mp, "verify", "--plain-http", unsigned, "--policy", pol)
 		// The tag is re-pointed at an unsigned digest after signing: the tag resolves to the new digest, which fails.
 		e.push("models/qwen", "v1", "swapped weights")
-		e.mustFail(`rule "models": no signature`, e.mp, "verify", e.host+"/models/qwen:v1", "--policy", pol)
-		e.must(e.mp, "verify", ref, "--policy", pol)
+		e.mustFail(`rule "models": no signature`, e.mp, "verify", "--plain-http", e.host+"/models/qwen:v1", "--policy", pol)
+		e.must(e.mp, "verify", "--plain-http", ref, "--policy", pol)
 	})
 	t.Run("tampered layer is caught by the digest check", func(t *testing.T) {
 		blob := e.reg.BlobPath(layer)
@@ -199,7 +199,7 @@ rules:
 		defer os.WriteFile(blob, orig, 0o644)
 		// The signature covers the manifest, and the manifest names each layer's digest: the signature still
 		// verifies, and a pull of the signed digest refuses the altered bytes.
-		e.must(e.mp, "verify", ref, "--key", "cosign.pub", "--insecure-ignore-tlog")
+		e.must(e.mp, "verify", "--plain-http", ref, "--key", "cosign.pub", "--insecure-ignore-tlog")
 		e.mustFail("digest", e.oras, "pull", "--plain-http", "-o", t.TempDir(), ref)
 	})
 }
@@ -214,13 +214,13 @@ func TestSigningCosignBundle(t *testing.T) {
 	if tags := e.must(e.oras, "repo", "tags", "--plain-http", e.host+"/models/bundled"); strings.Contains(tags, ".sig") {
 		t.Fatalf("a bundle signature should not use the .sig tag: %s", tags)
 	}
-	out := e.must(e.mp, "verify", ref, "--key", "cosign.pub", "--insecure-ignore-tlog")
+	out := e.must(e.mp, "verify", "--plain-http", ref, "--key", "cosign.pub", "--insecure-ignore-tlog")
 	if !strings.Contains(out, "Sigstore bundle") {
 		t.Fatalf("verify output: %s", out)
 	}
-	e.mustFail("wrong key", e.mp, "verify", ref, "--key", "wrong.pub", "--insecure-ignore-tlog")
+	e.mustFail("wrong key", e.mp, "verify", "--plain-http", ref, "--key", "wrong.pub", "--insecure-ignore-tlog")
 	other, _ := e.push("models/bundled", "v2", "other weights")
-	e.mustFail("no signature", e.mp, "verify", other, "--key", "cosign.pub", "--insecure-ignore-tlog")
+	e.mustFail("no signature", e.mp, "verify", "--plain-http", other, "--key", "cosign.pub", "--insecure-ignore-tlog")
 }
 
 func TestSigningCosignCertificateKeyless(t *testing.T) {
@@ -239,7 +239,7 @@ func TestSigningCosignCertificateKeyless(t *testing.T) {
 		"--tlog-upload=false", "--allow-http-registry", "--yes", ref)
 
 	verify := func(extra ...string) []string {
-		return append([]string{"verify", ref, "--certificate-chain", "root.pem", "--insecure-ignore-tlog", "--insecure-ignore-sct"}, extra...)
+		return append([]string{"verify", "--plain-http", ref, "--certificate-chain", "root.pem", "--insecure-ignore-tlog", "--insecure-ignore-sct"}, extra...)
 	}
 	out := e.must(e.mp, verify("--certificate-identity", "builder@example.com", "--certificate-oidc-issuer", issuer)...)
 	if !strings.Contains(out, "keyless subject builder@example.com") {
@@ -250,7 +250,7 @@ func TestSigningCosignCertificateKeyless(t *testing.T) {
 	e.mustFail("wrong identity", e.mp, verify("--certificate-identity", "builder@example.com", "--certificate-oidc-issuer", "https://evil.example")...)
 	rogue := signingtest.NewCA(t, "rogue")
 	signingtest.WriteFile(t, e.dir, "rogue-root.pem", rogue.RootPEM())
-	e.mustFail("untrusted certificate", e.mp, "verify", ref, "--certificate-chain", "rogue-root.pem", "--insecure-ignore-tlog", "--insecure-ignore-sct",
+	e.mustFail("untrusted certificate", e.mp, "verify", "--plain-http", ref, "--certificate-chain", "rogue-root.pem", "--insecure-ignore-tlog", "--insecure-ignore-sct",
 		"--certificate-identity", "builder@example.com", "--certificate-oidc-issuer", issuer)
 	// cosign itself accepts the test CA's certificate the same way.
 	e.must(e.cosign, "verify", "--certificate-chain", "chain.pem", "--certificate-identity", "builder@example.com",

@@ -39,6 +39,9 @@ type CacheBackend struct {
 // the registry reads of prepulls, all together; a mount that needs a model while it is being prepulled joins that
 // transfer, cap included.
 func NewCacheBackend(c *cache.Cache, opts cachebackend.Options, images ImageRecorder, bytesPerSecond int64) *CacheBackend {
+	if opts.Remote.Hints == (remote.Hints{}) {
+		opts.Remote.Hints = cachebackend.DriverHints // prepull runs beside the driver, with its flags
+	}
 	return &CacheBackend{cache: c, opts: opts, lim: newLimiter(bytesPerSecond), images: images}
 }
 

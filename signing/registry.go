@@ -29,6 +29,10 @@ type RegistryOptions struct {
 	Credentials auth.CredentialFunc
 	// Transport, if set, is the base transport and the TLS fields above are ignored.
 	Transport http.RoundTripper
+	// TransportFor, if set, gives the transport of each registry host and wins over Transport and the TLS
+	// fields: artifact/remote's TransportsFor, so signatures travel as the model does (TLS settings, hosts.toml,
+	// plain HTTP only where configured, never a fallback from https to http).
+	TransportFor func(host string) (http.RoundTripper, error)
 }
 
 type credentialsKey struct{}
@@ -82,6 +86,16 @@ func (o RegistryOptions) client(ctx context.Context, base http.RoundTripper, ref
 		kc = authn.NewMultiKeychain() // anonymous
 	}
 	nameOpts := o.nameOptions(ref)
+	if o.TransportFor != nil {
+		base = failingTransport{fmt.Errorf("registry of %q: not a valid reference", ref)}
+		if r, err := name.ParseReference(ref, nameOpts...); err == nil {
+			if t, err := o.TransportFor(r.Context().RegistryStr()); err != nil {
+				base = failingTransport{err}
+			} else {
+				base = t
+			}
+		}
+	}
 	return client{
 		name: nameOpts,
 		oci: []ociremote.Option{
@@ -107,6 +121,11 @@ func (o RegistryOptions) nameOptions(ref string) []name.Option {
 	}
 	return nil
 }
+
+// failingTransport fails every request with the error that kept a registry's transport from being built.
+type failingTransport struct{ err error }
+
+func (f failingTransport) RoundTrip(*http.Request) (*http.Response, error) { return nil, f.err }
 
 // credKeychain serves go-containerregistry from an oras-go credential function.
 type credKeychain struct {

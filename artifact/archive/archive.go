@@ -35,17 +35,25 @@ var (
 	ErrLimit = errors.New("archive over limit")
 )
 
-// Limits cap what one archive may write. Zero fields take DefaultLimits' values.
+// Limits cap what one archive may write. Zero fields take DefaultLimits' values. Sizes are apparent sizes: a sparse
+// file counts every byte it claims, holes included.
 type Limits struct {
-	// MaxBytes is the total uncompressed size of the archive's files.
+	// MaxBytes is the total uncompressed size of the archive's files, whatever the layer's size.
 	MaxBytes int64 `json:"maxBytes,omitempty"`
 	// MaxFiles is the number of entries (files, directories, links, whiteouts).
 	MaxFiles int64 `json:"maxFiles,omitempty"`
+	// MaxRatio caps the uncompressed size at this multiple of the layer's declared size (Options.Size), but never
+	// below RatioFloor: a 4 MiB gzip cannot become 4 GiB, nor a 10 KiB tar a 10 GiB sparse file.
+	MaxRatio float64 `json:"maxRatio,omitempty"`
 }
 
-// DefaultLimits fit the largest models published today (a tar layer of a few hundred GB, a million files) while
-// stopping a bomb well before it fills a node's disk.
-var DefaultLimits = Limits{MaxBytes: 1 << 40, MaxFiles: 1 << 20}
+// DefaultLimits fit the largest models published today (a tar layer of a few hundred GB, a million files; weights
+// and code compress far less than 100:1) while stopping a bomb well before it fills a node's disk.
+var DefaultLimits = Limits{MaxBytes: 1 << 40, MaxFiles: 1 << 20, MaxRatio: 100}
+
+// RatioFloor is what any layer may expand to whatever its ratio, so small, very compressible layers (a few KiB
+// of configuration) still fit.
+const RatioFloor = 64 << 20
 
 func (l Limits) withDefaults() Limits {
 	if l.MaxBytes <= 0 {
@@ -54,12 +62,38 @@ func (l Limits) withDefaults() Limits {
 	if l.MaxFiles <= 0 {
 		l.MaxFiles = DefaultLimits.MaxFiles
 	}
+	if l.MaxRatio <= 0 {
+		l.MaxRatio = DefaultLimits.MaxRatio
+	}
 	return l
+}
+
+// maxBytesFor is the byte limit of a layer of the declared size (0: unknown, only MaxBytes applies).
+func (l Limits) maxBytesFor(size int64) int64 {
+	if size <= 0 {
+		return l.MaxBytes
+	}
+	byRatio := float64(size) * l.MaxRatio
+	if byRatio >= float64(l.MaxBytes) {
+		return l.MaxBytes
+	}
+	return min(max(int64(byRatio), RatioFloor), l.MaxBytes)
+}
+
+// limitError says which limit an archive hit and how to raise it.
+func (x *extractor) limitError(what string) error {
+	if x.maxBytes < x.opts.Limits.MaxBytes {
+		return fmt.Errorf("%w: %s past %d bytes, %g times the layer's declared %d bytes (the expansion ratio limit)",
+			ErrLimit, what, x.maxBytes, x.opts.Limits.MaxRatio, x.opts.Size)
+	}
+	return fmt.Errorf("%w: %s past %d bytes (the size limit)", ErrLimit, what, x.maxBytes)
 }
 
 // Options control an extraction.
 type Options struct {
 	Limits Limits
+	// Size is the layer's declared (compressed) size, for Limits.MaxRatio; 0 applies only Limits.MaxBytes.
+	Size int64
 	// KeepWhiteouts writes whiteouts (.wh.<name>) and opaque markers (.wh..wh..opq) as empty files, for a later
 	// merge of image layers. Without it they are applied: the named path, or the directory's earlier content, is
 	// removed from dir, as when extracting image layers one over the other.
@@ -108,13 +142,13 @@ func Unpack(r io.Reader, f artifact.Format, dir string, opts Options) (Stats, er
 		return Stats{}, err
 	}
 	defer root.Close()
-	x := &extractor{root: root, opts: opts, dirs: map[string]bool{}, created: map[string]bool{}}
+	x := &extractor{root: root, opts: opts, dirs: map[string]bool{}, created: map[string]bool{}, maxBytes: opts.Limits.maxBytesFor(opts.Size)}
 	// Headers and padding are not file bytes but still cost decompression: allow them a generous, bounded share.
-	budget := opts.Limits.MaxBytes + opts.Limits.MaxFiles*4096 + 4<<20
+	budget := x.maxBytes + opts.Limits.MaxFiles*4096 + 4<<20
 	lr := &limitedReader{r: dr, n: budget}
 	if err := x.run(tar.NewReader(lr)); err != nil {
 		if lr.n < 0 {
-			return x.stats, fmt.Errorf("%w: decompresses to more than %d bytes", ErrLimit, budget)
+			return x.stats, x.limitError("the archive decompresses")
 		}
 		return x.stats, err
 	}
@@ -171,9 +205,10 @@ type dirMode struct {
 }
 
 type extractor struct {
-	root  *os.Root
-	opts  Options
-	stats Stats
+	root     *os.Root
+	opts     Options
+	maxBytes int64 // Limits.MaxBytes, or less by MaxRatio
+	stats    Stats
 	// dirs are paths known to be real directories (not symlinks), so parents are checked once.
 	dirs map[string]bool
 	// created are the paths this archive wrote: whiteouts only hide what was there before (OCI image spec).
@@ -475,8 +510,8 @@ func (x *extractor) file(name string, hdr *tar.Header, r io.Reader) error {
 	if hdr.Size < 0 {
 		return fmt.Errorf("%w: %q has negative size", ErrUnsafePath, name)
 	}
-	if x.stats.Bytes+hdr.Size > x.opts.Limits.MaxBytes {
-		return fmt.Errorf("%w: %q takes the archive past %d bytes", ErrLimit, name, x.opts.Limits.MaxBytes)
+	if x.stats.Bytes+hdr.Size > x.maxBytes {
+		return x.limitError(fmt.Sprintf("%q (%d bytes) takes the archive", name, hdr.Size))
 	}
 	if err := x.parents(name); err != nil {
 		return err

@@ -363,3 +363,56 @@ func FuzzExtract(f *testing.F) {
 		})
 	})
 }
+
+// Bombs are refused by the expansion ratio against the layer's declared size, under the default limits, before
+// a byte of the offending file is written: a 10 KiB tar claiming a 10 GiB file (a sparse file's apparent size is
+// what its header claims), and a gzip of a hundred-odd KiB expanding to 128 MiB.
+func TestBombsStopAtTheExpansionRatio(t *testing.T) {
+	var sparse bytes.Buffer
+	tw := tar.NewWriter(&sparse)
+	tw.WriteHeader(&tar.Header{Name: "pad", Typeflag: tar.TypeReg, Size: 8 << 10, Mode: 0o644})
+	tw.Write(make([]byte, 8<<10))
+	tw.WriteHeader(&tar.Header{Name: "sparse", Typeflag: tar.TypeReg, Size: 10 << 30, Mode: 0o644})
+	tw.Flush() // the claimed bytes never follow: the limit must act on the header
+
+	gzipped := func(size int) []byte {
+		var gz bytes.Buffer
+		gw := gzip.NewWriter(&gz)
+		tw := tar.NewWriter(gw)
+		tw.WriteHeader(&tar.Header{Name: "zeros", Typeflag: tar.TypeReg, Size: int64(size), Mode: 0o644})
+		tw.Write(make([]byte, size))
+		tw.Close()
+		gw.Close()
+		return gz.Bytes()
+	}
+	bomb := gzipped(128 << 20)
+
+	for _, tc := range []struct {
+		name, file string
+		b          []byte
+		format     artifact.Format
+	}{
+		{"sparse tar", "sparse", sparse.Bytes(), artifact.FormatTar},
+		{"gzip", "zeros", bomb, artifact.FormatTarGzip},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := t.TempDir()
+			err := Extract(bytes.NewReader(tc.b), tc.format, d, Options{Size: int64(len(tc.b))})
+			if !errors.Is(err, ErrLimit) || !strings.Contains(err.Error(), "expansion ratio") {
+				t.Fatalf("a %d-byte layer: %v, want ErrLimit by the expansion ratio", len(tc.b), err)
+			}
+			if _, err := os.Lstat(filepath.Join(d, tc.file)); err == nil {
+				t.Errorf("%s was written", tc.file)
+			}
+		})
+	}
+	// The absolute cap applies whatever the ratio, and a small layer fits under the ratio's floor.
+	small := gzipped(4 << 20)
+	err := Extract(bytes.NewReader(small), artifact.FormatTarGzip, t.TempDir(), Options{Size: 1 << 30, Limits: Limits{MaxBytes: 1 << 20}})
+	if !errors.Is(err, ErrLimit) || !strings.Contains(err.Error(), "size limit") {
+		t.Fatalf("over MaxBytes: %v, want ErrLimit by the size limit", err)
+	}
+	if err := Extract(bytes.NewReader(small), artifact.FormatTarGzip, t.TempDir(), Options{Size: int64(len(small))}); err != nil {
+		t.Fatalf("a small compressible layer under the floor: %v", err)
+	}
+}

@@ -115,7 +115,7 @@ func withOp(op string, repo *Repository, err error) error {
 	if errors.Is(err, context.Canceled) {
 		return err
 	}
-	return &Error{Op: op, Registry: repo.Reference.Registry, Repository: repo.Reference.Repository, Kind: kindOf(err), Err: err}
+	return &Error{Op: op, Registry: repo.Reference.Registry, Repository: repo.Reference.Repository, Kind: kindOf(err), Err: err, Hints: repo.opts.Hints}
 }
 
 // transfer copies the artifact srcRef names in two phases. First every blob (configs and layers of the manifest,
@@ -253,7 +253,7 @@ func copyBlob(ctx context.Context, src content.Fetcher, dst content.Storage, ing
 				// The registry could not mount: upload, counting the bytes.
 				uploaded = true
 				mt := t.meter(desc, 0)
-				rr := newResumableReader(ctx, desc, 0, openerFor(src), mt.add)
+				rr := newResumableReader(ctx, desc, 0, openerFor(src), mt.add, timeoutsOf(src))
 				if err := rr.connect(); err != nil {
 					return nil, err
 				}
@@ -294,7 +294,7 @@ func transferBlob(ctx context.Context, src content.Fetcher, dst content.Storage,
 		var m *meter
 		err := ing.Ingest(ctx, desc.Digest, desc.Size, func(ictx context.Context, offset int64) (io.ReadCloser, int64, error) {
 			m = t.meter(desc, offset)
-			rr := newResumableReader(ictx, desc, offset, open, m.add)
+			rr := newResumableReader(ictx, desc, offset, open, m.add, timeoutsOf(src))
 			if err := rr.connect(); err != nil {
 				return nil, 0, err
 			}
@@ -315,7 +315,7 @@ func transferBlob(ctx context.Context, src content.Fetcher, dst content.Storage,
 			// A local source needs no resumption.
 			return src.Fetch(actx, desc)
 		}
-		rr := newResumableReader(actx, desc, 0, open, nil)
+		rr := newResumableReader(actx, desc, 0, open, nil, timeoutsOf(src))
 		if err := rr.connect(); err != nil {
 			return nil, err
 		}

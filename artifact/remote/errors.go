@@ -12,9 +12,9 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/modelpack/modelpack/cas"
+	"github.com/modelpack/modelpack/internal/errdef"
 	"oras.land/oras-go/v2/content"
-	"oras.land/oras-go/v2/errdef"
+	oraserr "oras.land/oras-go/v2/errdef"
 	"oras.land/oras-go/v2/registry/remote/auth"
 	"oras.land/oras-go/v2/registry/remote/errcode"
 )
@@ -22,18 +22,20 @@ import (
 // Causes of a failed transfer. Every error returned by this package wraps at most one of them, so callers (the CSI
 // driver maps them to gRPC codes) can test with errors.Is or switch on Classify.
 var (
-	ErrUnauthorized   = errors.New("unauthorized")
-	ErrForbidden      = errors.New("access denied")
-	ErrNotFound       = errors.New("not found")
-	ErrUnavailable    = errors.New("registry unavailable")
-	ErrDigestMismatch = errors.New("digest mismatch")
-	ErrNoSpace        = errors.New("no space left on device")
-	ErrNotOCI         = errors.New("not an OCI registry")
+	ErrUnauthorized   = errdef.ErrUnauthorized
+	ErrForbidden      = errdef.ErrForbidden
+	ErrNotFound       = errdef.ErrNotFound
+	ErrUnavailable    = errdef.ErrUnavailable
+	ErrDigestMismatch = errdef.ErrDigestMismatch
+	// ErrSizeMismatch: the registry's blob is not the size its descriptor declares; retrying cannot help.
+	ErrSizeMismatch = errdef.ErrSizeMismatch
+	ErrNoSpace      = errdef.ErrNoSpace
+	ErrNotOCI       = errors.New("not an OCI registry")
 	// ErrTLS is a certificate the client does not trust, or TLS spoken to a plain-HTTP server.
 	ErrTLS = errors.New("TLS failure")
 )
 
-var sentinels = []error{ErrUnauthorized, ErrForbidden, ErrNotFound, ErrNoSpace, ErrDigestMismatch, ErrNotOCI, ErrTLS, ErrUnavailable}
+var sentinels = []error{ErrUnauthorized, ErrForbidden, ErrNotFound, ErrNoSpace, ErrSizeMismatch, ErrDigestMismatch, ErrNotOCI, ErrTLS, ErrUnavailable}
 
 // Classify returns the sentinel that describes err, or err itself when it is none of the known causes (and nil for
 // nil). Context cancellation is returned as is.
@@ -60,12 +62,10 @@ func kindOf(err error) error {
 	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
 		return ErrNoSpace
 	}
-	if errors.Is(err, cas.ErrSizeMismatch) && strings.Contains(err.Error(), "will resume") {
-		// cas reports a transfer cut short as a size mismatch; it is an interruption, not bad content.
-		return ErrUnavailable
+	if errors.Is(err, ErrSizeMismatch) || errors.Is(err, content.ErrTrailingData) {
+		return ErrSizeMismatch
 	}
-	if errors.Is(err, cas.ErrDigestMismatch) || errors.Is(err, content.ErrMismatchedDigest) ||
-		errors.Is(err, cas.ErrSizeMismatch) || errors.Is(err, content.ErrTrailingData) {
+	if errors.Is(err, ErrDigestMismatch) || errors.Is(err, content.ErrMismatchedDigest) {
 		return ErrDigestMismatch
 	}
 	var resp *errcode.ErrorResponse
@@ -93,7 +93,7 @@ func kindOf(err error) error {
 		}
 		return nil
 	}
-	if errors.Is(err, errdef.ErrNotFound) {
+	if errors.Is(err, oraserr.ErrNotFound) {
 		return ErrNotFound
 	}
 	if errors.Is(err, auth.ErrBasicCredentialNotFound) {
@@ -111,7 +111,9 @@ func kindOf(err error) error {
 	var dnsErr *net.DNSError
 	var opErr *net.OpError
 	if errors.As(err, &dnsErr) || errors.As(err, &opErr) || errors.Is(err, syscall.ECONNREFUSED) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, context.DeadlineExceeded) {
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, errdef.ErrIncomplete) {
+		// A transfer cut short (cas keeps the partial) is an interruption, not bad content.
 		return ErrUnavailable
 	}
 	return nil
@@ -125,6 +127,7 @@ type Error struct {
 	Subject    string // the manifest reference or blob (digest and file name), if any
 	Kind       error  // one of the sentinels, or nil
 	Err        error  // the underlying error
+	Hints      Hints  // the settings that fix a TLS failure; zero names the CLI's flags
 }
 
 func (e *Error) Error() string {
@@ -169,14 +172,19 @@ func (e *Error) describe() string {
 			cause += " (the received bytes were dropped)"
 		}
 		return cause
+	case e.Kind == ErrSizeMismatch:
+		if !strings.Contains(cause, "size mismatch") {
+			cause = "size mismatch: " + cause
+		}
+		return cause + " (the registry's blob is not the size the manifest declares; retrying cannot help)"
 	case e.Kind == ErrNoSpace:
 		return "disk full: " + cause
 	case e.Kind == ErrNotOCI:
 		return "the server does not speak the OCI distribution API: " + cause
 	case e.Kind == ErrTLS && strings.Contains(cause, "HTTP response to HTTPS client"):
-		return "the registry serves plain HTTP (use --plain-http): " + cause
+		return "the registry serves plain HTTP (" + e.Hints.orCLI().PlainHTTP + "): " + cause
 	case e.Kind == ErrTLS:
-		return "TLS verification failed (pass --ca-file with the registry's CA, or --insecure to skip verification): " + cause
+		return "TLS verification failed (" + e.Hints.orCLI().TLS + "): " + cause
 	case e.Kind == ErrUnavailable && (errors.Is(e.Err, syscall.ECONNREFUSED)):
 		return "connection refused: " + cause
 	case e.Kind == ErrUnavailable:
@@ -194,7 +202,7 @@ func (e *Error) Unwrap() []error {
 }
 
 // wrapErr names the registry, repository and subject of err, unless it already does.
-func wrapErr(op, registry, repository, subject string, err error) error {
+func wrapErr(op, registry, repository, subject string, hints Hints, err error) error {
 	if err == nil {
 		return nil
 	}
@@ -206,7 +214,7 @@ func wrapErr(op, registry, repository, subject string, err error) error {
 		return err
 	}
 	redactURLs(err)
-	return &Error{Op: op, Registry: registry, Repository: repository, Subject: subject, Kind: kindOf(err), Err: err}
+	return &Error{Op: op, Registry: registry, Repository: repository, Subject: subject, Kind: kindOf(err), Err: err, Hints: hints}
 }
 
 // redactURLs drops user info and query strings from the URLs that net/http and oras-go print in err. A registry
@@ -236,7 +244,7 @@ func retryable(err error) bool {
 		return false
 	}
 	switch kindOf(err) {
-	case ErrUnauthorized, ErrForbidden, ErrNotFound, ErrDigestMismatch, ErrNoSpace, ErrTLS, ErrNotOCI:
+	case ErrUnauthorized, ErrForbidden, ErrNotFound, ErrSizeMismatch, ErrDigestMismatch, ErrNoSpace, ErrTLS, ErrNotOCI:
 		return false
 	}
 	var dnsErr *net.DNSError

@@ -143,7 +143,7 @@ func resolveManifest(ctx context.Context, src *Repository, reference string) (oc
 		if err := json.Unmarshal(b, &idx); err != nil {
 			return desc, ocispec.Manifest{}, src.wrap("index "+reference, err)
 		}
-		child, err := pickPlatform(idx)
+		child, err := artifact.ChoosePlatform(idx, ocispec.Platform{OS: runtime.GOOS, Architecture: runtime.GOARCH})
 		if err != nil {
 			return desc, ocispec.Manifest{}, src.wrap("index "+reference, err)
 		}
@@ -174,27 +174,6 @@ func readManifest(rc io.ReadCloser, desc ocispec.Descriptor) ([]byte, error) {
 		return nil, fmt.Errorf("manifest of %d bytes exceeds the %d byte limit", desc.Size, maxManifestBytes)
 	}
 	return content.ReadAll(rc, desc)
-}
-
-func pickPlatform(idx ocispec.Index) (ocispec.Descriptor, error) {
-	var fallback []ocispec.Descriptor
-	for _, m := range idx.Manifests {
-		if !isManifest(m) {
-			continue
-		}
-		p := m.Platform
-		if p != nil && p.OS == runtime.GOOS && p.Architecture == runtime.GOARCH {
-			return m, nil
-		}
-		if p == nil || p.OS == "" || p.OS == "unknown" {
-			continue
-		}
-		fallback = append(fallback, m)
-	}
-	if len(fallback) == 1 && len(idx.Manifests) == 1 {
-		return fallback[0], nil
-	}
-	return ocispec.Descriptor{}, fmt.Errorf("the index has no manifest for %s/%s", runtime.GOOS, runtime.GOARCH)
 }
 
 type fetcher struct {
@@ -242,7 +221,7 @@ func (f *fetcher) open(ctx context.Context, desc ocispec.Descriptor) (*verifiedS
 		return nil, err
 	}
 	m := f.t.meter(desc, 0)
-	rr := newResumableReader(ctx, desc, 0, f.src.openBlob, m.add)
+	rr := newResumableReader(ctx, desc, 0, f.src.openBlob, m.add, f.src.opts.Timeouts)
 	if err := rr.connect(); err != nil {
 		return nil, err
 	}
@@ -276,6 +255,7 @@ func (f *fetcher) writeLayer(ctx context.Context, l artifact.Layer) ([]string, e
 	defer os.RemoveAll(stage)
 	aopts := f.opts.Archive
 	aopts.KeepWhiteouts = false
+	aopts.Size = l.Size
 	if err := archive.Extract(v, l.Format, stage, aopts); err != nil {
 		return nil, err
 	}
@@ -379,6 +359,7 @@ func (f *fetcher) imageLayers(ctx context.Context, layers []artifact.Layer) ([]s
 				return err
 			}
 			defer v.rr.Close()
+			aopts.Size = l.Size
 			if err := archive.Extract(v, l.Format, stage, aopts); err != nil {
 				return err
 			}

@@ -21,7 +21,7 @@ func Login(ctx context.Context, host string, cred auth.Credential, opts Options)
 		return err
 	}
 	if err := credentials.Login(ctx, store, reg, cred); err != nil {
-		return wrapErr("login", host, "", "", err)
+		return wrapErr("login", host, "", "", opts.Hints, err)
 	}
 	return nil
 }
@@ -33,7 +33,7 @@ func Logout(ctx context.Context, host string, opts Options) error {
 		return fmt.Errorf("registry config: %w", err)
 	}
 	if err := credentials.Logout(ctx, store, host); err != nil {
-		return wrapErr("logout", host, "", "", err)
+		return wrapErr("logout", host, "", "", opts.Hints, err)
 	}
 	return nil
 }
@@ -50,7 +50,7 @@ func newRegistry(host string, opts Options) (*remote.Registry, error) {
 		return nil, err
 	}
 	origin := eps[len(eps)-1]
-	hc, err := httpClient(origin, host, 1)
+	hc, err := httpClient(origin, host, 1, opts.Timeouts.orDefault())
 	if err != nil {
 		return nil, err
 	}

@@ -45,6 +45,66 @@ type Options struct {
 	Credential auth.CredentialFunc
 	// UserAgent is sent with every request.
 	UserAgent string
+	// Timeouts bound the waits on a registry that stalls; zero fields take DefaultTimeouts.
+	Timeouts Timeouts
+	// Hints name, in errors, the settings that fix a TLS failure, in the words of the program using this package;
+	// the zero value names the CLI's flags.
+	Hints Hints
+}
+
+// Timeouts bound the waits on a registry. A registry that accepts a request and then says nothing would otherwise
+// hold a pull forever.
+type Timeouts struct {
+	// ResponseHeader is how long a request waits for the response headers.
+	ResponseHeader time.Duration
+	// Idle is how long a blob read may go without a byte, its response headers included, before the attempt is
+	// abandoned; the read then resumes on a new connection from the byte it stopped at.
+	Idle time.Duration
+	// Attempts is how many consecutive attempts of one blob read may fail without a byte of progress (refused,
+	// stalled, cut off) before the read gives up with the last cause.
+	Attempts int
+}
+
+// DefaultTimeouts: a registry answers within two minutes (committing a large upload takes a while), a blob
+// download is never silent for 30 s (its response headers included), and eight attempts with backoff ride out a
+// registry restart.
+var DefaultTimeouts = Timeouts{ResponseHeader: 2 * time.Minute, Idle: 30 * time.Second, Attempts: 8}
+
+func (t Timeouts) orDefault() Timeouts {
+	if t.ResponseHeader <= 0 {
+		t.ResponseHeader = DefaultTimeouts.ResponseHeader
+	}
+	if t.Idle <= 0 {
+		t.Idle = DefaultTimeouts.Idle
+	}
+	if t.Attempts <= 0 {
+		t.Attempts = DefaultTimeouts.Attempts
+	}
+	return t
+}
+
+// Hints tell a user which of the program's settings fixes a failure.
+type Hints struct {
+	// PlainHTTP is how to reach a registry that serves plain HTTP.
+	PlainHTTP string
+	// TLS is how to trust, or skip verifying, a registry's certificate.
+	TLS string
+}
+
+// CLIHints name the modelpack CLI's flags.
+var CLIHints = Hints{
+	PlainHTTP: "use --plain-http",
+	TLS:       "pass --ca-file with the registry's CA, or --insecure to skip verification",
+}
+
+func (h Hints) orCLI() Hints {
+	if h.PlainHTTP == "" {
+		h.PlainHTTP = CLIHints.PlainHTTP
+	}
+	if h.TLS == "" {
+		h.TLS = CLIHints.TLS
+	}
+	return h
 }
 
 // DefaultConcurrency is the number of blobs moved at once when Options.Concurrency is 0. Model layers are few and
@@ -141,7 +201,7 @@ const ioBufferSize = 256 << 10
 
 // httpClient builds the HTTP client of one endpoint. Requests are retried by oras-go's retry transport (5xx, 429,
 // resets, with exponential backoff); whole-blob retries and resumption are layered above it.
-func httpClient(ep endpoint, origin string, conns int) (*http.Client, error) {
+func httpClient(ep endpoint, origin string, conns int, tm Timeouts) (*http.Client, error) {
 	tc, err := tlsConfig(ep)
 	if err != nil {
 		return nil, err
@@ -155,7 +215,7 @@ func httpClient(ep endpoint, origin string, conns int) (*http.Client, error) {
 		ForceAttemptHTTP2:     true,
 		TLSClientConfig:       tc,
 		TLSHandshakeTimeout:   15 * time.Second,
-		ResponseHeaderTimeout: 2 * time.Minute,
+		ResponseHeaderTimeout: tm.ResponseHeader,
 		ExpectContinueTimeout: time.Second,
 		IdleConnTimeout:       90 * time.Second,
 		MaxIdleConns:          100,
@@ -173,7 +233,25 @@ func httpClient(ep endpoint, origin string, conns int) (*http.Client, error) {
 	if ep.path != "" || ep.overridePath || ns != "" || len(ep.header) > 0 {
 		rt = &rewriteTransport{base: base, ep: ep, ns: ns}
 	}
-	return &http.Client{Transport: retry.NewTransport(rt)}, nil
+	return &http.Client{Transport: &retry.Transport{Base: rt, Policy: func() retry.Policy { return requestPolicy }}}, nil
+}
+
+// requestPolicy is oras-go's retry of one request (5xx, 429, resets, dial timeouts) except for a registry that
+// does not answer in time: the blob reader counts those attempts itself, with Timeouts.Attempts as its bound, so
+// a stalling registry fails in Attempts×ResponseHeader and not six times that.
+var requestPolicy retry.Policy = &retry.GenericPolicy{
+	Retryable: func(resp *http.Response, err error) (bool, error) {
+		var ne net.Error
+		var op *net.OpError
+		if errors.As(err, &ne) && ne.Timeout() && !(errors.As(err, &op) && op.Op == "dial") {
+			return false, err
+		}
+		return retry.DefaultPredicate(resp, err)
+	},
+	Backoff:  retry.DefaultBackoff,
+	MinWait:  200 * time.Millisecond,
+	MaxWait:  3 * time.Second,
+	MaxRetry: 5,
 }
 
 // authClient wraps an endpoint's HTTP client with oras-go's auth client (basic and bearer token flows).

@@ -1,6 +1,7 @@
 package remote
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -56,7 +57,7 @@ func NewRepository(ref string, opts Options) (*Repository, registry.Reference, e
 	r := &Repository{Reference: parsed, opts: opts}
 	cache := auth.NewCache()
 	for _, ep := range eps {
-		hc, err := httpClient(ep, parsed.Registry, opts.concurrency())
+		hc, err := httpClient(ep, parsed.Registry, opts.concurrency(), opts.Timeouts.orDefault())
 		if err != nil {
 			return nil, registry.Reference{}, fmt.Errorf("%s: %w", ep.host, err)
 		}
@@ -85,7 +86,7 @@ func (r *Repository) String() string { return r.Reference.Registry + "/" + r.Ref
 
 // wrap names the origin registry and repository in err.
 func (r *Repository) wrap(subject string, err error) error {
-	return wrapErr("", r.Reference.Registry, r.Reference.Repository, subject, err)
+	return wrapErr("", r.Reference.Registry, r.Reference.Repository, subject, r.opts.Hints, err)
 }
 
 // readers returns the endpoints that may serve a read of the given capability, in order.
@@ -133,21 +134,46 @@ type fetched struct {
 // FetchReference resolves and fetches a manifest in one request.
 func (r *Repository) FetchReference(ctx context.Context, reference string) (ocispec.Descriptor, io.ReadCloser, error) {
 	f, err := firstOf(ctx, r.readers(true), func(ep *endpointRepo) (fetched, error) {
-		d, rc, err := ep.repo.FetchReference(ctx, reference)
-		return fetched{d, rc}, err
+		return r.readManifest(ctx, func(ctx context.Context) (ocispec.Descriptor, io.ReadCloser, error) {
+			return ep.repo.FetchReference(ctx, reference)
+		})
 	})
 	return f.desc, f.rc, r.manifestErr(ctx, reference, err)
+}
+
+// readManifest reads a whole manifest (at most maxManifestBytes, checked against its descriptor) within the
+// response-header and idle timeouts, so a registry that sends the headers and then nothing cannot hold the caller.
+func (r *Repository) readManifest(ctx context.Context, fetch func(context.Context) (ocispec.Descriptor, io.ReadCloser, error)) (fetched, error) {
+	tm := r.opts.Timeouts.orDefault()
+	mctx, cancel := context.WithTimeoutCause(ctx, tm.ResponseHeader+tm.Idle,
+		fmt.Errorf("%w: the manifest did not arrive within %s", ErrUnavailable, tm.ResponseHeader+tm.Idle))
+	defer cancel()
+	d, rc, err := fetch(mctx)
+	if err != nil {
+		return fetched{}, err
+	}
+	b, err := readManifest(rc, d)
+	if err != nil {
+		if cause := context.Cause(mctx); cause != nil && ctx.Err() == nil {
+			err = fmt.Errorf("%w (%v)", cause, err)
+		}
+		return fetched{}, err
+	}
+	return fetched{d, io.NopCloser(bytes.NewReader(b))}, nil
 }
 
 // Fetch fetches a manifest or blob. Blob reads resume after a dropped connection (see openBlob).
 func (r *Repository) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
 	if isManifest(desc) {
-		rc, err := firstOf(ctx, r.readers(false), func(ep *endpointRepo) (io.ReadCloser, error) {
-			return ep.repo.Fetch(ctx, desc)
+		f, err := firstOf(ctx, r.readers(false), func(ep *endpointRepo) (fetched, error) {
+			return r.readManifest(ctx, func(ctx context.Context) (ocispec.Descriptor, io.ReadCloser, error) {
+				rc, err := ep.repo.Fetch(ctx, desc)
+				return desc, rc, err
+			})
 		})
-		return rc, r.manifestErr(ctx, desc.Digest.String(), err)
+		return f.rc, r.manifestErr(ctx, desc.Digest.String(), err)
 	}
-	return newResumableReader(ctx, desc, 0, r.openBlob, nil), nil
+	return newResumableReader(ctx, desc, 0, r.openBlob, nil, r.opts.Timeouts), nil
 }
 
 // Exists asks the origin (HEAD) whether it has the manifest or blob.
@@ -203,7 +229,7 @@ func (r *Repository) Tags(ctx context.Context, last string, fn func(tags []strin
 // by itself after a dropped connection or a stall, continuing at the byte it stopped at, so start is always offset.
 // It delivers desc.Size-offset bytes; verifying them is the caller's job (cas.Ingest does).
 func (r *Repository) FetchRange(ctx context.Context, desc ocispec.Descriptor, offset int64) (io.ReadCloser, int64, error) {
-	rr := newResumableReader(ctx, desc, offset, r.openBlob, nil)
+	rr := newResumableReader(ctx, desc, offset, r.openBlob, nil, r.opts.Timeouts)
 	if err := rr.connect(); err != nil {
 		return nil, 0, err
 	}
@@ -218,10 +244,6 @@ func (r *Repository) openBlob(ctx context.Context, desc ocispec.Descriptor, offs
 		start int64
 	}
 	o, err := firstOf(ctx, r.readers(false), func(ep *endpointRepo) (opened, error) {
-		if offset == 0 {
-			rc, err := ep.repo.Blobs().Fetch(ctx, desc)
-			return opened{rc, 0}, err
-		}
 		rc, start, err := ep.rangeGet(ctx, desc, offset)
 		return opened{rc, start}, err
 	})
@@ -231,8 +253,10 @@ func (r *Repository) openBlob(ctx context.Context, desc ocispec.Descriptor, offs
 	return o.rc, o.start, nil
 }
 
-// rangeGet asks for a blob from offset on. oras-go's Fetch always starts at 0 (its seeker opens a second request),
-// which would send bytes already held; this issues the one Range request directly, through the same auth client.
+// rangeGet asks for a blob from offset on (the whole blob for offset 0). oras-go's Fetch always starts at 0 (its
+// seeker opens a second request), which would send bytes already held; this issues the one Range request directly,
+// through the same auth client. A response that declares another size than desc's (Content-Length, the total of
+// Content-Range, a range not satisfiable) is ErrSizeMismatch, and so is a body of unknown length that runs past it.
 func (ep *endpointRepo) rangeGet(ctx context.Context, desc ocispec.Descriptor, offset int64) (io.ReadCloser, int64, error) {
 	ref := ep.repo.Reference
 	ref.Reference = desc.Digest.String()
@@ -242,22 +266,40 @@ func (ep *endpointRepo) rangeGet(ctx context.Context, desc ocispec.Descriptor, o
 	if err != nil {
 		return nil, 0, err
 	}
-	req.Header.Set("Range", fmt.Sprintf("bytes=%d-", offset))
+	if offset > 0 {
+		req.Header.Set("Range", fmt.Sprintf("bytes=%d-", offset))
+	}
 	resp, err := ep.repo.Client.Do(req)
 	if err != nil {
 		return nil, 0, err
 	}
+	sizeErr := func(format string, args ...any) (io.ReadCloser, int64, error) {
+		resp.Body.Close()
+		return nil, 0, fmt.Errorf("GET %s: %w: %s, the descriptor says %d bytes", url, ErrSizeMismatch, fmt.Sprintf(format, args...), desc.Size)
+	}
 	switch resp.StatusCode {
 	case http.StatusPartialContent:
-		start, ok := contentRangeStart(resp.Header.Get("Content-Range"))
+		cr := resp.Header.Get("Content-Range")
+		start, total, ok := parseContentRange(cr)
 		if !ok || start != offset {
 			resp.Body.Close()
-			return nil, 0, fmt.Errorf("GET %s: Content-Range %q does not start at %d", url, resp.Header.Get("Content-Range"), offset)
+			return nil, 0, fmt.Errorf("GET %s: Content-Range %q does not start at %d", url, cr, offset)
 		}
-		return resp.Body, offset, nil
+		if total >= 0 && total != desc.Size {
+			return sizeErr("the registry's blob is %d bytes (Content-Range %q)", total, cr)
+		}
+		if resp.ContentLength >= 0 && resp.ContentLength != desc.Size-offset {
+			return sizeErr("the range from %d is %d bytes long", offset, resp.ContentLength)
+		}
+		return exactBody(resp, desc.Size-offset), offset, nil
 	case http.StatusOK:
-		// The server ignores Range: take the whole blob.
-		return resp.Body, 0, nil
+		// The server ignores Range (or none was asked): take the whole blob.
+		if resp.ContentLength >= 0 && resp.ContentLength != desc.Size {
+			return sizeErr("the registry's blob is %d bytes", resp.ContentLength)
+		}
+		return exactBody(resp, desc.Size), 0, nil
+	case http.StatusRequestedRangeNotSatisfiable:
+		return sizeErr("the registry's blob ends before byte %d (Content-Range %q)", offset, resp.Header.Get("Content-Range"))
 	case http.StatusNotFound:
 		resp.Body.Close()
 		return nil, 0, fmt.Errorf("%s: %w", desc.Digest, errdef.ErrNotFound)
@@ -267,18 +309,71 @@ func (ep *endpointRepo) rangeGet(ctx context.Context, desc ocispec.Descriptor, o
 	}
 }
 
-func contentRangeStart(h string) (int64, bool) {
+// parseContentRange reads "bytes first-last/total" (total -1 when "*").
+func parseContentRange(h string) (first, total int64, ok bool) {
 	rest, ok := strings.CutPrefix(h, "bytes ")
 	if !ok {
-		return 0, false
+		return 0, 0, false
 	}
-	first, _, ok := strings.Cut(rest, "-")
+	rng, size, _ := strings.Cut(rest, "/")
+	f, _, ok := strings.Cut(rng, "-")
 	if !ok {
-		return 0, false
+		return 0, 0, false
 	}
-	n, err := strconv.ParseInt(first, 10, 64)
-	return n, err == nil
+	first, err := strconv.ParseInt(f, 10, 64)
+	if err != nil {
+		return 0, 0, false
+	}
+	if first < 0 {
+		return 0, 0, false
+	}
+	total = -1
+	if size != "*" {
+		if total, err = strconv.ParseInt(size, 10, 64); err != nil || total < 0 {
+			return 0, 0, false
+		}
+	}
+	return first, total, true
 }
+
+// exactBody returns the body of resp, which must hold want bytes. net/http already fails a body shorter than its
+// Content-Length; one of unknown length (chunked) is checked here for running past want.
+func exactBody(resp *http.Response, want int64) io.ReadCloser {
+	if resp.ContentLength >= 0 {
+		return resp.Body
+	}
+	return &boundedBody{rc: resp.Body, left: want}
+}
+
+type boundedBody struct {
+	rc   io.ReadCloser
+	left int64
+}
+
+func (b *boundedBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.rc.Read(p)
+	b.left -= int64(n)
+	if b.left == 0 && err == nil {
+		// Everything wanted arrived: the stream must end here.
+		var one [1]byte
+		m, perr := b.rc.Read(one[:])
+		if m > 0 {
+			return n, fmt.Errorf("%w: the source sends more bytes than the descriptor says", ErrSizeMismatch)
+		}
+		if perr == io.EOF {
+			err = io.EOF
+		}
+	}
+	return n, err
+}
+
+func (b *boundedBody) Close() error { return b.rc.Close() }
 
 // manifestErr names a failed manifest read, telling a missing manifest from a server that is no registry at all.
 func (r *Repository) manifestErr(ctx context.Context, reference string, err error) error {

@@ -181,10 +181,8 @@ func TestPushRetriesFailedUploads(t *testing.T) {
 }
 
 func TestStalledDownloadResumes(t *testing.T) {
-	old := stallTimeout
-	stallTimeout = 500 * time.Millisecond
-	t.Cleanup(func() { stallTimeout = old })
 	reg, opts := plainRegistry(t)
+	opts.Timeouts.Idle = 500 * time.Millisecond
 	m := buildModel(t, 8<<20)
 	if _, err := Push(context.Background(), m.store, m.ref, repoFor(t, reg.Host+"/s/model:v1", opts), TransferOptions{}); err != nil {
 		t.Fatal(err)

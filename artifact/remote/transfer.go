@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -19,18 +20,11 @@ import (
 const (
 	baseTimeout = 2 * time.Minute
 	minRate     = 1 << 20 // bytes per second below which an attempt is abandoned
-	// maxFailures is how many consecutive attempts may fail without a byte of progress before giving up; with
-	// the backoff below they span about half a minute, enough for a registry restart or a connection blip.
-	maxFailures = 8
 	// maxResumes bounds the reconnections of one blob read, so a flapping link fails instead of looping.
 	maxResumes = 100
 	// maxPushAttempts is how many times an upload that cannot resume is started.
 	maxPushAttempts = 5
 )
-
-// stallTimeout abandons a read that delivered nothing for this long; the transfer then resumes on a new connection
-// from where it stopped. A variable so tests can shorten it.
-var stallTimeout = time.Minute
 
 // attemptTimeout is the time limit of one attempt to move n bytes.
 func attemptTimeout(n int64) time.Duration {
@@ -61,6 +55,14 @@ func sleep(ctx context.Context, d time.Duration) error {
 // seek).
 type blobOpener func(ctx context.Context, desc ocispec.Descriptor, offset int64) (io.ReadCloser, int64, error)
 
+// timeoutsOf returns the timeouts of src's reads: its Options' for a Repository, the defaults otherwise.
+func timeoutsOf(src content.Fetcher) Timeouts {
+	if r, ok := src.(*Repository); ok {
+		return r.opts.Timeouts.orDefault()
+	}
+	return DefaultTimeouts
+}
+
 // openerFor returns how to open blobs of src: with Range requests and mirror fallback for a Repository, by seeking
 // where the source can, from the start otherwise.
 func openerFor(src content.Fetcher) blobOpener {
@@ -85,27 +87,33 @@ func openerFor(src content.Fetcher) blobOpener {
 
 // resumableReader reads a blob, reconnecting after a dropped connection, a server restart or a stall and continuing
 // from the byte it stopped at (HTTP Range), so neither the bytes already read nor the consumer's state (a hash, a
-// tar extraction) are lost. It delivers exactly desc.Size bytes; checking them is the consumer's job.
+// tar extraction) are lost. It delivers exactly desc.Size bytes; checking them is the consumer's job. A source that
+// says the blob has another size, or whose stream ends cleanly before desc.Size, fails at once with ErrSizeMismatch:
+// the descriptor or the source lies, and asking again cannot help. A source that stalls (no byte for tm.Idle) or
+// fails tm.Attempts times in a row without a byte of progress fails with ErrUnavailable.
 type resumableReader struct {
 	ctx    context.Context
 	desc   ocispec.Descriptor
 	open   blobOpener
 	onRead func(int64) // network bytes, for progress and accounting
+	tm     Timeouts
 
 	offset   int64
 	rc       io.ReadCloser
 	cancel   context.CancelFunc
 	watchdog *time.Timer
+	stalled  atomic.Bool // the watchdog cut the current attempt
+	progress bool        // the current attempt delivered a byte
 	failures int
 	resumes  int
 	err      error
 }
 
-func newResumableReader(ctx context.Context, desc ocispec.Descriptor, offset int64, open blobOpener, onRead func(int64)) *resumableReader {
+func newResumableReader(ctx context.Context, desc ocispec.Descriptor, offset int64, open blobOpener, onRead func(int64), tm Timeouts) *resumableReader {
 	if onRead == nil {
 		onRead = func(int64) {}
 	}
-	return &resumableReader{ctx: ctx, desc: desc, open: open, onRead: onRead, offset: offset}
+	return &resumableReader{ctx: ctx, desc: desc, open: open, onRead: onRead, offset: offset, tm: tm.orDefault()}
 }
 
 // connect opens the blob at the current offset, retrying with backoff while the failures look transient.
@@ -115,7 +123,13 @@ func (r *resumableReader) connect() error {
 			return err
 		}
 		actx, cancel := context.WithTimeout(r.ctx, attemptTimeout(r.desc.Size-r.offset))
+		// Waiting for the response is waiting for the first byte: it gets the idle limit, not the longer
+		// response-header limit of uploads.
+		silent := time.AfterFunc(r.tm.Idle, cancel)
 		rc, start, err := r.open(actx, r.desc, r.offset)
+		if !silent.Stop() && err != nil && r.ctx.Err() == nil {
+			err = fmt.Errorf("%w: %s: no response for %s (%v)", ErrUnavailable, r.desc.Digest, r.tm.Idle, err)
+		}
 		if err == nil && start != r.offset {
 			// The server ignored the Range request: skip what is already held.
 			if start > r.offset {
@@ -128,14 +142,21 @@ func (r *resumableReader) connect() error {
 			}
 		}
 		if err == nil {
-			r.rc, r.cancel = rc, cancel
-			r.watchdog = time.AfterFunc(stallTimeout, cancel)
+			r.rc, r.cancel, r.progress = rc, cancel, false
+			r.stalled.Store(false)
+			r.watchdog = time.AfterFunc(r.tm.Idle, func() {
+				r.stalled.Store(true)
+				cancel()
+			})
 			return nil
 		}
 		cancel()
 		r.failures++
-		if !retryable(err) || r.failures >= maxFailures {
+		if !retryable(err) {
 			return err
+		}
+		if r.failures >= r.tm.Attempts {
+			return r.gaveUp(err)
 		}
 		if err := sleep(r.ctx, backoff(r.failures)); err != nil {
 			return err
@@ -174,18 +195,42 @@ func (r *resumableReader) Read(p []byte) (int, error) {
 		if n > 0 {
 			r.offset += int64(n)
 			r.failures = 0
-			r.watchdog.Reset(stallTimeout)
+			r.progress = true
+			r.watchdog.Reset(r.tm.Idle)
 			r.onRead(int64(n))
 		}
 		if err == nil || (err == io.EOF && r.offset == r.desc.Size) {
 			return n, nil
 		}
-		// The stream ended early or broke: reconnect at the next Read. Any error of the body (not of the
-		// caller's context) is a transport failure worth resuming, including our own stall or time limit.
+		stalled := r.stalled.Load()
 		r.disconnect()
 		if cerr := r.ctx.Err(); cerr != nil {
 			r.err = cerr
 			return n, cerr
+		}
+		if err == io.EOF || errors.Is(err, ErrSizeMismatch) {
+			// The source ended cleanly before desc.Size (or said it holds another size): it has no more to give.
+			if !errors.Is(err, ErrSizeMismatch) {
+				err = fmt.Errorf("%s: %w: the source's stream ended at byte %d, the descriptor says %d", r.desc.Digest, ErrSizeMismatch, r.offset, r.desc.Size)
+			}
+			r.err = err
+			return n, err
+		}
+		// The stream broke: reconnect at the next Read. Any error of the body (not of the caller's context) is a
+		// transport failure worth resuming, including our own stall or time limit.
+		if stalled {
+			err = fmt.Errorf("%w: %s: no byte for %s", ErrUnavailable, r.desc.Digest, r.tm.Idle)
+		}
+		if !r.progress {
+			// An attempt that moved nothing counts against Attempts, and the next waits.
+			if r.failures++; r.failures >= r.tm.Attempts {
+				r.err = r.gaveUp(err)
+				return n, r.err
+			}
+			if serr := sleep(r.ctx, backoff(r.failures)); serr != nil {
+				r.err = serr
+				return n, serr
+			}
 		}
 		r.resumes++
 		if r.resumes > maxResumes {
@@ -199,6 +244,17 @@ func (r *resumableReader) Read(p []byte) (int, error) {
 			return n, nil
 		}
 	}
+}
+
+// gaveUp is the final error of a read that made no progress in tm.Attempts attempts: the last cause, classified
+// as unavailable when it is nothing more precise.
+func (r *resumableReader) gaveUp(last error) error {
+	if kindOf(last) == nil || kindOf(last) == ErrUnavailable {
+		if !errors.Is(last, ErrUnavailable) {
+			last = fmt.Errorf("%w: %w", ErrUnavailable, last)
+		}
+	}
+	return fmt.Errorf("%s: gave up after %d attempts without a byte of progress: %w", r.desc.Digest, r.tm.Attempts, last)
 }
 
 func (r *resumableReader) Close() error {

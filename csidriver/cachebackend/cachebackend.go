@@ -19,6 +19,7 @@ import (
 	"oras.land/oras-go/v2/registry/remote/auth"
 
 	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/artifact/archive"
 	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/cache"
 	"github.com/modelpack/modelpack/csidriver"
@@ -57,8 +58,17 @@ type Backend struct {
 
 var _ csidriver.Backend = (*Backend)(nil)
 
+// DriverHints name the driver's own settings in transport errors: it has no --insecure or --plain-http.
+var DriverHints = remote.Hints{
+	PlainHTTP: "list the registry in --plain-http-registries",
+	TLS:       "give the registry's CA with --ca-file, or a hosts.toml for it under --hosts-dir (ca, or skip_verify)",
+}
+
 // New returns a backend on an open cache.
 func New(c *cache.Cache, opts Options) *Backend {
+	if opts.Remote.Hints == (remote.Hints{}) {
+		opts.Remote.Hints = DriverHints
+	}
 	return &Backend{cache: c, opts: opts}
 }
 
@@ -224,29 +234,36 @@ func isIndex(mt string) bool {
 	return mt == ocispec.MediaTypeImageIndex || mt == "application/vnd.docker.distribution.manifest.list.v2+json"
 }
 
-// pickPlatform chooses the manifest of an index for "os/arch[/variant]".
+// pickPlatform chooses the manifest of an index for "os/arch[/variant]", with the cache's chooser.
 func pickPlatform(ctx context.Context, repo *remote.Repository, desc ocispec.Descriptor, platform string) (ocispec.Descriptor, error) {
+	want, err := artifact.ParsePlatform(platform)
+	if err != nil {
+		return ocispec.Descriptor{}, fmt.Errorf("%w: %v", csidriver.ErrInvalidReference, err)
+	}
 	b, err := content.FetchAll(ctx, repo, desc)
 	if err != nil {
 		return ocispec.Descriptor{}, classify(err)
 	}
 	var idx ocispec.Index
 	if err := json.Unmarshal(b, &idx); err != nil {
-		return ocispec.Descriptor{}, fmt.Errorf("index %s: %w", desc.Digest, err)
+		return ocispec.Descriptor{}, fmt.Errorf("%w: index %s: %v", csidriver.ErrBadContent, desc.Digest, err)
 	}
-	parts := strings.Split(platform, "/")
-	for _, m := range idx.Manifests {
-		p := m.Platform
-		if p == nil || p.OS != parts[0] || p.Architecture != parts[1] {
-			continue
-		}
-		if len(parts) == 3 && p.Variant != parts[2] {
-			continue
-		}
-		return m, nil
+	m, err := artifact.ChoosePlatform(idx, want)
+	if err != nil {
+		return ocispec.Descriptor{}, classify(fmt.Errorf("index %s (node is %s/%s): %w", desc.Digest, runtime.GOOS, runtime.GOARCH, err))
 	}
-	return ocispec.Descriptor{}, fmt.Errorf("%w: no manifest for platform %s in index %s (node is %s/%s)",
-		csidriver.ErrNotFound, platform, desc.Digest, runtime.GOOS, runtime.GOARCH)
+	return m, nil
+}
+
+// isBadContent reports hostile or corrupt content: the artifact is at fault, not the node or the registry's health.
+func isBadContent(err error) bool {
+	for _, cause := range []error{archive.ErrUnsafePath, archive.ErrLinkEscape, archive.ErrSpecialFile,
+		artifact.ErrPathConflict, cache.ErrDigestMismatch, cache.ErrSizeMismatch} {
+		if errors.Is(err, cause) {
+			return true
+		}
+	}
+	return false
 }
 
 // classify maps transport and cache errors to the driver's sentinels, keeping the message.
@@ -256,6 +273,8 @@ func classify(err error) error {
 	}
 	var sentinel error
 	switch remote.Classify(err) {
+	case remote.ErrDigestMismatch, remote.ErrSizeMismatch:
+		sentinel = csidriver.ErrBadContent
 	case remote.ErrUnauthorized:
 		sentinel = csidriver.ErrUnauthorized
 	case remote.ErrForbidden:
@@ -271,7 +290,9 @@ func classify(err error) error {
 	case sentinel != nil:
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
 		sentinel = csidriver.ErrNoSpace
-	case errors.Is(err, cache.ErrTooLarge), errors.Is(err, cache.ErrUnsupported):
+	case isBadContent(err):
+		sentinel = csidriver.ErrBadContent
+	case errors.Is(err, cache.ErrTooLarge), errors.Is(err, cache.ErrUnsupported), errors.Is(err, archive.ErrLimit):
 		sentinel = csidriver.ErrUnsupported
 	case errors.Is(err, cache.ErrNotFound):
 		sentinel = csidriver.ErrNotFound

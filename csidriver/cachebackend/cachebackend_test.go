@@ -4,12 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"oras.land/oras-go/v2/registry/remote/auth"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"syscall"
 	"testing"
 
+	"oras.land/oras-go/v2/registry/remote/auth"
+
+	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/artifact/archive"
 	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/cache"
 	"github.com/modelpack/modelpack/csidriver"
@@ -29,6 +34,15 @@ func TestClassifyMapsCausesToDriverErrors(t *testing.T) {
 		{fmt.Errorf("layer: %w", cache.ErrTooLarge), csidriver.ErrUnsupported},
 		{fmt.Errorf("layer: %w", cache.ErrUnsupported), csidriver.ErrUnsupported},
 		{fmt.Errorf("acquire: %w", cache.ErrNotFound), csidriver.ErrNotFound},
+		// Hostile or corrupt content is the artifact's fault (FAILED_PRECONDITION), never INTERNAL.
+		{fmt.Errorf("extract layer: %w", archive.ErrUnsafePath), csidriver.ErrBadContent},
+		{fmt.Errorf("extract layer: %w", archive.ErrLinkEscape), csidriver.ErrBadContent},
+		{fmt.Errorf("extract layer: %w", archive.ErrSpecialFile), csidriver.ErrBadContent},
+		{fmt.Errorf("manifest: %w: %w", cache.ErrUnsupported, artifact.ErrPathConflict), csidriver.ErrBadContent},
+		{fmt.Errorf("layer: %w", cache.ErrDigestMismatch), csidriver.ErrBadContent},
+		{fmt.Errorf("layer: %w", cache.ErrSizeMismatch), csidriver.ErrBadContent},
+		{&remote.Error{Kind: remote.ErrSizeMismatch, Err: errors.New("GET: size mismatch")}, csidriver.ErrBadContent},
+		{fmt.Errorf("extract layer: %w", archive.ErrLimit), csidriver.ErrUnsupported},
 	} {
 		got := classify(tc.err)
 		if !errors.Is(got, tc.want) {
@@ -84,5 +98,39 @@ func TestVerifyChecksTheDigestReferenceWithTheVolumeCredentials(t *testing.T) {
 	}
 	if err := New(nil, Options{}).Verify(context.Background(), "registry.example.com/m:v1", dgst, csidriver.Credentials{}); err != nil {
 		t.Fatalf("without a verifier: %v", err)
+	}
+}
+
+// The driver's TLS errors name its own flags, never the CLI's --insecure or --plain-http.
+func TestTLSErrorsNameTheDriversFlags(t *testing.T) {
+	tlsSrv := httptest.NewTLSServer(http.NotFoundHandler())
+	defer tlsSrv.Close()
+	plainSrv := httptest.NewServer(http.NotFoundHandler())
+	defer plainSrv.Close()
+	b := New(nil, Options{})
+	for _, tc := range []struct {
+		name, host, want string
+	}{
+		{"untrusted certificate", strings.TrimPrefix(tlsSrv.URL, "https://"), "--ca-file"},
+		{"plain HTTP server", strings.TrimPrefix(plainSrv.URL, "http://"), "--plain-http-registries"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := b.Resolve(context.Background(), tc.host+"/m:v1", csidriver.Credentials{})
+			if !errors.Is(err, csidriver.ErrUnavailable) {
+				t.Fatalf("got %v, want ErrUnavailable", err)
+			}
+			msg := err.Error()
+			if !strings.Contains(msg, tc.want) {
+				t.Errorf("%q does not name %s", msg, tc.want)
+			}
+			for _, cli := range []string{"--insecure", "--plain-http)", "use --plain-http"} {
+				if strings.Contains(msg, cli) {
+					t.Errorf("%q names the CLI's %s, which the driver lacks", msg, cli)
+				}
+			}
+		})
+	}
+	if !strings.Contains(DriverHints.TLS, "--hosts-dir") {
+		t.Errorf("the TLS hint %q does not mention --hosts-dir", DriverHints.TLS)
 	}
 }

@@ -1,0 +1,26 @@
+// Package errdef holds the causes every layer of modelpack reports (cas, cache, artifact/remote, csidriver), so
+// errors.Is gives one answer whichever layer wrapped an error. Each package re-exports the ones it returns.
+package errdef
+
+import "errors"
+
+var (
+	// ErrNotFound: no such manifest, blob or cache entry.
+	ErrNotFound = errors.New("not found")
+	// ErrSizeMismatch: a source holds, or sent, a different number of bytes than the descriptor declares. The
+	// descriptor (or the source) lies; asking again gives the same answer.
+	ErrSizeMismatch = errors.New("size mismatch")
+	// ErrDigestMismatch: the bytes do not hash to their digest.
+	ErrDigestMismatch = errors.New("digest mismatch")
+	// ErrIncomplete: a transfer stopped short (a dropped connection, a cancelled pull). What arrived is kept and
+	// the next attempt resumes it.
+	ErrIncomplete = errors.New("incomplete transfer, will resume")
+	// ErrUnauthorized: no credentials, or credentials the registry rejects.
+	ErrUnauthorized = errors.New("unauthorized")
+	// ErrForbidden: the credentials lack permission.
+	ErrForbidden = errors.New("access denied")
+	// ErrUnavailable: the registry cannot be reached, stalls or fails on its side.
+	ErrUnavailable = errors.New("registry unavailable")
+	// ErrNoSpace: the disk is full.
+	ErrNoSpace = errors.New("no space left on device")
+)
