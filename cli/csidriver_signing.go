@@ -19,7 +19,7 @@ func init() {
 	var policyPath string
 	registerCSIDriverExtension(csiDriverExtension{
 		AddFlags: func(fs *pflag.FlagSet) {
-			fs.StringVar(&policyPath, "policy", "", "node trust policy (YAML); reloaded on change. Empty: signatures are not checked. Signatures are read like models: --ca-file, --hosts-dir, --plain-http-registries, never https→http")
+			fs.StringVar(&policyPath, "policy", "", "node trust policy (YAML); reloaded on change. Empty: signatures are not checked. Signatures are read like models: --ca-file, --hosts-dir (mirrors too), --plain-http-registries, never https→http")
 		},
 		Setup: func(ctx context.Context, env *CSIDriverEnv) error {
 			if policyPath == "" {

@@ -4,9 +4,12 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2"
+	"oras.land/oras-go/v2/registry/remote"
 
 	mpremote "github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/internal/testenv"
@@ -70,4 +73,82 @@ func TestSignatureReadsUseTheModelTransport(t *testing.T) {
 			t.Fatalf("through hosts.toml: %v", err)
 		}
 	})
+}
+
+// Signatures are read through hosts.toml mirrors as the model is: mirrors first, in file order, then the origin.
+// A node whose origin is down verifies a model its mirror serves with its signature; a mirror without the
+// signature falls back to the origin, and with the origin down too the model is refused, never passed unverified.
+func TestSignatureReadsFollowMirrors(t *testing.T) {
+	ctx := context.Background()
+	origin := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	mirror := startRegistry(t)
+	dir := t.TempDir()
+	key, pub := newKeys(t, dir, "k")
+	signed := sign(t, func() string { r, _ := pushModel(t, origin.Host, "models/m", "v1", "mirrored"); return r }(), key)
+	unsigned, _ := pushModel(t, origin.Host, "models/m", "v2", "not on the mirror's signature")
+	sigOnlyAtOrigin := sign(t, unsigned, key)
+
+	// The mirror holds both models, but the signature of the first only.
+	for _, ref := range []string{signed, sigOnlyAtOrigin, signatureTag(t, signed)} {
+		copyToMirror(t, mirror, ref)
+	}
+
+	hosts := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(hosts, origin.Host), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	toml := "[host.\"http://" + mirror + "\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+	if err := os.WriteFile(filepath.Join(hosts, origin.Host, "hosts.toml"), []byte(toml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	plain := []string{origin.Host}
+	v := NewVerifier(keyPolicy(t, Enforce, pub), RegistryOptions{PlainHTTPHosts: plain,
+		TransportFor: mpremote.TransportsFor(mpremote.Options{HostsDir: hosts}, plain)})
+
+	// With the origin up, a mirror lacking the signature is a miss and the origin serves it.
+	if dec, err := v.Verify(ctx, sigOnlyAtOrigin); err != nil || !dec.Verified {
+		t.Fatalf("signature only at the origin: %+v, %v", dec, err)
+	}
+
+	origin.Stop()
+	if dec, err := v.Verify(ctx, signed); err != nil || !dec.Verified {
+		t.Fatalf("origin down, mirror serving model and signature: %+v, %v", dec, err)
+	}
+	// A fresh verifier (no cached verdict): the signature is on neither reachable endpoint.
+	v2 := NewVerifier(keyPolicy(t, Enforce, pub), RegistryOptions{PlainHTTPHosts: plain,
+		TransportFor: mpremote.TransportsFor(mpremote.Options{HostsDir: hosts}, plain)})
+	if dec, err := v2.Verify(ctx, sigOnlyAtOrigin); err == nil || dec.Verified {
+		t.Fatalf("origin down, mirror without the signature: verified (%+v)", dec)
+	} else {
+		t.Logf("refused: %v", err)
+	}
+}
+
+// signatureTag is cosign's signature tag of a digest reference: repo:sha256-<hex>.sig.
+func signatureTag(t *testing.T, digestRef string) string {
+	t.Helper()
+	repo, dgst, ok := strings.Cut(digestRef, "@")
+	if !ok {
+		t.Fatalf("not a digest reference: %s", digestRef)
+	}
+	return repo + ":" + strings.Replace(dgst, ":", "-", 1) + ".sig"
+}
+
+// copyToMirror copies ref (origin/repo:tag or @digest) to the same repository and tag on mirror.
+func copyToMirror(t *testing.T, mirror, ref string) {
+	t.Helper()
+	src, err := remote.NewRepository(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.PlainHTTP = true
+	dst, err := remote.NewRepository(mirror + "/" + src.Reference.Repository)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst.PlainHTTP = true
+	tag := src.Reference.Reference
+	if _, err := oras.Copy(context.Background(), src, tag, dst, tag, oras.DefaultCopyOptions); err != nil {
+		t.Fatalf("copy %s to %s: %v", ref, mirror, err)
+	}
 }

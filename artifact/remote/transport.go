@@ -2,18 +2,24 @@ package remote
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
+
+	"oras.land/oras-go/v2/registry"
+	"oras.land/oras-go/v2/registry/remote/auth"
 )
 
 // TransportsFor returns, per registry host, the HTTP transport a client speaking the registry protocol itself
 // (cosign's signature reads) must use to reach it as this package does: the TLS settings of opts and hosts.toml
-// (CA files, client certificates, skip_verify), the hosts.toml server, and plain HTTP only for opts.PlainHTTP, the
-// hosts listed in plainHTTP, or a hosts.toml server in http://. Every request to the registry goes out in its
-// configured scheme, whatever the client asked: a client that falls back from https to http (go-containerregistry
-// does for localhost, *.local and private addresses) cannot; an http:// request to any other host (an auth realm)
-// is refused unless the registry itself is plain HTTP. Transports are built once per host.
+// (CA files, client certificates, skip_verify), the hosts.toml server and mirrors, and plain HTTP only for
+// opts.PlainHTTP, the hosts listed in plainHTTP, or a hosts.toml server in http://. Every request to the registry
+// goes out in its configured scheme, whatever the client asked: a client that falls back from https to http
+// (go-containerregistry does for localhost, *.local and private addresses) cannot; an http:// request to any other
+// host (an auth realm) is refused unless the registry itself is plain HTTP. Reads try the mirrors as
+// Repository's do (see mirrorTransport). Transports are built once per host.
 func TransportsFor(opts Options, plainHTTP []string) func(host string) (http.RoundTripper, error) {
 	var mu sync.Mutex
 	built := map[string]http.RoundTripper{}
@@ -36,7 +42,12 @@ func TransportsFor(opts Options, plainHTTP []string) func(host string) (http.Rou
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", host, err)
 		}
-		t := &originTransport{base: hc.Transport, host: host, ep: origin}
+		var t http.RoundTripper = &originTransport{base: hc.Transport, host: host, ep: origin}
+		if len(eps) > 1 {
+			if t, err = newMirrorTransport(o, host, eps[:len(eps)-1], t); err != nil {
+				return nil, err
+			}
+		}
 		built[host] = t
 		return t, nil
 	}
@@ -59,4 +70,121 @@ func (t *originTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	r := req.Clone(req.Context())
 	r.URL.Scheme, r.URL.Host, r.Host = t.ep.scheme, t.ep.host, ""
 	return t.base.RoundTrip(r)
+}
+
+// mirrorTransport serves a registry's reads from its hosts.toml mirrors first, in file order, as Repository does:
+// a manifest by tag from the mirrors that may resolve, a manifest by digest or a blob from those that may pull;
+// the first 2xx answer wins, and any other answer or error (a miss, a mirror down) moves on to the next, then to
+// the origin. Everything else (the API ping, writes, tag lists, referrers) goes to the origin, except that a ping
+// the origin cannot answer (down, 5xx) is answered by a mirror, so a node cut off from the origin still reads.
+//
+// A mirror never sees the caller's Authorization header, which is meant for the origin: each mirror is
+// authenticated on its own, with the credentials Options give for the mirror's host, by oras-go's auth client.
+type mirrorTransport struct {
+	host    string // the registry as clients name it
+	mirrors []mirrorClient
+	origin  http.RoundTripper
+}
+
+type mirrorClient struct {
+	ep     endpoint
+	client *auth.Client
+}
+
+func newMirrorTransport(opts Options, host string, mirrors []endpoint, origin http.RoundTripper) (*mirrorTransport, error) {
+	cred, err := opts.credentialFunc()
+	if err != nil {
+		return nil, err
+	}
+	t := &mirrorTransport{host: host, origin: origin}
+	cache := auth.NewCache()
+	for _, ep := range mirrors {
+		hc, err := httpClient(ep, host, opts.concurrency(), opts.Timeouts.orDefault())
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", ep.host, err)
+		}
+		t.mirrors = append(t.mirrors, mirrorClient{ep: ep, client: authClient(hc, cred, cache, opts.UserAgent)})
+	}
+	return t, nil
+}
+
+func (t *mirrorTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL.Host != t.host || (req.Method != http.MethodGet && req.Method != http.MethodHead) {
+		return t.origin.RoundTrip(req)
+	}
+	if req.URL.Path == "/v2/" || req.URL.Path == "/v2" {
+		resp, err := t.origin.RoundTrip(req)
+		if err == nil && resp.StatusCode < http.StatusInternalServerError || req.Context().Err() != nil {
+			return resp, err
+		}
+		if m, ok := t.firstMirror(req, func(endpoint) bool { return true }, ""); ok {
+			if resp != nil {
+				discard(resp)
+			}
+			return m, nil
+		}
+		return resp, err
+	}
+	repo, kind, ref, ok := parseReadPath(req.URL.Path)
+	if !ok {
+		return t.origin.RoundTrip(req)
+	}
+	byTag := kind == "manifests" && !strings.Contains(ref, ":")
+	can := func(ep endpoint) bool { return (byTag && ep.resolve) || (!byTag && ep.pull) }
+	if resp, ok := t.firstMirror(req, can, repo); ok {
+		return resp, nil
+	}
+	if req.Context().Err() != nil {
+		return nil, req.Context().Err()
+	}
+	return t.origin.RoundTrip(req)
+}
+
+// firstMirror returns the first 2xx answer of a mirror that can serve req.
+func (t *mirrorTransport) firstMirror(req *http.Request, can func(endpoint) bool, repo string) (*http.Response, bool) {
+	for _, m := range t.mirrors {
+		if !can(m.ep) {
+			continue
+		}
+		ctx := req.Context()
+		if repo != "" {
+			ctx = auth.AppendRepositoryScope(ctx, registry.Reference{Registry: m.ep.host, Repository: repo}, auth.ActionPull)
+		}
+		r := req.Clone(ctx)
+		r.URL.Scheme, r.URL.Host, r.Host = m.ep.scheme, m.ep.host, ""
+		r.Header.Del("Authorization") // the origin's
+		resp, err := m.client.Do(r)
+		if err == nil && resp.StatusCode/100 == 2 {
+			return resp, true
+		}
+		if err == nil {
+			discard(resp)
+		}
+		if req.Context().Err() != nil {
+			return nil, false
+		}
+	}
+	return nil, false
+}
+
+// parseReadPath splits /v2/<repository>/{manifests,blobs}/<reference>.
+func parseReadPath(p string) (repo, kind, ref string, ok bool) {
+	rest, ok := strings.CutPrefix(p, "/v2/")
+	if !ok {
+		return "", "", "", false
+	}
+	for _, k := range []string{"/manifests/", "/blobs/"} {
+		if i := strings.LastIndex(rest, k); i > 0 {
+			ref = rest[i+len(k):]
+			if ref != "" && !strings.Contains(ref, "/") {
+				return rest[:i], strings.Trim(k, "/"), ref, true
+			}
+		}
+	}
+	return "", "", "", false
+}
+
+func discard(resp *http.Response) {
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
 }
