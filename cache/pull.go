@@ -459,6 +459,12 @@ func (c *Cache) fetchBlob(ctx context.Context, f *flight, i int, src oras.ReadOn
 			f.running[i].Store(start)
 			return &countingReader{rc: rc, n: &f.running[i], fetched: c.m.fetchedBytes.Add, publish: f.publish}, start, nil
 		})
+		if again, dropped := handOver(src, desc.Digest, err); again && ctx.Err() == nil {
+			if dropped {
+				attempt-- // bounded: each hand-over drops a source for good
+			}
+			continue
+		}
 		if err == nil || ctx.Err() != nil || errors.Is(err, ErrDigestMismatch) || errors.Is(err, ErrSizeMismatch) || errors.Is(err, errdef.ErrNotFound) {
 			return err
 		}

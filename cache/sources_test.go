@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -16,59 +17,173 @@ import (
 	"github.com/modelpack/modelpack/internal/testenv"
 )
 
+// twoSources serves one model from two registries: bad, whose blob GETs a test hooks, and a healthy one.
+type twoSources struct {
+	bad, healthy *testenv.HostileRegistry
+	desc         ocispec.Descriptor
+	weights      digest.Digest
+	data         []byte
+}
+
+func newTwoSources(t *testing.T) *twoSources {
+	files := []modelFile{{Path: "model.safetensors", Data: shard(7, 256<<10)}}
+	s := &twoSources{bad: testenv.StartHostileRegistry(t), healthy: testenv.StartHostileRegistry(t),
+		weights: digest.FromBytes(files[0].Data), data: files[0].Data}
+	mb := modelManifest(t, s.bad, files)
+	modelManifest(t, s.healthy, files)
+	s.desc = s.bad.Manifest(t, "v1", json.RawMessage(mb), ocispec.MediaTypeImageManifest)
+	s.healthy.Manifest(t, "v1", json.RawMessage(mb), ocispec.MediaTypeImageManifest)
+	return s
+}
+
+func (s *twoSources) repo(t *testing.T, h *testenv.HostileRegistry) *mpremote.Repository {
+	t.Helper()
+	fast := mpremote.Timeouts{ResponseHeader: 200 * time.Millisecond, Idle: 200 * time.Millisecond, Attempts: 2}
+	r, _, err := mpremote.NewRepository(h.Host+"/m/model:v1", mpremote.Options{PlainHTTP: true,
+		RegistryConfig: filepath.Join(t.TempDir(), "config.json"), Timeouts: fast})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// joinedPull starts a pull from the bad registry and, once its weights GET arrived, joins it from the healthy one.
+// Both callers must get the content, verified, with the healthy registry asked for the weights.
+func (s *twoSources) joinedPull(t *testing.T, c *Cache, arrived <-chan struct{}, joined func()) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	first := make(chan error, 1)
+	go func() {
+		_, err := c.Pull(ctx, s.repo(t, s.bad), s.desc, nil)
+		first <- err
+	}()
+	<-arrived
+	second := make(chan error, 1)
+	go func() {
+		got, err := c.Pull(ctx, s.repo(t, s.healthy), s.desc, nil)
+		if err == nil && got.Digest != s.desc.Digest {
+			t.Errorf("pulled %s, want %s", got.Digest, s.desc.Digest)
+		}
+		second <- err
+	}()
+	if joined != nil {
+		waitForSources(t, c, s.desc.Digest, 2)
+		joined()
+	}
+	if err := <-second; err != nil {
+		t.Fatalf("pull from the healthy registry, joined to the bad one: %v", err)
+	}
+	if err := <-first; err != nil {
+		t.Fatalf("the first caller failed although the content arrived: %v", err)
+	}
+	if s.healthy.Gets(s.weights) == 0 {
+		t.Fatal("the healthy registry was never asked for the blob")
+	}
+	if err := c.blobs.Verify(s.weights); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitForSources waits until the pull of d has n sources: a condition, not a guess at how long a join takes.
+func waitForSources(t *testing.T, c *Cache, d digest.Digest, n int) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		c.mu.Lock()
+		f := c.flights[d]
+		c.mu.Unlock()
+		if f != nil {
+			f.src.mu.Lock()
+			have := len(f.src.list)
+			f.src.mu.Unlock()
+			if have >= n {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pull of %s never had %d sources", d, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // A pull from a registry that accepts the blob GET and never answers must not hold a pull of the same digest from
 // a healthy registry that joins it: the healthy source takes over, and both callers get the content.
 func TestStallingSourceHandsTheJoinedPullToAHealthyOne(t *testing.T) {
-	files := []modelFile{{Path: "model.safetensors", Data: shard(7, 256<<10)}}
-	stalling, healthy := testenv.StartHostileRegistry(t), testenv.StartHostileRegistry(t)
-	mb := modelManifest(t, stalling, files)
-	modelManifest(t, healthy, files)
-	desc := stalling.Manifest(t, "v1", json.RawMessage(mb), ocispec.MediaTypeImageManifest)
-	healthy.Manifest(t, "v1", json.RawMessage(mb), ocispec.MediaTypeImageManifest)
-	weights := digest.FromBytes(files[0].Data)
-
+	s := newTwoSources(t)
 	arrived := make(chan struct{})
 	var once sync.Once
-	stalling.OnBlob = func(w http.ResponseWriter, r *http.Request, d digest.Digest, _ []byte) bool {
-		if d != weights {
+	s.bad.OnBlob = func(w http.ResponseWriter, r *http.Request, d digest.Digest, _ []byte) bool {
+		if d != s.weights {
 			return false
 		}
 		once.Do(func() { close(arrived) })
 		<-r.Context().Done() // accepts the GET and never answers
 		return true
 	}
-	fast := mpremote.Timeouts{ResponseHeader: 200 * time.Millisecond, Idle: 200 * time.Millisecond, Attempts: 2}
-	repo := func(h *testenv.HostileRegistry) *mpremote.Repository {
-		r, _, err := mpremote.NewRepository(h.Host+"/m/model:v1", mpremote.Options{PlainHTTP: true,
-			RegistryConfig: filepath.Join(t.TempDir(), "config.json"), Timeouts: fast})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
-	c := openCache(t, t.TempDir(), Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	first := make(chan error, 1)
-	go func() {
-		_, err := c.Pull(ctx, repo(stalling), desc, nil)
-		first <- err
-	}()
-	<-arrived // the first pull is stuck in the stalling registry's blob GET: join it from the healthy one
-	got, err := c.Pull(ctx, repo(healthy), desc, nil)
-	if err != nil {
-		t.Fatalf("pull from the healthy registry, joined to the stalling one: %v", err)
-	}
-	if got.Digest != desc.Digest {
-		t.Fatalf("pulled %s, want %s", got.Digest, desc.Digest)
-	}
-	if err := <-first; err != nil {
-		t.Fatalf("the first caller failed although the content arrived: %v", err)
-	}
-	if healthy.Gets(weights) == 0 {
-		t.Fatal("the healthy registry was never asked for the blob")
-	}
-	if err := c.blobs.Verify(weights); err != nil {
-		t.Fatal(err)
+	s.joinedPull(t, openCache(t, t.TempDir(), Options{}), arrived, nil)
+}
+
+// A source that sends wrong bytes (another digest, too many, too few) hands the joined pull to a healthy source as
+// a stalling one does, and is not asked again; the pull neither fails nor keeps the wrong bytes.
+func TestWrongBytesHandTheJoinedPullToAHealthyOne(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		body func(good []byte) (b []byte, declareLength bool)
+	}{
+		{"same size, other digest", func(good []byte) ([]byte, bool) {
+			b := append([]byte(nil), good...)
+			b[len(b)/2] ^= 0xff
+			return b, true
+		}},
+		{"longer than the descriptor", func(good []byte) ([]byte, bool) {
+			b := append(append([]byte(nil), good...), "trailer"...)
+			b[1] ^= 0xff
+			return b, false
+		}},
+		{"shorter than the descriptor, a clean end", func(good []byte) ([]byte, bool) {
+			b := append([]byte(nil), good[:len(good)/2]...)
+			b[0] ^= 0xff
+			return b, false
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newTwoSources(t)
+			arrived, release := make(chan struct{}), make(chan struct{})
+			var mu sync.Mutex
+			lies := 0
+			s.bad.OnBlob = func(w http.ResponseWriter, r *http.Request, d digest.Digest, good []byte) bool {
+				if d != s.weights {
+					return false
+				}
+				mu.Lock()
+				lies++
+				if lies == 1 {
+					close(arrived)
+				}
+				mu.Unlock()
+				select { // lie once the healthy caller has joined
+				case <-release:
+				case <-r.Context().Done():
+					return true
+				}
+				b, declare := tc.body(good)
+				if declare {
+					w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+				}
+				w.WriteHeader(http.StatusOK)
+				w.(http.Flusher).Flush() // no Content-Length unless declared: a chunked body
+				w.Write(b)
+				return true
+			}
+			c := openCache(t, t.TempDir(), Options{})
+			s.joinedPull(t, c, arrived, func() { close(release) })
+			mu.Lock()
+			defer mu.Unlock()
+			if lies != 1 {
+				t.Fatalf("the source that sent wrong bytes was asked %d times, want once", lies)
+			}
+		})
 	}
 }
