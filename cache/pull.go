@@ -311,9 +311,9 @@ func (c *Cache) pull(ctx context.Context, f *flight, src oras.ReadOnlyTarget, de
 	return rec.Descriptor, nil
 }
 
-// fetchSmall reads a manifest, index or config fully, refusing more than MaxManifestBytes and checking size and
+// fetchSmallOnce reads a manifest, index or config fully, refusing more than MaxManifestBytes and checking size and
 // digest.
-func (c *Cache) fetchSmall(ctx context.Context, src oras.ReadOnlyTarget, desc ocispec.Descriptor, what string) ([]byte, error) {
+func (c *Cache) fetchSmallOnce(ctx context.Context, src oras.ReadOnlyTarget, desc ocispec.Descriptor, what string) ([]byte, error) {
 	if desc.Size > MaxManifestBytes {
 		return nil, fmt.Errorf("%s %s is %d bytes: %w (limit %d)", what, desc.Digest, desc.Size, ErrTooLarge, MaxManifestBytes)
 	}

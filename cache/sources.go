@@ -189,3 +189,14 @@ func (r *sourceReader) Read(p []byte) (int, error) {
 }
 
 func (r *sourceReader) Close() error { return r.rc.Close() }
+
+// fetchSmall is fetchSmallOnce, with wrong bytes from one source of a joined pull handed over to the next as a
+// blob's are (see handOver); each round drops a source, so it ends.
+func (c *Cache) fetchSmall(ctx context.Context, src oras.ReadOnlyTarget, desc ocispec.Descriptor, what string) ([]byte, error) {
+	for {
+		b, err := c.fetchSmallOnce(ctx, src, desc, what)
+		if again, dropped := handOver(src, desc.Digest, err); !again || !dropped || ctx.Err() != nil {
+			return b, err
+		}
+	}
+}

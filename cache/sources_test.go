@@ -22,14 +22,19 @@ type twoSources struct {
 	bad, healthy *testenv.HostileRegistry
 	desc         ocispec.Descriptor
 	weights      digest.Digest
-	data         []byte
+	config       digest.Digest
 }
 
 func newTwoSources(t *testing.T) *twoSources {
 	files := []modelFile{{Path: "model.safetensors", Data: shard(7, 256<<10)}}
 	s := &twoSources{bad: testenv.StartHostileRegistry(t), healthy: testenv.StartHostileRegistry(t),
-		weights: digest.FromBytes(files[0].Data), data: files[0].Data}
+		weights: digest.FromBytes(files[0].Data)}
 	mb := modelManifest(t, s.bad, files)
+	var m ocispec.Manifest
+	if err := json.Unmarshal(mb, &m); err != nil {
+		t.Fatal(err)
+	}
+	s.config = m.Config.Digest
 	modelManifest(t, s.healthy, files)
 	s.desc = s.bad.Manifest(t, "v1", json.RawMessage(mb), ocispec.MediaTypeImageManifest)
 	s.healthy.Manifest(t, "v1", json.RawMessage(mb), ocispec.MediaTypeImageManifest)
@@ -125,27 +130,37 @@ func TestStallingSourceHandsTheJoinedPullToAHealthyOne(t *testing.T) {
 	s.joinedPull(t, openCache(t, t.TempDir(), Options{}), arrived, nil)
 }
 
-// A source that sends wrong bytes (another digest, too many, too few) hands the joined pull to a healthy source as
-// a stalling one does, and is not asked again; the pull neither fails nor keeps the wrong bytes.
+// A source that sends wrong bytes (another digest, too many, too few; for a layer or the config) hands the joined
+// pull to a healthy source as a stalling one does, and is not asked again; the pull neither fails nor keeps the
+// wrong bytes.
 func TestWrongBytesHandTheJoinedPullToAHealthyOne(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		body func(good []byte) (b []byte, declareLength bool)
+		name   string
+		config bool // lie about the config instead of the weights
+		body   func(good []byte) (b []byte, declareLength bool)
 	}{
-		{"same size, other digest", func(good []byte) ([]byte, bool) {
+		{"same size, other digest", false, func(good []byte) ([]byte, bool) {
 			b := append([]byte(nil), good...)
 			b[len(b)/2] ^= 0xff
 			return b, true
 		}},
-		{"longer than the descriptor", func(good []byte) ([]byte, bool) {
+		{"longer than the descriptor", false, func(good []byte) ([]byte, bool) {
 			b := append(append([]byte(nil), good...), "trailer"...)
 			b[1] ^= 0xff
 			return b, false
 		}},
-		{"shorter than the descriptor, a clean end", func(good []byte) ([]byte, bool) {
+		{"shorter than the descriptor, a clean end", false, func(good []byte) ([]byte, bool) {
 			b := append([]byte(nil), good[:len(good)/2]...)
 			b[0] ^= 0xff
 			return b, false
+		}},
+		{"config, same size, other digest", true, func(good []byte) ([]byte, bool) {
+			b := append([]byte(nil), good...)
+			b[len(b)-1] ^= 0x01
+			return b, true
+		}},
+		{"config, longer than the descriptor", true, func(good []byte) ([]byte, bool) {
+			return append(append([]byte(nil), good...), ' '), false
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -154,7 +169,7 @@ func TestWrongBytesHandTheJoinedPullToAHealthyOne(t *testing.T) {
 			var mu sync.Mutex
 			lies := 0
 			s.bad.OnBlob = func(w http.ResponseWriter, r *http.Request, d digest.Digest, good []byte) bool {
-				if d != s.weights {
+				if (d != s.weights && !tc.config) || (d != s.config && tc.config) {
 					return false
 				}
 				mu.Lock()
