@@ -43,7 +43,8 @@ func init() {
 			go v.WatchPolicy(ctx, policyPath, 0)
 			env.Verifier = cachebackend.VerifierFunc(func(ctx context.Context, digestRef string) error {
 				if cf := cachebackend.CredentialsFrom(ctx); cf != nil {
-					ctx = signing.WithCredentials(ctx, cf) // the volume's pull secret reads its signatures too
+					// The volume's pull secret reads its signatures too, from the origin and from mirrors.
+					ctx = remote.WithCredential(signing.WithCredentials(ctx, cf), cf)
 				}
 				_, err := v.Verify(ctx, digestRef)
 				if errors.Is(err, signing.ErrDenied) {

@@ -8,8 +8,10 @@ import (
 	"testing"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/crypto/bcrypt"
 	"oras.land/oras-go/v2"
 	"oras.land/oras-go/v2/registry/remote"
+	"oras.land/oras-go/v2/registry/remote/auth"
 
 	mpremote "github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/internal/testenv"
@@ -90,17 +92,10 @@ func TestSignatureReadsFollowMirrors(t *testing.T) {
 
 	// The mirror holds both models, but the signature of the first only.
 	for _, ref := range []string{signed, sigOnlyAtOrigin, signatureTag(t, signed)} {
-		copyToMirror(t, mirror, ref)
+		copyToMirror(t, mirror, ref, nil)
 	}
 
-	hosts := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(hosts, origin.Host), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	toml := "[host.\"http://" + mirror + "\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
-	if err := os.WriteFile(filepath.Join(hosts, origin.Host, "hosts.toml"), []byte(toml), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	hosts := mirrorHosts(t, origin.Host, "[host.\"http://"+mirror+"\"]\n  capabilities = [\"pull\", \"resolve\"]\n")
 	plain := []string{origin.Host}
 	v := NewVerifier(keyPolicy(t, Enforce, pub), RegistryOptions{PlainHTTPHosts: plain,
 		TransportFor: mpremote.TransportsFor(mpremote.Options{HostsDir: hosts}, plain)})
@@ -134,8 +129,22 @@ func signatureTag(t *testing.T, digestRef string) string {
 	return repo + ":" + strings.Replace(dgst, ":", "-", 1) + ".sig"
 }
 
-// copyToMirror copies ref (origin/repo:tag or @digest) to the same repository and tag on mirror.
-func copyToMirror(t *testing.T, mirror, ref string) {
+// mirrorHosts writes a hosts directory whose hosts.toml for origin is body.
+func mirrorHosts(t *testing.T, origin, body string) string {
+	t.Helper()
+	hosts := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(hosts, origin), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(hosts, origin, "hosts.toml"), []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return hosts
+}
+
+// copyToMirror copies ref (origin/repo:tag or @digest) to the same repository and tag on mirror, with the mirror's
+// credentials if cred is set.
+func copyToMirror(t *testing.T, mirror, ref string, cred auth.CredentialFunc) {
 	t.Helper()
 	src, err := remote.NewRepository(ref)
 	if err != nil {
@@ -147,8 +156,47 @@ func copyToMirror(t *testing.T, mirror, ref string) {
 		t.Fatal(err)
 	}
 	dst.PlainHTTP = true
+	if cred != nil {
+		dst.Client = &auth.Client{Credential: cred}
+	}
 	tag := src.Reference.Reference
 	if _, err := oras.Copy(context.Background(), src, tag, dst, tag, oras.DefaultCopyOptions); err != nil {
 		t.Fatalf("copy %s to %s: %v", ref, mirror, err)
+	}
+}
+
+// A mirror that wants credentials gets the volume's (the driver passes them with the call), as the model's pull
+// does; without them it is a miss, and with the origin down the model is refused.
+func TestSignatureReadsFromAPrivateMirror(t *testing.T) {
+	ctx := context.Background()
+	hash, err := bcrypt.GenerateFromPassword([]byte("s3cret"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	origin := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	mirror := testenv.StartRegistry(t, testenv.RegistryOptions{Htpasswd: "puller:" + string(hash) + "\n"}).Host
+	good := func(context.Context, string) (auth.Credential, error) {
+		return auth.Credential{Username: "puller", Password: "s3cret"}, nil
+	}
+	key, pub := newKeys(t, t.TempDir(), "k")
+	ref, _ := pushModel(t, origin.Host, "models/p", "v1", "private mirror")
+	signed := sign(t, ref, key)
+	for _, r := range []string{signed, signatureTag(t, signed)} {
+		copyToMirror(t, mirror, r, good)
+	}
+	hosts := mirrorHosts(t, origin.Host, "[host.\"http://"+mirror+"\"]\n")
+	origin.Stop()
+	plain := []string{origin.Host}
+	verifier := func() *Verifier {
+		return NewVerifier(keyPolicy(t, Enforce, pub), RegistryOptions{PlainHTTPHosts: plain,
+			TransportFor: mpremote.TransportsFor(mpremote.Options{HostsDir: hosts,
+				RegistryConfig: filepath.Join(t.TempDir(), "config.json")}, plain)})
+	}
+	if dec, err := verifier().Verify(ctx, signed); err == nil || dec.Verified {
+		t.Fatalf("a private mirror was read without credentials: %+v", dec)
+	}
+	withCreds := mpremote.WithCredential(WithCredentials(ctx, good), good)
+	if dec, err := verifier().Verify(withCreds, signed); err != nil || !dec.Verified {
+		t.Fatalf("private mirror with the volume's credentials: %+v, %v", dec, err)
 	}
 }

@@ -1,6 +1,7 @@
 package remote
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -79,16 +80,43 @@ func (t *originTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // the origin cannot answer (down, 5xx) is answered by a mirror, so a node cut off from the origin still reads.
 //
 // A mirror never sees the caller's Authorization header, which is meant for the origin: each mirror is
-// authenticated on its own, with the credentials Options give for the mirror's host, by oras-go's auth client.
+// authenticated on its own by oras-go's auth client, with the credentials a Repository would use for the mirror's
+// host: the request's (WithCredential), then Options'.
 type mirrorTransport struct {
 	host    string // the registry as clients name it
 	mirrors []mirrorClient
 	origin  http.RoundTripper
+	cred    auth.CredentialFunc // Options'
 }
 
 type mirrorClient struct {
 	ep     endpoint
-	client *auth.Client
+	client *auth.Client // with Options' credentials and a token cache
+}
+
+type credentialKey struct{}
+
+// WithCredential returns a context whose requests through TransportsFor's mirrors ask cf first for a mirror's
+// credentials, as a Repository whose Options.Credential is cf does: the driver passes each volume's pull secret
+// this way, so a volume's signatures are read from a mirror with the credentials its model is.
+func WithCredential(ctx context.Context, cf auth.CredentialFunc) context.Context {
+	return context.WithValue(ctx, credentialKey{}, cf)
+}
+
+// clientFor is m's auth client for req: the shared one, or, when the request carries its own credentials, one
+// without a token cache, so a token one volume's secret obtained never serves another volume.
+func (t *mirrorTransport) clientFor(req *http.Request, m mirrorClient) *auth.Client {
+	cf, _ := req.Context().Value(credentialKey{}).(auth.CredentialFunc)
+	if cf == nil {
+		return m.client
+	}
+	return &auth.Client{Client: m.client.Client, Header: m.client.Header, Credential: func(ctx context.Context, host string) (auth.Credential, error) {
+		c, err := cf(ctx, host)
+		if err != nil || c != auth.EmptyCredential {
+			return c, err
+		}
+		return t.cred(ctx, host)
+	}}
 }
 
 func newMirrorTransport(opts Options, host string, mirrors []endpoint, origin http.RoundTripper) (*mirrorTransport, error) {
@@ -96,7 +124,7 @@ func newMirrorTransport(opts Options, host string, mirrors []endpoint, origin ht
 	if err != nil {
 		return nil, err
 	}
-	t := &mirrorTransport{host: host, origin: origin}
+	t := &mirrorTransport{host: host, origin: origin, cred: cred}
 	cache := auth.NewCache()
 	for _, ep := range mirrors {
 		hc, err := httpClient(ep, host, opts.concurrency(), opts.Timeouts.orDefault())
@@ -153,7 +181,7 @@ func (t *mirrorTransport) firstMirror(req *http.Request, can func(endpoint) bool
 		r := req.Clone(ctx)
 		r.URL.Scheme, r.URL.Host, r.Host = m.ep.scheme, m.ep.host, ""
 		r.Header.Del("Authorization") // the origin's
-		resp, err := m.client.Do(r)
+		resp, err := t.clientFor(req, m).Do(r)
 		if err == nil && resp.StatusCode/100 == 2 {
 			return resp, true
 		}
