@@ -142,7 +142,7 @@ func (t *mirrorTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	if req.URL.Path == "/v2/" || req.URL.Path == "/v2" {
 		resp, err := t.origin.RoundTrip(req)
-		if err == nil && resp.StatusCode < http.StatusInternalServerError || req.Context().Err() != nil {
+		if (err == nil && resp.StatusCode < http.StatusInternalServerError) || req.Context().Err() != nil {
 			return resp, err
 		}
 		if m, ok := t.firstMirror(req, func(endpoint) bool { return true }, ""); ok {
