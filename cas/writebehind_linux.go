@@ -33,3 +33,6 @@ func (w *behindWriter) Write(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// fdatasync flushes a file's bytes and the metadata needed to read them, not its timestamps.
+func fdatasync(f *os.File) error { return unix.Fdatasync(int(f.Fd())) }
