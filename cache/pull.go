@@ -187,17 +187,31 @@ func (f *flight) leave(id int, linger time.Duration) {
 func (c *Cache) completeManifest(d digest.Digest) (ocispec.Descriptor, bool) {
 	var out ocispec.Descriptor
 	var ok bool
+	var bad map[digest.Digest]string
 	c.db.View(func(tx *bolt.Tx) error {
 		md, err := resolveDigest(tx, d)
 		if err != nil {
 			return err
 		}
 		st, found, err := stateOf(tx, md)
-		if err == nil && found && st.Complete {
+		if err != nil || !found || !st.Complete {
+			return err
+		}
+		// The cheap check on use: every blob there, with its size.
+		rec, err := c.manifest(tx, md)
+		if err != nil || rec == nil {
+			return err
+		}
+		if bad = c.damage(rec); bad == nil {
 			out, ok = st.Descriptor, true
 		}
 		return nil
 	})
+	if bad != nil {
+		if err := c.repair(bad); err != nil {
+			c.log.Warn("taking damaged blobs out of use failed", "manifest", d.String(), "error", err.Error())
+		}
+	}
 	return out, ok
 }
 

@@ -7,7 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
+	"github.com/gofrs/flock"
 	digest "github.com/opencontainers/go-digest"
 )
 
@@ -223,4 +225,38 @@ func writeBootID(path string, id []byte) error {
 		return err
 	}
 	return syncDir(filepath.Dir(path))
+}
+
+// DropPartial deletes the partial ingest of d (and its lock file) unless an ingest is writing it now; it reports
+// whether it deleted one.
+func (s *Store) DropPartial(d digest.Digest) (bool, error) {
+	base := filepath.Join(s.root, "ingest", d.Algorithm().String()+"-"+d.Encoded())
+	lock := flock.New(base + ".lock")
+	ok, err := lock.TryLock()
+	if err != nil || !ok {
+		return false, err
+	}
+	defer lock.Unlock()
+	err = os.Remove(base + ".partial")
+	os.Remove(base + ".lock")
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// PartialAge is how long ago each partial ingest was last written.
+func (s *Store) PartialAge(now time.Time) (map[digest.Digest]time.Duration, error) {
+	partials, err := s.Partials()
+	if err != nil {
+		return nil, err
+	}
+	out := map[digest.Digest]time.Duration{}
+	for d := range partials {
+		fi, err := os.Stat(filepath.Join(s.root, "ingest", d.Algorithm().String()+"-"+d.Encoded()+".partial"))
+		if err == nil {
+			out[d] = now.Sub(fi.ModTime())
+		}
+	}
+	return out, nil
 }

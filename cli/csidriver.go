@@ -61,6 +61,7 @@ type csiDriverFlags struct {
 	plainHTTP                                       []string
 	cacheMax                                        string
 	gcInterval                                      time.Duration
+	verifyInterval                                  time.Duration
 	logFormat, logLevel                             string
 }
 
@@ -99,6 +100,7 @@ retry joins the pull under way. State under --root survives restarts, SIGKILL in
 		fl.StringSliceVar(&f.plainHTTP, "plain-http-registries", nil, "registries (host[:port]) reached over plain HTTP")
 		fl.StringVar(&f.cacheMax, "cache-max-size", "0", "evict least recently used models above this size (e.g. 200GiB; 0 = no limit)")
 		fl.DurationVar(&f.gcInterval, "gc-interval", 5*time.Minute, "how often orphaned volumes and the cache are collected")
+		fl.DurationVar(&f.verifyInterval, "cache-verify-interval", 24*time.Hour, "how often every cached blob is re-hashed (damaged ones are quarantined and pulled again; 0 = only after an unclean start)")
 		fl.StringVar(&f.logFormat, "log-format", "json", "log format: json or text")
 		fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 		for _, e := range csiDriverExtensions {
@@ -130,7 +132,7 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags) error {
 	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	c, err := cache.Open(cache.Options{Root: filepath.Join(f.root, "cache"), MaxBytes: maxBytes})
+	c, err := cache.Open(cache.Options{Root: filepath.Join(f.root, "cache"), MaxBytes: maxBytes, VerifyInterval: f.verifyInterval, Logger: log})
 	if err != nil {
 		return fmt.Errorf("open cache: %w", err)
 	}
