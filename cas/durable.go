@@ -183,7 +183,10 @@ func (s *Store) recoverDurability() error {
 				return err
 			}
 		default:
+			// Correct in the page cache; the flush need not hold up this process.
 			s.recovery.Flushed++
+			s.flushLater(d)
+			continue
 		}
 		if err := s.makeDurable(d); err != nil {
 			return err
@@ -243,6 +246,32 @@ func (s *Store) DropPartial(d digest.Digest) (bool, error) {
 		return false, nil
 	}
 	return err == nil, err
+}
+
+// DropIngests deletes every partial ingest and lock file no ingest holds now (for a store's prune, when no other
+// writer can be resuming them), and reports how many partials it deleted.
+func (s *Store) DropIngests() (int, error) {
+	dir := filepath.Join(s.root, "ingest")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), ".partial")
+		if !ok {
+			name, ok = strings.CutSuffix(e.Name(), ".lock")
+		}
+		alg, hex, _ := strings.Cut(name, "-")
+		d := digest.NewDigestFromEncoded(digest.Algorithm(alg), hex)
+		if !ok || d.Validate() != nil {
+			continue
+		}
+		if dropped, _ := s.DropPartial(d); dropped {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // PartialAge is how long ago each partial ingest was last written.

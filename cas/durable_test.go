@@ -305,6 +305,9 @@ func TestKilledIngest(t *testing.T) {
 				}
 				rec := s.Recovered()
 				t.Logf("recovery: %+v", rec)
+				if err := s.Sync(); err != nil {
+					t.Fatal(err)
+				}
 				if ok, _ := s.Exists(d, int64(len(b))); ok {
 					// Whatever is served must be the right bytes.
 					if err := s.Verify(d); err != nil {
