@@ -518,7 +518,7 @@ func (c *Cache) ensureLayer(ctx context.Context, l artifact.Layer) error {
 
 // extractLayer is ensureLayer's single extraction; it also returns the context the extraction ran under.
 func (c *Cache) extractLayer(ctx context.Context, l artifact.Layer, dst string) (context.Context, error) {
-	v, err, _ := c.layerFlight.Do(string(l.Digest), func() (any, error) {
+	ch := c.layerFlight.DoChan(string(l.Digest), func() (any, error) {
 		if _, err := os.Lstat(dst); err == nil {
 			return ctx, nil
 		}
@@ -559,12 +559,20 @@ func (c *Cache) extractLayer(ctx context.Context, l artifact.Layer, dst string) 
 			return putJSON(tx.Bucket(bucketLayers), string(l.Digest), st)
 		})
 	})
+	if layerFlightHook != nil {
+		layerFlightHook(l.Digest)
+	}
+	r := <-ch
+	v, err := r.Val, r.Err
 	lead, _ := v.(context.Context)
 	if lead == nil {
 		lead = ctx
 	}
 	return lead, err
 }
+
+// layerFlightHook, if set (tests), runs once a caller has started or joined the shared extraction of a layer.
+var layerFlightHook func(digest.Digest)
 
 type ctxReader struct {
 	ctx context.Context

@@ -192,7 +192,8 @@ func (s *Store) Ingest(ctx context.Context, d digest.Digest, size int64, open Op
 		// The shared call runs under the context of the caller that started it. If that caller gave up, the
 		// others, still wanting the blob, try again (resuming the partial) rather than inherit its cancellation.
 		// Callers agreeing on the digest but not on the size must not share an answer: the key holds both.
-		v, err, _ := s.flight.Do(fmt.Sprintf("%s/%d", d, size), func() (any, error) {
+		key := fmt.Sprintf("%s/%d", d, size)
+		ch := s.flight.DoChan(key, func() (any, error) {
 			err := s.ingest(ctx, d, size, open)
 			if errors.Is(err, errBadResume) {
 				// The partial was dropped: once more, from the first byte.
@@ -200,6 +201,11 @@ func (s *Store) Ingest(ctx context.Context, d digest.Digest, size int64, open Op
 			}
 			return ctx, err
 		})
+		if flightHook != nil {
+			flightHook(key)
+		}
+		r := <-ch
+		v, err := r.Val, r.Err
 		if err != nil && ctx.Err() == nil && isCancellation(err) {
 			if lead, _ := v.(context.Context); lead != nil && lead != ctx && lead.Err() != nil {
 				continue
@@ -469,6 +475,9 @@ func (c ctxReader) Read(p []byte) (int, error) {
 }
 
 const lockRetry = 20 * time.Millisecond
+
+// flightHook, if set (tests), runs once a caller of Ingest has started or joined the shared ingest of its key.
+var flightHook func(key string)
 
 // errBadResume marks a digest mismatch of a resumed ingest, which Ingest retries once from the start.
 var errBadResume = errors.New("the resumed partial was dropped")
