@@ -114,6 +114,8 @@ type Cache struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	// flushing counts background flushes of extracted layers; Close waits for them.
+	flushing sync.WaitGroup
 
 	// mu orders metadata decisions that must not interleave: recording a pull or a reference against GC's
 	// choice of what to delete.
@@ -187,6 +189,7 @@ func Open(opts Options) (*Cache, error) {
 func (c *Cache) Close() error {
 	c.cancel()
 	c.wg.Wait()
+	c.flushing.Wait()
 	err := c.blobs.Close()
 	if err == nil && (!c.unclean.Load() || c.uncleanVerified.Load()) {
 		err = os.Remove(filepath.Join(c.root, runningFile))
@@ -226,6 +229,8 @@ func (c *Cache) recover() error {
 			return err
 		}
 	}
+	dropped := map[digest.Digest]bool{}
+	var droppedViews, unflushed []digest.Digest
 	if err := c.db.Update(func(tx *bolt.Tx) error {
 		for _, b := range buckets {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
@@ -240,10 +245,22 @@ func (c *Cache) recover() error {
 			return err
 		}
 		present := map[digest.Digest]bool{}
+		durable := tx.Bucket(bucketDurableLayers)
 		for _, e := range entries {
 			d := digest.NewDigestFromEncoded(digest.SHA256, e.Name())
 			if d.Validate() != nil {
 				continue
+			}
+			if durable.Get([]byte(d)) == nil {
+				if c.blobs.Recovered().BootChanged {
+					// Extracted just before a restart of the machine: its files may never have reached the disk.
+					if err := c.trash(c.layerDir(d)); err != nil {
+						return err
+					}
+					dropped[d] = true
+					continue
+				}
+				unflushed = append(unflushed, d) // a process crash: correct in the page cache, not yet flushed
 			}
 			present[d] = true
 			if lb.Get([]byte(d)) == nil {
@@ -267,6 +284,22 @@ func (c *Cache) recover() error {
 			if err := lb.Delete(k); err != nil {
 				return err
 			}
+			if err := durable.Delete(k); err != nil {
+				return err
+			}
+		}
+		// The views built from dropped layers hold hardlinks to their files.
+		ms, err := allManifests(tx)
+		if err != nil {
+			return err
+		}
+		for _, m := range ms {
+			for _, l := range m.Layers {
+				if dropped[l.Digest] {
+					droppedViews = append(droppedViews, m.Descriptor.Digest)
+					break
+				}
+			}
 		}
 		// The view root is made read-only after its rename; finish that if the process died in between.
 		views, err := os.ReadDir(filepath.Join(c.root, "views"))
@@ -281,6 +314,15 @@ func (c *Cache) recover() error {
 		return nil
 	}); err != nil {
 		return err
+	}
+	if err := c.trashViews(droppedViews); err != nil {
+		return err
+	}
+	for _, d := range unflushed {
+		c.flushLayerLater(d)
+	}
+	if len(dropped) > 0 {
+		c.log.Warn("the machine restarted before extracted layers reached the disk: they will be extracted again", "layers", len(dropped))
 	}
 	// Blobs cas quarantined (unflushed bytes lost to a power loss) are already out of the store; what was built
 	// from them goes too.

@@ -234,6 +234,9 @@ func (c *Cache) gcLocked(ctx context.Context, st *GCStats, remove *digest.Digest
 				if err := tx.Bucket(bucketLayers).Delete([]byte(d)); err != nil {
 					return err
 				}
+				if err := tx.Bucket(bucketDurableLayers).Delete([]byte(d)); err != nil {
+					return err
+				}
 			}
 		}
 		return nil

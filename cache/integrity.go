@@ -106,6 +106,9 @@ func (c *Cache) repair(bad map[digest.Digest]string) error {
 			if err := tx.Bucket(bucketLayers).Delete([]byte(d)); err != nil {
 				return err
 			}
+			if err := tx.Bucket(bucketDurableLayers).Delete([]byte(d)); err != nil {
+				return err
+			}
 		}
 		return nil
 	}))
@@ -114,10 +117,19 @@ func (c *Cache) repair(bad map[digest.Digest]string) error {
 	}
 	// A view holds hardlinks to the bad inode: it goes too (also from under a volume that mounts it, which would
 	// otherwise keep reading wrong bytes); the next Acquire builds a new one from the fetched blobs.
+	errs = append(errs, c.trashViews(affected))
+	return errors.Join(errs...)
+}
+
+// trashViews deletes every view (whole or selected) of the given manifests.
+func (c *Cache) trashViews(manifests []digest.Digest) error {
 	views, err := os.ReadDir(filepath.Join(c.root, "views"))
-	errs = append(errs, err)
+	if err != nil {
+		return err
+	}
+	var errs []error
 	for _, v := range views {
-		for _, m := range affected {
+		for _, m := range manifests {
 			if v.Name() == m.Encoded() || strings.HasPrefix(v.Name(), m.Encoded()+"-") {
 				errs = append(errs, c.trash(c.viewDir(v.Name())))
 			}
@@ -148,6 +160,24 @@ func (c *Cache) Repair(ctx context.Context) (VerifyReport, error) {
 		return r, err
 	}
 	return r, nil
+}
+
+// flushLayerLater makes an extracted layer durable in the background and then marks it so.
+func (c *Cache) flushLayerLater(d digest.Digest) {
+	c.flushing.Add(1)
+	go func() {
+		defer c.flushing.Done()
+		dir := c.layerDir(d)
+		if err := syncFS(dir); err != nil {
+			return // gone (GC) or failing: unmarked, so deleted and extracted again after a restart of the machine
+		}
+		c.db.Update(func(tx *bolt.Tx) error {
+			if _, err := os.Lstat(dir); err != nil {
+				return nil
+			}
+			return tx.Bucket(bucketDurableLayers).Put([]byte(d), []byte{1})
+		})
+	}()
 }
 
 // maintain runs in the background while the cache is open: a full verification after an unclean start and every

@@ -15,8 +15,10 @@ import (
 	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/cas"
 )
 
 // syncBuffer is a log destination tests read while the cache writes.
@@ -25,8 +27,12 @@ type syncBuffer struct {
 	b  bytes.Buffer
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
-func (s *syncBuffer) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 // damageFixture pulls a model of two raw shards and a tar layer and returns what a test needs to damage it.
 func damageFixture(t *testing.T, opts Options) (c *Cache, src *memTarget, desc ocispec.Descriptor, weights []byte, logs *syncBuffer) {
@@ -256,5 +262,72 @@ func TestAbandonedPartialsAreDroppedAfterTheirLinger(t *testing.T) {
 	}
 	if locks, _ := filepath.Glob(filepath.Join(c.root, "ingest", "*.lock")); len(locks) != 0 {
 		t.Fatalf("lock files left after a pull: %v", locks)
+	}
+}
+
+// After a restart of the machine, nothing that had not reached the disk is served: a blob without its durable mark
+// is re-hashed (and, bad, quarantined and pulled again), an extracted layer without its mark is extracted again,
+// and the views built from either are rebuilt; the manifest is never mounted half.
+func TestRestartOfTheMachineDropsWhatWasNotFlushed(t *testing.T) {
+	bootFile := filepath.Join(t.TempDir(), "boot_id")
+	os.WriteFile(bootFile, []byte("boot-1\n"), 0o644)
+	t.Cleanup(cas.FakeBootIDForTesting(bootFile))
+	src := newMemTarget()
+	weights := shard(75, 256<<10)
+	code := makeTar(t, false, tarEntry{Name: "code/run.py", Body: "print(1)\n"})
+	desc := src.manifestDesc(modelManifest(t, src, []modelFile{
+		{Path: "w.safetensors", Data: weights},
+		{Path: "code", Data: code, Kind: artifact.KindCode, Format: artifact.FormatTar},
+	}))
+	root := t.TempDir()
+	c, err := Open(Options{Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Pull(context.Background(), src, desc, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Acquire("vol", desc.Digest, Selector{}); err != nil {
+		t.Fatal(err)
+	}
+	// Stage the power loss: the shard's and the layer's flushes had not completed (no marks), and the shard's
+	// bytes never reached the disk.
+	c.flushing.Wait()
+	dw, dc := digest.FromBytes(weights), digest.FromBytes(code)
+	if err := c.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketDurableLayers).Delete([]byte(dc)) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(filepath.Join(root, "ingest", "durable", "sha256-"+dw.Encoded()))
+	rewrite(t, filepath.Join(root, "blobs", "sha256", dw.Encoded()), func(b []byte) []byte { return make([]byte, len(b)) })
+	os.WriteFile(bootFile, []byte("boot-2\n"), 0o644)
+
+	c2 := openCache(t, root, Options{})
+	if c2.Has(desc.Digest) {
+		t.Fatal("a manifest with a blob lost to the power cut is complete")
+	}
+	if _, err := os.Stat(c2.layerDir(dc)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("unflushed extracted layer kept: %v", err)
+	}
+	if views, _ := os.ReadDir(filepath.Join(root, "views")); len(views) != 0 {
+		t.Fatalf("views built from unflushed content kept: %v", views)
+	}
+	if got := testutil.ToFloat64(c2.m.corruptBlobs.WithLabelValues("digest")); got != 1 {
+		t.Errorf("corrupt_blobs_total{problem=digest} = %v, want 1", got)
+	}
+	if _, err := c2.Pull(context.Background(), src, desc, nil); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := c2.Acquire("vol", desc.Digest, Selector{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, "w.safetensors")); !bytes.Equal(got, weights) {
+		t.Fatal("wrong weights after the restart")
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, "code", "run.py")); string(got) != "print(1)\n" {
+		t.Fatalf("code after the restart: %q", got)
 	}
 }

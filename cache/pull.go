@@ -543,21 +543,21 @@ func (c *Cache) extractLayer(ctx context.Context, l artifact.Layer, dst string) 
 			removeAll(tmp)
 			return ctx, fmt.Errorf("extract layer %s (%s): %w", l.Digest, l.MediaType, err)
 		}
-		// The extracted files are not individually synced: one syncfs makes them durable before the rename
-		// publishes the directory.
-		if err := syncFS(tmp); err != nil {
-			removeAll(tmp)
-			return ctx, err
-		}
+		// The extracted files are used at once from the page cache and made durable in the background (one syncfs),
+		// like blobs: a restart of the machine before that completed deletes the layer (recover).
 		if err := os.Rename(tmp, dst); err != nil {
 			removeAll(tmp)
 			return ctx, err
 		}
 		c.m.extractions.Inc()
 		c.m.extractSeconds.Observe(time.Since(start).Seconds())
-		return ctx, c.db.Update(func(tx *bolt.Tx) error {
+		if err := c.db.Update(func(tx *bolt.Tx) error {
 			return putJSON(tx.Bucket(bucketLayers), string(l.Digest), st)
-		})
+		}); err != nil {
+			return ctx, err
+		}
+		c.flushLayerLater(l.Digest)
+		return ctx, nil
 	})
 	if layerFlightHook != nil {
 		layerFlightHook(l.Digest)

@@ -39,9 +39,7 @@ func fakeBoot(t *testing.T) (reboot func()) {
 		}
 	}
 	reboot()
-	old := bootIDFile
-	bootIDFile = p
-	t.Cleanup(func() { bootIDFile = old })
+	t.Cleanup(FakeBootIDForTesting(p))
 	return reboot
 }
 
