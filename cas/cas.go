@@ -289,10 +289,12 @@ func (s *Store) ingest(ctx context.Context, d digest.Digest, size int64, open Op
 		h.Reset()
 		offset = 0
 	}
-	// Read one byte more than expected so an oversized source is caught rather than truncated.
+	// Read one byte more than expected so an oversized source is caught rather than truncated. The bytes go to the
+	// page cache only: starting their writeback here (sync_file_range, as this once did) put block allocation and
+	// I/O submission on the download's CPU (2 of 5 CPU-seconds of a 2 GiB pull, pprof); the flush is the flusher's.
 	buf := copyBuffers.Get().(*[]byte)
 	defer copyBuffers.Put(buf)
-	n, err := io.CopyBuffer(io.MultiWriter(writeBehind(f, offset), h), io.LimitReader(ctxReader{ctx, rc}, size-offset+1), *buf)
+	n, err := io.CopyBuffer(io.MultiWriter(f, h), io.LimitReader(ctxReader{ctx, rc}, size-offset+1), *buf)
 	if err != nil {
 		return fmt.Errorf("fetch %s: %w", d, err)
 	}
@@ -373,7 +375,7 @@ func (s *Store) Write(ctx context.Context, r io.Reader) (digest.Digest, int64, e
 		}
 	}()
 	digester := digest.Canonical.Digester()
-	n, err := io.Copy(io.MultiWriter(writeBehind(f, 0), digester.Hash()), ctxReader{ctx, r})
+	n, err := io.Copy(io.MultiWriter(f, digester.Hash()), ctxReader{ctx, r})
 	if err != nil {
 		return "", 0, err
 	}

@@ -54,7 +54,8 @@ start_driver() { # BIN ROOT: starts a driver on an empty root and waits until it
 }
 stop_driver() { # unpublishes what it published, unmounts what is left under the scratch dir, stops it
   [ -n "$DRIVER_PID" ] || return 0
-  for t in "$D"/pods/*/mount; do [ -e "$t" ] && $CSI unpublish -volume-id "vol-$(basename "$(dirname "$t")")" -target "$t" 2>/dev/null; done
+  local tgt m
+  for tgt in "$D"/pods/*/mount; do [ -e "$tgt" ] && $CSI unpublish -volume-id "vol-$(basename "$(dirname "$tgt")")" -target "$tgt" 2>/dev/null; done
   for m in $(awk -v d="$D/" 'index($5, d) == 1 {print $5}' /proc/self/mountinfo | sort -r); do umount -l "$m" 2>/dev/null || true; done
   kill "$DRIVER_PID" 2>/dev/null || true
   wait "$DRIVER_PID" 2>/dev/null || true
@@ -62,6 +63,17 @@ stop_driver() { # unpublishes what it published, unmounts what is left under the
   rm -rf "$D/pods"
 }
 trap stop_driver EXIT
+
+nblobs=$(echo "$blobs" | wc -l)
+curl_pull() {
+  rm -rf "$D/curl"; mkdir -p "$D/curl"
+  echo "$blobs" | xargs -P "$nblobs" -I{} curl -fsS -o "$D/curl/{}" "http://$REGISTRY/v2/$repo/blobs/{}"
+}
+oras_pull() { rm -rf "$D/oras"; oras pull --plain-http -o "$D/oras" "$REF" >/dev/null; }
+publish() { # POD REF: publishes REF into the pod's target (retrying ABORTED as kubelet does)
+  mkdir -p "$D/pods/$1"
+  $CSI publish -volume-id "vol-$1" -target "$D/pods/$1/mount" -attr "reference=$2" -timeout 2m
+}
 
 curl_pull >/dev/null 2>&1 # warm the registry's page cache so the first measured run is not penalised
 # A cold publish on a fresh driver and an empty cache: BIN NAME prints seconds; the driver's peak RSS goes to
@@ -75,17 +87,21 @@ cold_publish() {
   test -s "$D/pods/cold-$2/mount/$(ls "$MODEL_DIR" | grep safetensors | head -1)" || { echo "cold publish mounted no weights" >&2; exit 1; }
   stop_driver >&2
   rm -rf "$D/root-$2"
+  sync # let the deletion and its discards settle before the next measurement
   echo "$t"
 }
 # Interleave the paths round by round so drift on a shared machine hits them alike.
 curl_runs=() cold_runs=() oras_runs=() base_runs=() rss_max=0
 for i in $(seq "$RUNS"); do
+  sync
   curl_runs+=("$(timed curl_pull)")
   rm -rf "$D/curl"
+  sync
   cold_runs+=("$(cold_publish "$(command -v modelpack)" "$i")")
   rss_max=$(( $(cat "$D/rss-$i") > rss_max ? $(cat "$D/rss-$i") : rss_max ))
   oras_runs+=("$(timed oras_pull)")
   rm -rf "$D/oras"
+  sync
   if [ -n "$BASELINE" ]; then base_runs+=("$(cold_publish "$BASELINE" "base-$i")"); fi
 done
 t_curl=$(median "${curl_runs[@]}")
@@ -94,7 +110,8 @@ t_oras=$(median "${oras_runs[@]}")
 rss_kib=$rss_max
 
 start_driver "$(command -v modelpack)" "$D/root"
-publish small "$SMALL_REF" 2>/dev/null
+publish big "$REF" >/dev/null 2>&1 # the warm figures start from a cache holding both models
+publish small "$SMALL_REF" >/dev/null 2>&1
 warm_big=$($CSI bench -attr "reference=$REF" -dir "$D/warm-big" -n "$WARM_N")
 warm_small=$($CSI bench -attr "reference=$SMALL_REF" -dir "$D/warm-small" -n "$WARM_N")
 field() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }

@@ -17,16 +17,19 @@ nblobs=$(echo "$blobs" | wc -l)
 
 # BENCH_BASELINE_BIN: another modelpack binary whose pull and fetch are measured in the same rounds (before/after).
 BASELINE=${BENCH_BASELINE_BIN:-}
-mp_pull() { rm -rf "$T/home"; "${1:-modelpack}" --home "$T/home" pull --plain-http -q "$REF"; }
-mp_fetch() { rm -rf "$T/fetch"; "${1:-modelpack}" fetch --plain-http -q "$REF" "$T/fetch"; }
-oras_pull() { rm -rf "$T/oras"; oras pull --plain-http -o "$T/oras" "$REF" >/dev/null; }
+# Each measurement starts from empty destinations and a settled disk: deleting 2 GiB (and its discards) is not
+# part of any tool's time.
+fresh() { rm -rf "$T/home" "$T/fetch" "$T/oras" "$T/curl"; sync; }
+mp_pull() { "${1:-modelpack}" --home "$T/home" pull --plain-http -q "$REF"; }
+mp_fetch() { "${1:-modelpack}" fetch --plain-http -q "$REF" "$T/fetch"; }
+oras_pull() { oras pull --plain-http -o "$T/oras" "$REF" >/dev/null; }
 curl_pull() {
-  rm -rf "$T/curl"; mkdir -p "$T/curl"
+  mkdir -p "$T/curl"
   echo "$blobs" | xargs -P "$nblobs" -I{} curl -fsS -o "$T/curl/{}" "http://$REGISTRY/v2/$repo/blobs/{}"
 }
 
-# The same download made durable: modelpack pull fsyncs every blob before it names it (the store's crash
-# guarantee), which curl does not; this baseline flushes the files too, for a like-for-like figure.
+# The same download made durable: what waiting for the disk costs (modelpack pull names verified blobs at once and
+# flushes them in the background, marking each durable when its flush completed).
 curl_sync_pull() { curl_pull; sync "$T"/curl/*; }
 
 declare -A times
@@ -35,14 +38,14 @@ declare -A times
 pull_runs=() fetch_runs=() oras_runs=() curl_runs=() curls_runs=() bpull_runs=() bfetch_runs=()
 for _ in $(seq "$RUNS"); do
   if [ -n "$BASELINE" ]; then
-    bpull_runs+=("$(timed mp_pull "$BASELINE")")
-    bfetch_runs+=("$(timed mp_fetch "$BASELINE")")
+    fresh; bpull_runs+=("$(timed mp_pull "$BASELINE")")
+    fresh; bfetch_runs+=("$(timed mp_fetch "$BASELINE")")
   fi
-  pull_runs+=("$(timed mp_pull)")
-  fetch_runs+=("$(timed mp_fetch)")
-  oras_runs+=("$(timed oras_pull)")
-  curl_runs+=("$(timed curl_pull)")
-  curls_runs+=("$(timed curl_sync_pull)")
+  fresh; pull_runs+=("$(timed mp_pull)")
+  fresh; fetch_runs+=("$(timed mp_fetch)")
+  fresh; oras_runs+=("$(timed oras_pull)")
+  fresh; curl_runs+=("$(timed curl_pull)")
+  fresh; curls_runs+=("$(timed curl_sync_pull)")
 done
 times[pull]=$(median "${pull_runs[@]}")
 times[fetch]=$(median "${fetch_runs[@]}")

@@ -2,11 +2,6 @@
 
 package cas
 
-import (
-	"io"
-	"os"
-)
-
-func writeBehind(f *os.File, _ int64) io.Writer { return f }
+import "os"
 
 func fdatasync(f *os.File) error { return f.Sync() }
