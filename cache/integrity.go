@@ -162,11 +162,16 @@ func (c *Cache) Repair(ctx context.Context) (VerifyReport, error) {
 	return r, nil
 }
 
-// flushLayerLater makes an extracted layer durable in the background and then marks it so.
+// flushLayerLater makes an extracted layer durable in the background, once the pull that extracted it has had the
+// time to finish (cas.FlushDelay, or at once when the cache closes), and then marks it so.
 func (c *Cache) flushLayerLater(d digest.Digest) {
 	c.flushing.Add(1)
 	go func() {
 		defer c.flushing.Done()
+		select {
+		case <-time.After(cas.FlushDelay):
+		case <-c.ctx.Done():
+		}
 		dir := c.layerDir(d)
 		if err := syncFS(dir); err != nil {
 			return // gone (GC) or failing: unmarked, so deleted and extracted again after a restart of the machine

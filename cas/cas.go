@@ -41,6 +41,9 @@ type Store struct {
 
 	flushing  sync.WaitGroup // background flushes (durable.go)
 	flushErrs atomic.Value   // the first flush error
+	flushMu   sync.Mutex
+	pending   []digest.Digest // committed, waiting for the flusher
+	flushAt   *time.Timer
 	recovery  Recovery
 }
 

@@ -244,6 +244,9 @@ func crashHelper() int {
 	case "committed":
 		flushHook = func(digest.Digest) { fmt.Println("committed"); <-block }
 		err = s.Ingest(context.Background(), d, int64(len(b)), (&source{blob: b}).open)
+		if err == nil {
+			err = s.Sync() // the flush, at once, held by the hook
+		}
 	case "writing":
 		err = s.Ingest(context.Background(), d, int64(len(b)), func(context.Context, int64) (io.ReadCloser, int64, error) {
 			return io.NopCloser(io.MultiReader(bytes.NewReader(b[:len(b)/2]), hookReader{func() { fmt.Println("writing"); <-block }})), 0, nil
