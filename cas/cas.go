@@ -44,6 +44,7 @@ type Store struct {
 	flushMu   sync.Mutex
 	pending   []digest.Digest // committed, waiting for the flusher
 	flushAt   *time.Timer
+	ingesting atomic.Int32 // ingests under way: the flusher waits for them
 	recovery  Recovery
 }
 
@@ -226,6 +227,8 @@ func (s *Store) ingest(ctx context.Context, d digest.Digest, size int64, open Op
 	if ok, err := s.Exists(d, size); err != nil || ok {
 		return err
 	}
+	s.ingesting.Add(1)
+	defer s.ingesting.Add(-1)
 	base := filepath.Join(s.root, "ingest", d.Algorithm().String()+"-"+d.Encoded())
 	lock, err := lockIngest(ctx, base+".lock")
 	if err != nil {

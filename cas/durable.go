@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/gofrs/flock"
@@ -28,8 +29,9 @@ import (
 // bootIDFile is where the kernel publishes this boot's random id; tests point it elsewhere to fake a reboot.
 var bootIDFile = "/proc/sys/kernel/random/boot_id"
 
-// flushHook, if set (tests), runs in the flusher before a blob is flushed: a gate to hold a blob unmarked.
-var flushHook func(digest.Digest)
+// flushHook, if set (tests), runs in the flusher before a blob is flushed: a gate to hold a blob unmarked. Atomic:
+// a store's delayed flush may run while a later test sets it.
+var flushHook atomic.Pointer[func(digest.Digest)]
 
 // Recovery is what Open did about blobs that were not yet durable.
 type Recovery struct {
@@ -58,17 +60,31 @@ func (s *Store) Durable(d digest.Digest) bool {
 // 2 GiB cold publish). A pull commits its last blob, records, builds its view and mounts within milliseconds.
 var FlushDelay = 2 * time.Second
 
-// flushLater makes d durable in the background, FlushDelay after the last commit; Sync does it at once.
+// flushLater makes d durable in the background, once no ingest has run for FlushDelay; Sync does it at once.
 func (s *Store) flushLater(d digest.Digest) {
 	s.flushing.Add(1)
 	s.flushMu.Lock()
 	defer s.flushMu.Unlock()
 	s.pending = append(s.pending, d)
 	if s.flushAt == nil {
-		s.flushAt = time.AfterFunc(FlushDelay, s.flushPending)
+		s.flushAt = time.AfterFunc(FlushDelay, s.flushWhenIdle)
 	} else {
 		s.flushAt.Reset(FlushDelay)
 	}
+}
+
+// flushWhenIdle is the flusher's timer: with a download under way (whose later blobs' fsyncs a flush would slow
+// down), it waits another FlushDelay.
+func (s *Store) flushWhenIdle() {
+	if s.ingesting.Load() > 0 {
+		s.flushMu.Lock()
+		if s.flushAt != nil {
+			s.flushAt.Reset(FlushDelay)
+		}
+		s.flushMu.Unlock()
+		return
+	}
+	s.flushPending()
 }
 
 // flushPending flushes every blob committed so far.
@@ -82,8 +98,8 @@ func (s *Store) flushPending() {
 	}
 	s.flushMu.Unlock()
 	for _, d := range todo {
-		if flushHook != nil {
-			flushHook(d)
+		if hook := flushHook.Load(); hook != nil {
+			(*hook)(d)
 		}
 		if err := s.makeDurable(d); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			s.flushErrs.Store(err)

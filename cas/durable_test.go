@@ -47,11 +47,12 @@ func fakeBoot(t *testing.T) (reboot func()) {
 func holdFlushes(t *testing.T, held ...digest.Digest) (release func()) {
 	t.Helper()
 	gate := make(chan struct{})
-	flushHook = func(d digest.Digest) {
+	hook := func(d digest.Digest) {
 		if slices.Contains(held, d) {
 			<-gate
 		}
 	}
+	flushHook.Store(&hook)
 	released := false
 	release = func() {
 		if !released {
@@ -59,7 +60,7 @@ func holdFlushes(t *testing.T, held ...digest.Digest) (release func()) {
 			close(gate)
 		}
 	}
-	t.Cleanup(func() { release(); flushHook = nil })
+	t.Cleanup(func() { release(); flushHook.Store(nil) })
 	return release
 }
 
@@ -242,7 +243,8 @@ func crashHelper() int {
 	block := make(chan struct{})
 	switch os.Getenv("CRASH_AT") {
 	case "committed":
-		flushHook = func(digest.Digest) { fmt.Println("committed"); <-block }
+		hook := func(digest.Digest) { fmt.Println("committed"); <-block }
+		flushHook.Store(&hook)
 		err = s.Ingest(context.Background(), d, int64(len(b)), (&source{blob: b}).open)
 		if err == nil {
 			err = s.Sync() // the flush, at once, held by the hook
