@@ -7,11 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	digest "github.com/opencontainers/go-digest"
@@ -63,14 +65,24 @@ type Options struct {
 	MinAge time.Duration
 	// LockTimeout is how long Open waits for another process holding the cache (default 10 s).
 	LockTimeout time.Duration
+	// VerifyInterval is how often every blob is re-hashed in the background (damaged ones are quarantined and
+	// pulled again by the next publish); 0 or negative: only after an unclean start and on demand (Repair).
+	VerifyInterval time.Duration
+	// Logger receives the cache's warnings (damaged blobs); slog.Default() if nil.
+	Logger *slog.Logger
 }
+
+const defaultPullLinger = 5 * time.Minute
 
 func (o Options) withDefaults() Options {
 	if o.Concurrency <= 0 {
 		o.Concurrency = 8
 	}
 	if o.PullLinger == 0 {
-		o.PullLinger = 5 * time.Minute
+		o.PullLinger = defaultPullLinger
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
 	}
 	if o.MinAge == 0 {
 		o.MinAge = 5 * time.Minute
@@ -97,17 +109,23 @@ type Cache struct {
 	blobs *cas.Store
 	db    *bolt.DB
 	m     *metrics
+	log   *slog.Logger
 
 	// ctx outlives the callers of Pull so that an abandoned pull can linger; Close cancels it.
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	// flushing counts background flushes of extracted layers; Close waits for them.
+	flushing sync.WaitGroup
 
 	// mu orders metadata decisions that must not interleave: recording a pull or a reference against GC's
 	// choice of what to delete.
 	mu      sync.Mutex
 	flights map[digest.Digest]*flight
 	pulling map[digest.Digest]int // manifests a running pull is filling
+
+	// uncleanVerified: the verification an unclean start asked for has completed, so Close may clear the marker.
+	unclean, uncleanVerified atomic.Bool
 
 	layerFlight singleflight.Group
 	viewFlight  singleflight.Group
@@ -143,7 +161,7 @@ func Open(opts Options) (*Cache, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Cache{
-		opts: opts, root: root, blobs: blobs, db: db, m: newMetrics(),
+		opts: opts, root: root, blobs: blobs, db: db, m: newMetrics(), log: opts.Logger,
 		ctx: ctx, cancel: cancel,
 		flights: map[digest.Digest]*flight{}, pulling: map[digest.Digest]int{},
 	}
@@ -152,14 +170,32 @@ func Open(opts Options) (*Cache, error) {
 		cancel()
 		return nil, fmt.Errorf("recover cache %s: %w", root, err)
 	}
+	// The marker is created after the metadata lock is held, so it is ours; a marker already there is a process
+	// that died without Close.
+	_, err = os.Stat(filepath.Join(root, runningFile))
+	unclean := err == nil
+	if err := os.WriteFile(filepath.Join(root, runningFile), nil, 0o644); err != nil {
+		db.Close()
+		cancel()
+		return nil, err
+	}
+	c.unclean.Store(unclean)
+	c.wg.Add(1)
+	go c.maintain(unclean)
 	return c, nil
 }
 
-// Close cancels lingering pulls, waits for them and releases the cache root.
+// Close cancels lingering pulls, waits for them and for the background flush of the blobs pulled, and releases
+// the cache root.
 func (c *Cache) Close() error {
 	c.cancel()
 	c.wg.Wait()
-	return c.db.Close()
+	c.flushing.Wait()
+	err := c.blobs.Close()
+	if err == nil && (!c.unclean.Load() || c.uncleanVerified.Load()) {
+		err = os.Remove(filepath.Join(c.root, runningFile))
+	}
+	return errors.Join(err, c.db.Close())
 }
 
 // Root is the cache directory.
@@ -184,13 +220,19 @@ func (c *Cache) recover() error {
 	if err := c.blobs.Recover(); err != nil {
 		return err
 	}
+	if rec := c.blobs.Recovered(); rec.BootChanged {
+		c.log.Warn("the machine restarted since blobs were pulled: re-hashed those not yet known to be on disk",
+			"rehashed", rec.Rehashed, "quarantined", len(rec.Quarantined))
+	}
 	// Anything under tmp/ was being built when the process died; anything in trash/ was being deleted.
 	for _, d := range []string{"tmp", "trash"} {
 		if err := emptyDir(filepath.Join(c.root, d)); err != nil {
 			return err
 		}
 	}
-	return c.db.Update(func(tx *bolt.Tx) error {
+	dropped := map[digest.Digest]bool{}
+	var droppedViews, unflushed []digest.Digest
+	if err := c.db.Update(func(tx *bolt.Tx) error {
 		for _, b := range buckets {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
@@ -204,10 +246,22 @@ func (c *Cache) recover() error {
 			return err
 		}
 		present := map[digest.Digest]bool{}
+		durable := tx.Bucket(bucketDurableLayers)
 		for _, e := range entries {
 			d := digest.NewDigestFromEncoded(digest.SHA256, e.Name())
 			if d.Validate() != nil {
 				continue
+			}
+			if durable.Get([]byte(d)) == nil {
+				if c.blobs.Recovered().BootChanged {
+					// Extracted just before a restart of the machine: its files may never have reached the disk.
+					if err := c.trash(c.layerDir(d)); err != nil {
+						return err
+					}
+					dropped[d] = true
+					continue
+				}
+				unflushed = append(unflushed, d) // a process crash: correct in the page cache, not yet flushed
 			}
 			present[d] = true
 			if lb.Get([]byte(d)) == nil {
@@ -231,6 +285,22 @@ func (c *Cache) recover() error {
 			if err := lb.Delete(k); err != nil {
 				return err
 			}
+			if err := durable.Delete(k); err != nil {
+				return err
+			}
+		}
+		// The views built from dropped layers hold hardlinks to their files.
+		ms, err := allManifests(tx)
+		if err != nil {
+			return err
+		}
+		for _, m := range ms {
+			for _, l := range m.Layers {
+				if dropped[l.Digest] {
+					droppedViews = append(droppedViews, m.Descriptor.Digest)
+					break
+				}
+			}
 		}
 		// The view root is made read-only after its rename; finish that if the process died in between.
 		views, err := os.ReadDir(filepath.Join(c.root, "views"))
@@ -243,7 +313,25 @@ func (c *Cache) recover() error {
 			}
 		}
 		return nil
-	})
+	}); err != nil {
+		return err
+	}
+	if err := c.trashViews(droppedViews); err != nil {
+		return err
+	}
+	for _, d := range unflushed {
+		c.flushLayerLater(d)
+	}
+	if len(dropped) > 0 {
+		c.log.Warn("the machine restarted before extracted layers reached the disk: they will be extracted again", "layers", len(dropped))
+	}
+	// Blobs cas quarantined (unflushed bytes lost to a power loss) are already out of the store; what was built
+	// from them goes too.
+	bad := map[digest.Digest]string{}
+	for _, d := range c.blobs.Recovered().Quarantined {
+		bad[d] = "digest mismatch after a restart of the machine (the bytes never reached the disk)"
+	}
+	return c.repair(bad)
 }
 
 func randomSuffix() string {

@@ -4,7 +4,10 @@
 // Layout under Options.Root:
 //
 //	blobs/sha256/<hex>     verified blobs (package cas): manifests, configs, layers. A raw layer is the file itself.
-//	ingest/                resumable partial downloads (cas), kept across restarts
+//	ingest/                resumable partial downloads (cas), kept across restarts until abandoned for PullLinger;
+//	                       ingest/durable/ marks the blobs whose flush to disk completed, ingest/boot-id the boot
+//	quarantine/            damaged blobs taken out of use, kept for inspection until the next GC
+//	running                exists while a process has the cache open (its absence at Open means a clean Close)
 //	layers/sha256/<hex>/   each tar layer extracted once (whiteouts kept as .wh.* marker files for the merge)
 //	views/<hex>[-<sel>]/   one read-only tree per manifest (and selector), assembled with hardlinks, shared by
 //	                       every volume of that manifest
@@ -14,7 +17,8 @@
 // The API:
 //
 //	func Open(opts Options) (*Cache, error)
-//	    Options{Root; MaxBytes; Limits archive.Limits; Platform; Concurrency; PullLinger; MinAge; LockTimeout}.
+//	    Options{Root; MaxBytes; Limits archive.Limits; Platform; Concurrency; PullLinger; MinAge; LockTimeout;
+//	    VerifyInterval; Logger}.
 //	    Opens (creating) the cache and runs crash recovery: half-built views and layers are deleted, complete
 //	    blobs and views and resumable partial downloads are kept. One process holds a root at a time.
 //	func (c *Cache) Close() error
@@ -41,6 +45,7 @@
 //	func (c *Cache) Refs() ([]Ref, error)
 //	func (c *Cache) Usage() (Usage, error)
 //	func (c *Cache) Verify(ctx) (VerifyReport, error)                    // re-hashes every blob; reports, no repair
+//	func (c *Cache) Repair(ctx) (VerifyReport, error)                    // Verify, then quarantine what is bad
 //	func (c *Cache) Collector() prometheus.Collector                     // metrics, for the caller to register
 //	func (c *Cache) Root() string; func (c *Cache) Blobs() *cas.Store
 //
@@ -53,5 +58,13 @@
 //
 // Crash safety: metadata is written in bbolt transactions; a view or layer directory appears under its final name
 // only by rename once complete; GC commits metadata before it deletes files. A SIGKILL at any point leaves a cache
-// that Open recovers, and a pull that resumes where it stopped.
+// that Open recovers, and a pull that resumes where it stopped. Blobs are named as soon as they are verified and
+// flushed to disk in the background (cas): a process crash loses nothing (the page cache holds them), and after a
+// restart of the machine Open re-hashes every blob whose flush had not completed before anything can use it.
+//
+// Integrity (integrity.go): a complete manifest whose blobs are not all present with their sizes is not complete
+// (checked by a stat per blob on every Has, Resolve, Pull and Acquire); every blob is re-hashed in the background
+// after an unclean start, every VerifyInterval, and by Repair. A bad blob is quarantined, its manifests become
+// incomplete (the next Pull fetches it again), its views and extracted layers are deleted, and it is counted in
+// modelpack_cache_corrupt_blobs_total{problem} and logged.
 package cache

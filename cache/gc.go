@@ -234,6 +234,9 @@ func (c *Cache) gcLocked(ctx context.Context, st *GCStats, remove *digest.Digest
 				if err := tx.Bucket(bucketLayers).Delete([]byte(d)); err != nil {
 					return err
 				}
+				if err := tx.Bucket(bucketDurableLayers).Delete([]byte(d)); err != nil {
+					return err
+				}
 			}
 		}
 		return nil
@@ -350,12 +353,15 @@ func (c *Cache) sweep(s *snapshot, evict map[digest.Digest]bool, st *GCStats) er
 	}
 	for d := range partials {
 		if !blobs[d] {
-			base := filepath.Join(c.root, "ingest", d.Algorithm().String()+"-"+d.Encoded())
-			if err := os.Remove(base + ".partial"); err == nil {
+			if ok, _ := c.blobs.DropPartial(d); ok {
 				st.Partials++
 				delete(partials, d)
 			}
 		}
+	}
+	st.Partials += c.dropStalePartials(time.Now())
+	if _, err := c.blobs.PurgeQuarantine(); err != nil {
+		errs = append(errs, err)
 	}
 	c.removeStaleLocks(partials, blobs)
 	extracted, err := os.ReadDir(filepath.Join(c.root, "layers", "sha256"))
@@ -558,6 +564,8 @@ type VerifyReport struct {
 	Blobs    int       `json:"blobs"`
 	Bytes    int64     `json:"bytes"`
 	Problems []Problem `json:"problems,omitempty"`
+	// Repaired lists the blobs Repair took out of use (quarantined; their manifests are pulled again).
+	Repaired []digest.Digest `json:"repaired,omitempty"`
 }
 
 // Verify re-hashes every blob and checks that every complete manifest has its blobs. It reports; it does not

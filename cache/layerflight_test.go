@@ -33,13 +33,22 @@ func TestCancelledExtractionDoesNotFailJoinedCallers(t *testing.T) {
 	})
 	l := artifact.Layer{Descriptor: ocispec.Descriptor{MediaType: ocispec.MediaTypeImageLayer, Digest: d, Size: int64(len(b))}, Format: artifact.FormatTar}
 
+	// The extraction cannot finish before the fifo is fed, so a caller registered while it runs has joined it.
+	registered := make(chan struct{}, 8)
+	layerFlightHook = func(digest.Digest) {
+		select {
+		case registered <- struct{}{}:
+		default: // retries after the test stopped listening
+		}
+	}
+	t.Cleanup(func() { layerFlightHook = nil })
 	ctxA, cancelA := context.WithCancel(context.Background())
 	errA := make(chan error, 1)
 	go func() { errA <- c.ensureLayer(ctxA, l) }()
-	time.Sleep(50 * time.Millisecond)
+	<-registered // A leads
 	errB := make(chan error, 1)
 	go func() { errB <- c.ensureLayer(context.Background(), l) }()
-	time.Sleep(100 * time.Millisecond) // let B join A's extraction
+	<-registered // B joined A's extraction
 	cancelA()
 	done := make(chan struct{})
 	defer close(done)

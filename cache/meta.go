@@ -24,7 +24,10 @@ var (
 	// bucketState holds the small, often-written part of a manifest's record, so that an Acquire or a cache hit
 	// does not rewrite a manifest of thousands of layers.
 	bucketState = []byte("state") // manifest digest -> manifestState
-	buckets     = [][]byte{bucketManifests, bucketIndexes, bucketRefs, bucketLayers, bucketState}
+	// bucketDurableLayers marks the extracted layers whose files reached the disk (a background syncfs completed);
+	// after a restart of the machine, an extracted layer without the mark is deleted and extracted again.
+	bucketDurableLayers = []byte("durableLayers") // layer digest -> empty
+	buckets             = [][]byte{bucketManifests, bucketIndexes, bucketRefs, bucketLayers, bucketState, bucketDurableLayers}
 )
 
 type manifestRecord struct {

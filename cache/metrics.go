@@ -17,6 +17,7 @@ type metrics struct {
 	gcEvictions    prometheus.Counter
 	gcFreed        prometheus.Counter
 	verifyProblems prometheus.Counter
+	corruptBlobs   *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -43,6 +44,8 @@ func newMetrics() *metrics {
 		gcEvictions:    counter("gc_evictions_total", "Manifests evicted by garbage collection."),
 		gcFreed:        counter("gc_freed_bytes_total", "Bytes freed by garbage collection."),
 		verifyProblems: counter("verify_problems_total", "Problems found by Verify."),
+		corruptBlobs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "corrupt_blobs_total",
+			Help: "Damaged blobs taken out of use (quarantined, pulled again), by problem: missing, size, digest."}, []string{"problem"}),
 	}
 }
 
@@ -54,7 +57,7 @@ type collector struct{ m *metrics }
 func (c collector) all() []prometheus.Collector {
 	m := c.m
 	return []prometheus.Collector{m.pulls, m.fetchedBytes, m.extractions, m.extractSeconds, m.viewBuilds, m.viewFiles,
-		m.viewSeconds, m.acquires, m.acquireSeconds, m.gcRuns, m.gcEvictions, m.gcFreed, m.verifyProblems}
+		m.viewSeconds, m.acquires, m.acquireSeconds, m.gcRuns, m.gcEvictions, m.gcFreed, m.verifyProblems, m.corruptBlobs}
 }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {

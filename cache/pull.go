@@ -189,17 +189,31 @@ func (f *flight) leave(id int, linger time.Duration) {
 func (c *Cache) completeManifest(d digest.Digest) (ocispec.Descriptor, bool) {
 	var out ocispec.Descriptor
 	var ok bool
+	var bad map[digest.Digest]string
 	c.db.View(func(tx *bolt.Tx) error {
 		md, err := resolveDigest(tx, d)
 		if err != nil {
 			return err
 		}
 		st, found, err := stateOf(tx, md)
-		if err == nil && found && st.Complete {
+		if err != nil || !found || !st.Complete {
+			return err
+		}
+		// The cheap check on use: every blob there, with its size.
+		rec, err := c.manifest(tx, md)
+		if err != nil || rec == nil {
+			return err
+		}
+		if bad = c.damage(rec); bad == nil {
 			out, ok = st.Descriptor, true
 		}
 		return nil
 	})
+	if bad != nil {
+		if err := c.repair(bad); err != nil {
+			c.log.Warn("taking damaged blobs out of use failed", "manifest", d.String(), "error", err.Error())
+		}
+	}
 	return out, ok
 }
 
@@ -512,7 +526,7 @@ func (c *Cache) ensureLayer(ctx context.Context, l artifact.Layer) error {
 
 // extractLayer is ensureLayer's single extraction; it also returns the context the extraction ran under.
 func (c *Cache) extractLayer(ctx context.Context, l artifact.Layer, dst string) (context.Context, error) {
-	v, err, _ := c.layerFlight.Do(string(l.Digest), func() (any, error) {
+	ch := c.layerFlight.DoChan(string(l.Digest), func() (any, error) {
 		if _, err := os.Lstat(dst); err == nil {
 			return ctx, nil
 		}
@@ -538,28 +552,36 @@ func (c *Cache) extractLayer(ctx context.Context, l artifact.Layer, dst string) 
 			removeAll(tmp)
 			return ctx, fmt.Errorf("extract layer %s (%s): %w", l.Digest, l.MediaType, err)
 		}
-		// The extracted files are not individually synced: one syncfs makes them durable before the rename
-		// publishes the directory.
-		if err := syncFS(tmp); err != nil {
-			removeAll(tmp)
-			return ctx, err
-		}
+		// The extracted files are used at once from the page cache and made durable in the background (one syncfs),
+		// like blobs: a restart of the machine before that completed deletes the layer (recover).
 		if err := os.Rename(tmp, dst); err != nil {
 			removeAll(tmp)
 			return ctx, err
 		}
 		c.m.extractions.Inc()
 		c.m.extractSeconds.Observe(time.Since(start).Seconds())
-		return ctx, c.db.Update(func(tx *bolt.Tx) error {
+		if err := c.db.Update(func(tx *bolt.Tx) error {
 			return putJSON(tx.Bucket(bucketLayers), string(l.Digest), st)
-		})
+		}); err != nil {
+			return ctx, err
+		}
+		c.flushLayerLater(l.Digest)
+		return ctx, nil
 	})
+	if layerFlightHook != nil {
+		layerFlightHook(l.Digest)
+	}
+	r := <-ch
+	v, err := r.Val, r.Err
 	lead, _ := v.(context.Context)
 	if lead == nil {
 		lead = ctx
 	}
 	return lead, err
 }
+
+// layerFlightHook, if set (tests), runs once a caller has started or joined the shared extraction of a layer.
+var layerFlightHook func(digest.Digest)
 
 type ctxReader struct {
 	ctx context.Context

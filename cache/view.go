@@ -142,6 +142,10 @@ func (c *Cache) Acquire(owner string, manifest digest.Digest, sel Selector) (str
 	}
 	sel = sel.canonical()
 	start := time.Now()
+	// Never a view of blobs that are missing or of the wrong size (this also takes them out of use).
+	if _, ok := c.completeManifest(manifest); !ok {
+		return "", fmt.Errorf("manifest %s: %w (pull it first)", manifest, ErrNotFound)
+	}
 	var md digest.Digest
 	var prev []byte
 	// Resolve and record the reference in one step under mu, so GC cannot evict the manifest in between. Only

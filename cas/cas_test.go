@@ -10,7 +10,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	digest "github.com/opencontainers/go-digest"
 )
@@ -52,6 +51,23 @@ func open(t *testing.T) *Store {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// gateFlights returns a channel closed once n callers of Ingest have started or joined a shared ingest.
+func gateFlights(t *testing.T, n int) <-chan struct{} {
+	t.Helper()
+	var mu sync.Mutex
+	ch := make(chan struct{})
+	count := 0
+	flightHook = func(string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if count++; count == n {
+			close(ch)
+		}
+	}
+	t.Cleanup(func() { flightHook = nil })
+	return ch
 }
 
 func partials(t *testing.T, s *Store) map[digest.Digest]int64 {
@@ -265,6 +281,7 @@ func TestCancelledIngestDoesNotFailJoinedCallers(t *testing.T) {
 		<-release
 		return io.NopCloser(bytes.NewReader(b[offset:])), offset, nil
 	}
+	joined := gateFlights(t, 2)
 	ctxA, cancelA := context.WithCancel(context.Background())
 	errA := make(chan error, 1)
 	go func() { errA <- s.Ingest(ctxA, d, int64(len(b)), slow) }()
@@ -273,7 +290,7 @@ func TestCancelledIngestDoesNotFailJoinedCallers(t *testing.T) {
 	go func() {
 		errB <- s.Ingest(context.Background(), d, int64(len(b)), (&source{blob: b, seekable: true}).open)
 	}()
-	time.Sleep(100 * time.Millisecond) // let B join A's ingest
+	<-joined // B is registered with A's ingest, which cannot finish before release
 	cancelA()
 	close(release)
 	if err := <-errA; !errors.Is(err, context.Canceled) {
@@ -300,6 +317,7 @@ func TestConcurrentIngestsOfOneDigestWithAnotherSizeAreNotCoalesced(t *testing.T
 		<-release
 		return io.NopCloser(bytes.NewReader(b[offset:])), offset, nil
 	}
+	entered := gateFlights(t, 2)
 	errA := make(chan error, 1)
 	go func() { errA <- s.Ingest(context.Background(), d, int64(len(b)), slow) }()
 	<-opened
@@ -307,7 +325,7 @@ func TestConcurrentIngestsOfOneDigestWithAnotherSizeAreNotCoalesced(t *testing.T
 	go func() {
 		errB <- s.Ingest(context.Background(), d, int64(len(b))+1, (&source{blob: b, seekable: true}).open)
 	}()
-	time.Sleep(100 * time.Millisecond) // B would join A's ingest
+	<-entered // B has started its own ingest (it would have joined A's if the key were the digest alone)
 	close(release)
 	if err := <-errA; err != nil {
 		t.Fatal(err)

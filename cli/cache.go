@@ -187,18 +187,31 @@ nothing is evicted; only unneeded content is deleted.`,
 }
 
 func cacheVerifyCmd(g *Globals, f *cacheFlags) *cobra.Command {
-	return &cobra.Command{
-		Use:     "verify",
-		Example: `  modelpack cache verify --root /var/lib/modelpack`,
-		Short:   "Re-hash every blob and check every manifest has its content; exits 1 on any problem",
-		Args:    cobra.NoArgs,
+	var repair bool
+	cmd := &cobra.Command{
+		Use: "verify",
+		Example: `  modelpack cache verify --root /var/lib/modelpack
+  modelpack cache verify --root /var/lib/modelpack --repair`,
+		Short: "Re-hash every blob and check every manifest has its content; exits 1 on any problem",
+		Long: `Re-hash every blob and check every manifest has its content; exits 1 on any problem.
+
+With --repair, damaged blobs are quarantined (moved to quarantine/ under the cache root, deleted by the next gc),
+the manifests that need them are marked incomplete so that the next publish pulls them again, and the views and
+extracted layers built from them are deleted. The driver also does this on its own: a blob that is missing or of the
+wrong size is caught on every use, and every blob is re-hashed after an unclean start and every
+--cache-verify-interval.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := f.open(cache.Options{})
 			if err != nil {
 				return err
 			}
 			defer c.Close()
-			rep, err := c.Verify(cmd.Context())
+			verify := c.Verify
+			if repair {
+				verify = c.Repair
+			}
+			rep, err := verify(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -212,6 +225,9 @@ func cacheVerifyCmd(g *Globals, f *cacheFlags) *cobra.Command {
 					fmt.Fprintf(out, "%s: %s\n", p.Digest, p.What)
 				}
 				fmt.Fprintf(out, "verified %d blobs (%s): %d problems\n", rep.Blobs, humanBytes(rep.Bytes), len(rep.Problems))
+				if repair && len(rep.Repaired) > 0 {
+					fmt.Fprintf(out, "repaired: %d blobs quarantined; the next publish pulls them again\n", len(rep.Repaired))
+				}
 			}
 			if len(rep.Problems) > 0 {
 				return fmt.Errorf("%d problems", len(rep.Problems))
@@ -219,6 +235,8 @@ func cacheVerifyCmd(g *Globals, f *cacheFlags) *cobra.Command {
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&repair, "repair", false, "quarantine damaged blobs so the next publish pulls them again")
+	return cmd
 }
 
 func cacheRmCmd(g *Globals, f *cacheFlags) *cobra.Command {

@@ -84,6 +84,29 @@ func TestCacheCommands(t *testing.T) {
 	if out, err = runCLI(t, "cache", "verify", "--root", dir); err != nil || !strings.Contains(out, "verified 3 blobs") {
 		t.Fatalf("verify: %v\n%s", err, out)
 	}
+	// A flipped byte: verify reports it; verify --repair quarantines it, so the manifest is pulled again.
+	blob := filepath.Join(dir, "blobs", "sha256", w.Digest.Encoded())
+	os.Chmod(blob, 0o644)
+	if err := os.WriteFile(blob, []byte("weightz"), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if out, err = runCLI(t, "cache", "verify", "--root", dir); err == nil || !strings.Contains(out, w.Digest.String()) {
+		t.Fatalf("verify of a corrupt blob: %v\n%s", err, out)
+	}
+	if out, err = runCLI(t, "cache", "verify", "--root", dir, "--repair"); err == nil || !strings.Contains(out, "repaired: 1 blobs quarantined") {
+		t.Fatalf("verify --repair: %v\n%s", err, out)
+	}
+	c, _ = cache.Open(cache.Options{Root: dir})
+	if c.Has(m.Digest) {
+		t.Fatal("manifest with a quarantined blob still complete")
+	}
+	if _, err := c.Pull(ctx, store, m, nil); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if out, err = runCLI(t, "cache", "verify", "--root", dir); err != nil {
+		t.Fatalf("verify after repair and pull: %v\n%s", err, out)
+	}
 	if _, err = runCLI(t, "cache", "rm", "--root", dir, m.Digest.Encoded()[:8]); err == nil || !strings.Contains(err.Error(), "in use by vol-1") {
 		t.Fatalf("rm of a referenced manifest: %v", err)
 	}

@@ -64,6 +64,7 @@ type csiDriverFlags struct {
 	maxExtractRatio                                 float64
 	registryTimeouts                                remote.Timeouts
 	gcInterval                                      time.Duration
+	verifyInterval                                  time.Duration
 	logFormat, logLevel                             string
 }
 
@@ -120,6 +121,7 @@ UNAUTHENTICATED; PERMISSION_DENIED registry or signature policy; RESOURCE_EXHAUS
 		fl.DurationVar(&f.registryTimeouts.Idle, "registry-idle-timeout", remote.DefaultTimeouts.Idle, "how long a blob download may go without a byte before it reconnects")
 		fl.IntVar(&f.registryTimeouts.Attempts, "registry-attempts", remote.DefaultTimeouts.Attempts, "attempts in a row without a byte of progress before a download fails")
 		fl.DurationVar(&f.gcInterval, "gc-interval", 5*time.Minute, "how often orphaned volumes and the cache are collected")
+		fl.DurationVar(&f.verifyInterval, "cache-verify-interval", 24*time.Hour, "how often every cached blob is re-hashed (damaged ones are quarantined and pulled again; 0 = only after an unclean start)")
 		fl.StringVar(&f.logFormat, "log-format", "json", "log format: json or text")
 		fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 		for _, e := range csiDriverExtensions {
@@ -159,7 +161,8 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags) error {
 	defer stop()
 
 	c, err := cache.Open(cache.Options{Root: filepath.Join(f.root, "cache"), MaxBytes: maxBytes,
-		Limits: archive.Limits{MaxBytes: maxExtract, MaxRatio: f.maxExtractRatio}})
+		Limits:         archive.Limits{MaxBytes: maxExtract, MaxRatio: f.maxExtractRatio},
+		VerifyInterval: f.verifyInterval, Logger: log})
 	if err != nil {
 		return fmt.Errorf("open cache: %w", err)
 	}

@@ -15,28 +15,37 @@ bench_scratch "$T"
 bench_model "$T"
 nblobs=$(echo "$blobs" | wc -l)
 
-mp_pull() { rm -rf "$T/home"; modelpack --home "$T/home" pull --plain-http -q "$REF"; }
-mp_fetch() { rm -rf "$T/fetch"; modelpack fetch --plain-http -q "$REF" "$T/fetch"; }
-oras_pull() { rm -rf "$T/oras"; oras pull --plain-http -o "$T/oras" "$REF" >/dev/null; }
+# BENCH_BASELINE_BIN: another modelpack binary whose pull and fetch are measured in the same rounds (before/after).
+BASELINE=${BENCH_BASELINE_BIN:-}
+# Each measurement starts from empty destinations and a settled disk: deleting 2 GiB (and its discards) is not
+# part of any tool's time.
+fresh() { rm -rf "$T/home" "$T/fetch" "$T/oras" "$T/curl"; sync; }
+mp_pull() { "${1:-modelpack}" --home "$T/home" pull --plain-http -q "$REF"; }
+mp_fetch() { "${1:-modelpack}" fetch --plain-http -q "$REF" "$T/fetch"; }
+oras_pull() { oras pull --plain-http -o "$T/oras" "$REF" >/dev/null; }
 curl_pull() {
-  rm -rf "$T/curl"; mkdir -p "$T/curl"
+  mkdir -p "$T/curl"
   echo "$blobs" | xargs -P "$nblobs" -I{} curl -fsS -o "$T/curl/{}" "http://$REGISTRY/v2/$repo/blobs/{}"
 }
 
-# The same download made durable: modelpack pull fsyncs every blob before it names it (the store's crash
-# guarantee), which curl does not; this baseline flushes the files too, for a like-for-like figure.
+# The same download made durable: what waiting for the disk costs (modelpack pull names verified blobs at once and
+# flushes them in the background, marking each durable when its flush completed).
 curl_sync_pull() { curl_pull; sync "$T"/curl/*; }
 
 declare -A times
 
 # Interleave the tools run by run so drift on a shared machine hits them alike.
-pull_runs=() fetch_runs=() oras_runs=() curl_runs=() curls_runs=()
+pull_runs=() fetch_runs=() oras_runs=() curl_runs=() curls_runs=() bpull_runs=() bfetch_runs=()
 for _ in $(seq "$RUNS"); do
-  pull_runs+=("$(timed mp_pull)")
-  fetch_runs+=("$(timed mp_fetch)")
-  oras_runs+=("$(timed oras_pull)")
-  curl_runs+=("$(timed curl_pull)")
-  curls_runs+=("$(timed curl_sync_pull)")
+  if [ -n "$BASELINE" ]; then
+    fresh; bpull_runs+=("$(timed mp_pull "$BASELINE")")
+    fresh; bfetch_runs+=("$(timed mp_fetch "$BASELINE")")
+  fi
+  fresh; pull_runs+=("$(timed mp_pull)")
+  fresh; fetch_runs+=("$(timed mp_fetch)")
+  fresh; oras_runs+=("$(timed oras_pull)")
+  fresh; curl_runs+=("$(timed curl_pull)")
+  fresh; curls_runs+=("$(timed curl_sync_pull)")
 done
 times[pull]=$(median "${pull_runs[@]}")
 times[fetch]=$(median "${fetch_runs[@]}")
@@ -85,8 +94,14 @@ r5=$(ratio "${times[pull]}" "${times[curlsync]}")
 echo "transport ($(du -sh "$MODEL_DIR" | cut -f1) model, medians of $RUNS; ratios > 1 mean modelpack is faster unless noted)"
 line "pull vs oras pull" "modelpack ${times[pull]}s, oras ${times[oras]}s" "$r1" ">=" 1.3 "x"
 line "fetch vs oras pull" "modelpack ${times[fetch]}s, oras ${times[oras]}s" "$r2" ">=" 1.3 "x"
-line "pull / parallel curl (lower is better)" "modelpack ${times[pull]}s, curl ${times[curl]}s" "$r3" "<=" 1.25 "x"
+line "pull / parallel curl (lower is better)" "modelpack ${times[pull]}s, curl ${times[curl]}s" "$r3" "<=" 1.2 "x"
+line "fetch / parallel curl (lower is better)" "modelpack ${times[fetch]}s, curl ${times[curl]}s" "$(ratio "${times[fetch]}" "${times[curl]}")" "<=" 1.2 "x"
 line "pull / (parallel curl + fsync)" "modelpack ${times[pull]}s, curl+fsync ${times[curlsync]}s" "$r5" "<=" 1.25 "x"
 line "push vs oras push" "modelpack ${times[push]}s, oras ${times[oraspush]}s" "$r4" ">=" 1.2 "x"
 line "peak RSS during pull" "modelpack pull" "$rss" "<=" 64 " MiB"
+if [ -n "$BASELINE" ]; then
+  bp=$(median "${bpull_runs[@]}") bf=$(median "${bfetch_runs[@]}")
+  echo "baseline $BASELINE: pull ${bp}s ($(ratio "$bp" "${times[curl]}")× curl; runs ${bpull_runs[*]}), fetch ${bf}s ($(ratio "$bf" "${times[curl]}")× curl)"
+fi
+echo "runs: pull ${pull_runs[*]} | fetch ${fetch_runs[*]} | oras ${oras_runs[*]} | curl ${curl_runs[*]}"
 line "layer bytes resent by a repeated push" "modelpack push, same model twice" "$resent" "<=" 0 " B"

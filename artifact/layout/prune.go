@@ -114,6 +114,10 @@ func (s *Store) Prune(ctx context.Context) (PruneStats, error) {
 	if err != nil {
 		return stats, err
 	}
-	// No other process writes now, so the temporaries of interrupted writes can go too.
+	// No other process writes now, so the temporaries of interrupted writes, partial downloads and their locks can
+	// go too.
+	if _, err := s.blobs.DropIngests(); err != nil {
+		return stats, err
+	}
 	return stats, s.blobs.Recover()
 }

@@ -1,0 +1,336 @@
+package cas
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/gofrs/flock"
+	digest "github.com/opencontainers/go-digest"
+)
+
+// Durability. A blob is committed (renamed under its name) as soon as its bytes are verified, without waiting for
+// the disk: a reader in this boot reads them from the page cache, which a process crash does not lose. A flusher
+// then makes each committed blob durable in the background (fdatasync of the blob, fsync of its directory) and
+// only after that creates its durable mark, ingest/durable/<alg>-<hex>. The mark is written after the flush, so
+// if the mark survived a power loss, so did the bytes.
+//
+// ingest/boot-id names the boot in which the unmarked blobs were committed. When Open finds another boot id
+// (the machine restarted: maybe a power loss), every unmarked blob is re-hashed before anything can use it; a
+// blob whose bytes do not match is quarantined. With the same boot id (a process crash) the unmarked blobs are
+// correct in the page cache and are only flushed and marked. A store from before the marks existed (no boot-id
+// file) fsynced every blob before its commit: its blobs are marked durable as they are.
+
+// bootIDFile is where the kernel publishes this boot's random id; tests point it elsewhere to fake a reboot.
+var bootIDFile = "/proc/sys/kernel/random/boot_id"
+
+// flushHook, if set (tests), runs in the flusher before a blob is flushed: a gate to hold a blob unmarked. Atomic:
+// a store's delayed flush may run while a later test sets it.
+var flushHook atomic.Pointer[func(digest.Digest)]
+
+// Recovery is what Open did about blobs that were not yet durable.
+type Recovery struct {
+	// BootChanged: the machine restarted since unmarked blobs were committed; they were re-hashed.
+	BootChanged bool
+	// Rehashed counts unmarked blobs re-hashed because of a restart; Flushed counts those that only needed a flush.
+	Rehashed, Flushed int
+	// Quarantined lists blobs whose bytes no longer matched their digest; they were moved to quarantine/.
+	Quarantined []digest.Digest
+}
+
+func (s *Store) markPath(d digest.Digest) string {
+	return filepath.Join(s.root, "ingest", "durable", d.Algorithm().String()+"-"+d.Encoded())
+}
+
+// Durable reports whether a committed blob is known to be on disk (its flush completed).
+func (s *Store) Durable(d digest.Digest) bool {
+	_, err := os.Lstat(s.markPath(d))
+	return err == nil
+}
+
+// FlushDelay is how long the flusher waits after the last commit before it flushes what was committed. A flush
+// allocates the blobs' blocks, and on a journalling filesystem (ext4 data=ordered) every fsync that follows (the
+// cache's metadata commit, the driver's volume record) then waits for those bytes to reach the disk: flushing while
+// a pull and its mount are still under way would put the whole flush back on their path (measured: +0.7 s on a
+// 2 GiB cold publish). A pull commits its last blob, records, builds its view and mounts within milliseconds.
+var FlushDelay = 2 * time.Second
+
+// flushLater makes d durable in the background, once no ingest has run for FlushDelay; Sync does it at once.
+func (s *Store) flushLater(d digest.Digest) {
+	s.flushing.Add(1)
+	s.flushMu.Lock()
+	defer s.flushMu.Unlock()
+	s.pending = append(s.pending, d)
+	if s.flushAt == nil {
+		s.flushAt = time.AfterFunc(FlushDelay, s.flushWhenIdle)
+	} else {
+		s.flushAt.Reset(FlushDelay)
+	}
+}
+
+// flushWhenIdle is the flusher's timer: with a download under way (whose later blobs' fsyncs a flush would slow
+// down), it waits another FlushDelay.
+func (s *Store) flushWhenIdle() {
+	if s.ingesting.Load() > 0 {
+		s.flushMu.Lock()
+		if s.flushAt != nil {
+			s.flushAt.Reset(FlushDelay)
+		}
+		s.flushMu.Unlock()
+		return
+	}
+	s.flushPending()
+}
+
+// flushPending flushes every blob committed so far.
+func (s *Store) flushPending() {
+	s.flushMu.Lock()
+	todo := s.pending
+	s.pending = nil
+	if s.flushAt != nil {
+		s.flushAt.Stop()
+		s.flushAt = nil
+	}
+	s.flushMu.Unlock()
+	for _, d := range todo {
+		if hook := flushHook.Load(); hook != nil {
+			(*hook)(d)
+		}
+		if err := s.makeDurable(d); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			s.flushErrs.Store(err)
+		}
+		s.flushing.Done()
+	}
+}
+
+// makeDurable flushes a committed blob and its directory entry, then marks it durable.
+func (s *Store) makeDurable(d digest.Digest) error {
+	f, err := os.Open(s.Path(d))
+	if err != nil {
+		return err
+	}
+	err = fdatasync(f)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("flush %s: %w", d, err)
+	}
+	if err := syncDir(filepath.Dir(s.Path(d))); err != nil {
+		return err
+	}
+	// Not synced itself: a mark lost to a power loss only costs a re-hash.
+	mf, err := os.OpenFile(s.markPath(d), os.O_WRONLY|os.O_CREATE, 0o444)
+	if err != nil {
+		return err
+	}
+	return mf.Close()
+}
+
+// Sync makes every blob committed so far by this Store durable now, waits for flushes under way, and reports the
+// first flush error.
+func (s *Store) Sync() error {
+	s.flushPending()
+	s.flushing.Wait()
+	if err, _ := s.flushErrs.Load().(error); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Close waits for background flushes (Sync); the Store stays usable.
+func (s *Store) Close() error { return s.Sync() }
+
+// Recovered reports what Open did about blobs that were not yet durable.
+func (s *Store) Recovered() Recovery { return s.recovery }
+
+// Quarantine moves a blob whose bytes are wrong out of the store, to quarantine/<alg>-<hex>, so that the next
+// ingest fetches it again. The bad bytes are kept there for inspection until PurgeQuarantine.
+func (s *Store) Quarantine(d digest.Digest) error {
+	if err := d.Validate(); err != nil {
+		return err
+	}
+	dir := filepath.Join(s.root, "quarantine")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	os.Remove(s.markPath(d))
+	err := os.Rename(s.Path(d), filepath.Join(dir, d.Algorithm().String()+"-"+d.Encoded()))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return err
+}
+
+// PurgeQuarantine deletes quarantined blobs and reports how many bytes it freed.
+func (s *Store) PurgeQuarantine() (int64, error) {
+	dir := filepath.Join(s.root, "quarantine")
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	var freed int64
+	var errs []error
+	for _, e := range entries {
+		if info, err := e.Info(); err == nil {
+			freed += info.Size()
+		}
+		errs = append(errs, os.RemoveAll(filepath.Join(dir, e.Name())))
+	}
+	return freed, errors.Join(errs...)
+}
+
+// recoverDurability runs at Open: see the comment at the top of this file.
+func (s *Store) recoverDurability() error {
+	if err := os.MkdirAll(filepath.Join(s.root, "ingest", "durable"), 0o755); err != nil {
+		return err
+	}
+	boot, err := os.ReadFile(bootIDFile)
+	if err != nil {
+		return fmt.Errorf("read boot id: %w", err)
+	}
+	bootFile := filepath.Join(s.root, "ingest", "boot-id")
+	last, err := os.ReadFile(bootFile)
+	legacy := errors.Is(err, fs.ErrNotExist)
+	if err != nil && !legacy {
+		return err
+	}
+	s.recovery.BootChanged = !legacy && strings.TrimSpace(string(last)) != strings.TrimSpace(string(boot))
+	var unmarked []digest.Digest
+	if err := s.Walk(func(d digest.Digest, _ int64) error {
+		if !s.Durable(d) {
+			unmarked = append(unmarked, d)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, d := range unmarked {
+		switch {
+		case legacy:
+		case s.recovery.BootChanged:
+			s.recovery.Rehashed++
+			err := s.Verify(d)
+			if errors.Is(err, ErrDigestMismatch) {
+				if err := s.Quarantine(d); err != nil {
+					return err
+				}
+				s.recovery.Quarantined = append(s.recovery.Quarantined, d)
+				continue
+			}
+			if err != nil {
+				return err
+			}
+		default:
+			// Correct in the page cache; the flush need not hold up this process.
+			s.recovery.Flushed++
+			s.flushLater(d)
+			continue
+		}
+		if err := s.makeDurable(d); err != nil {
+			return err
+		}
+	}
+	// Marks of blobs that are gone (a crash between a mark's and a blob's removal) would vouch for a future blob.
+	marks, err := os.ReadDir(filepath.Join(s.root, "ingest", "durable"))
+	if err != nil {
+		return err
+	}
+	for _, m := range marks {
+		alg, hex, _ := strings.Cut(m.Name(), "-")
+		if _, err := os.Lstat(filepath.Join(s.root, "blobs", alg, hex)); errors.Is(err, fs.ErrNotExist) {
+			os.Remove(filepath.Join(s.root, "ingest", "durable", m.Name()))
+		}
+	}
+	// Only now, with every unmarked blob checked and durable, may this boot vouch for the rest.
+	if strings.TrimSpace(string(last)) == strings.TrimSpace(string(boot)) {
+		return nil
+	}
+	return writeBootID(bootFile, boot)
+}
+
+// writeBootID records the boot id durably. It is not replaced atomically: a torn id reads as another boot, which
+// only costs a re-hash.
+func writeBootID(path string, id []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(id)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+// DropPartial deletes the partial ingest of d (and its lock file) unless an ingest is writing it now; it reports
+// whether it deleted one.
+func (s *Store) DropPartial(d digest.Digest) (bool, error) {
+	base := filepath.Join(s.root, "ingest", d.Algorithm().String()+"-"+d.Encoded())
+	lock := flock.New(base + ".lock")
+	ok, err := lock.TryLock()
+	if err != nil || !ok {
+		return false, err
+	}
+	defer lock.Unlock()
+	err = os.Remove(base + ".partial")
+	os.Remove(base + ".lock")
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// DropIngests deletes every partial ingest and lock file no ingest holds now (for a store's prune, when no other
+// writer can be resuming them), and reports how many partials it deleted.
+func (s *Store) DropIngests() (int, error) {
+	dir := filepath.Join(s.root, "ingest")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), ".partial")
+		if !ok {
+			name, ok = strings.CutSuffix(e.Name(), ".lock")
+		}
+		alg, hex, _ := strings.Cut(name, "-")
+		d := digest.NewDigestFromEncoded(digest.Algorithm(alg), hex)
+		if !ok || d.Validate() != nil {
+			continue
+		}
+		if dropped, _ := s.DropPartial(d); dropped {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// PartialAge is how long ago each partial ingest was last written.
+func (s *Store) PartialAge(now time.Time) (map[digest.Digest]time.Duration, error) {
+	partials, err := s.Partials()
+	if err != nil {
+		return nil, err
+	}
+	out := map[digest.Digest]time.Duration{}
+	for d := range partials {
+		fi, err := os.Stat(filepath.Join(s.root, "ingest", d.Algorithm().String()+"-"+d.Encoded()+".partial"))
+		if err == nil {
+			out[d] = now.Sub(fi.ModTime())
+		}
+	}
+	return out, nil
+}

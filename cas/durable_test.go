@@ -1,0 +1,336 @@
+package cas
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gofrs/flock"
+	digest "github.com/opencontainers/go-digest"
+)
+
+const crashEnv = "MODELPACK_CAS_CRASH_HELPER"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(crashEnv) != "" {
+		os.Exit(crashHelper())
+	}
+	os.Exit(m.Run())
+}
+
+// fakeBoot points the boot id at a file the test controls and returns a function that "reboots" the machine.
+func fakeBoot(t *testing.T) (reboot func()) {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "boot_id")
+	n := 0
+	reboot = func() {
+		n++
+		if err := os.WriteFile(p, []byte(fmt.Sprintf("boot-%d\n", n)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reboot()
+	t.Cleanup(FakeBootIDForTesting(p))
+	return reboot
+}
+
+// holdFlushes keeps the background flush of the given digests waiting until the returned release is called.
+func holdFlushes(t *testing.T, held ...digest.Digest) (release func()) {
+	t.Helper()
+	gate := make(chan struct{})
+	hook := func(d digest.Digest) {
+		if slices.Contains(held, d) {
+			<-gate
+		}
+	}
+	flushHook.Store(&hook)
+	released := false
+	release = func() {
+		if !released {
+			released = true
+			close(gate)
+		}
+	}
+	t.Cleanup(func() { release(); flushHook.Store(nil) })
+	return release
+}
+
+func ingest(t *testing.T, s *Store, b []byte) digest.Digest {
+	t.Helper()
+	d := digest.FromBytes(b)
+	if err := s.Ingest(context.Background(), d, int64(len(b)), (&source{blob: b, seekable: true}).open); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// A commit does not wait for the disk: the blob is readable at once, and its durable mark appears only once the
+// background flush has completed.
+func TestCommitDoesNotWaitForTheFlush(t *testing.T) {
+	fakeBoot(t)
+	s := open(t)
+	b := blob(1 << 20)
+	release := holdFlushes(t, digest.FromBytes(b))
+	d := ingest(t, s, b)
+	if got, err := os.ReadFile(s.Path(d)); err != nil || !bytes.Equal(got, b) {
+		t.Fatalf("committed blob not readable before its flush: %v", err)
+	}
+	if s.Durable(d) {
+		t.Fatal("marked durable before the flush ran")
+	}
+	release()
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if !s.Durable(d) {
+		t.Fatal("not marked durable after the flush")
+	}
+	// A deleted blob loses its mark: it must not vouch for the next blob of that digest.
+	if err := s.Delete(d); err != nil {
+		t.Fatal(err)
+	}
+	if s.Durable(d) {
+		t.Fatal("mark outlived its blob")
+	}
+}
+
+// After a restart of the machine, blobs committed but not marked durable may hold anything (zeros, stale blocks):
+// Open re-hashes exactly those, quarantines the bad ones, and marks the good ones. Marked blobs are not re-read.
+func TestOpenAfterRebootRehashesUnmarkedBlobs(t *testing.T) {
+	reboot := fakeBoot(t)
+	root := t.TempDir()
+	s, err := Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	durable := ingest(t, s, blob(1<<20))
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	lost, kept := blob(2<<20), blob(3<<20)
+	release := holdFlushes(t, digest.FromBytes(lost), digest.FromBytes(kept))
+	dLost, dKept := ingest(t, s, lost), ingest(t, s, kept)
+	// The power went out: the page cache of "lost" never reached the disk, the size did.
+	if err := os.Chmod(s.Path(dLost), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(s.Path(dLost), make([]byte, len(lost)), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	reboot()
+	s2, err := Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := s2.Recovered()
+	if !rec.BootChanged || rec.Rehashed != 2 || !slices.Equal(rec.Quarantined, []digest.Digest{dLost}) {
+		t.Fatalf("recovery %+v, want 2 re-hashed (not the durable one) and %s quarantined", rec, dLost)
+	}
+	if ok, _ := s2.Exists(dLost, int64(len(lost))); ok {
+		t.Fatal("the corrupt blob is still served")
+	}
+	if _, err := os.Stat(filepath.Join(root, "quarantine", "sha256-"+dLost.Encoded())); err != nil {
+		t.Fatalf("corrupt blob not kept in quarantine: %v", err)
+	}
+	if !s2.Durable(dKept) || !s2.Durable(durable) {
+		t.Fatal("verified blobs not marked durable")
+	}
+	// The next ingest fetches the quarantined blob again.
+	release()
+	ingest(t, s2, lost)
+	if err := s2.Verify(dLost); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s2.PurgeQuarantine(); err != nil || n != int64(len(lost)) {
+		t.Fatalf("purge: %d %v", n, err)
+	}
+	// Opening again in the same boot re-hashes nothing.
+	if err := s2.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	s3, err := Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec := s3.Recovered(); rec.BootChanged || rec.Rehashed != 0 || rec.Flushed != 0 {
+		t.Fatalf("second open in one boot: %+v", rec)
+	}
+}
+
+// A store written before durable marks existed fsynced every blob before naming it: its blobs are trusted as they
+// are, not re-hashed.
+func TestOpenMarksBlobsOfAStoreWithoutBootID(t *testing.T) {
+	fakeBoot(t)
+	root := t.TempDir()
+	s, err := Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := ingest(t, s, blob(4096))
+	s.Sync()
+	for _, p := range []string{filepath.Join(root, "ingest", "boot-id"), s.markPath(d)} {
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s2, err := Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec := s2.Recovered(); rec.Rehashed != 0 || !s2.Durable(d) {
+		t.Fatalf("legacy store: %+v durable=%v", rec, s2.Durable(d))
+	}
+}
+
+// Lock files go with the ingest that committed; a waiter that locked a lock file meanwhile unlinked takes a fresh
+// one instead of guarding nothing.
+func TestIngestRemovesItsLockAndLockersNoticeIt(t *testing.T) {
+	fakeBoot(t)
+	s := open(t)
+	d := ingest(t, s, blob(4096))
+	if entries, _ := filepath.Glob(filepath.Join(s.Root(), "ingest", "*.lock")); len(entries) != 0 {
+		t.Fatalf("lock files left after commit: %v", entries)
+	}
+	_ = d
+	path := filepath.Join(s.Root(), "ingest", "x.lock")
+	holder := flock.New(path)
+	if ok, err := holder.TryLock(); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	got := make(chan *flock.Flock, 1)
+	waiting := make(chan struct{})
+	go func() {
+		close(waiting)
+		l, err := lockIngest(context.Background(), path)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	<-waiting
+	// Whether the waiter has opened the old file or not, it must end up holding the file now at path.
+	os.Remove(path)
+	holder.Unlock()
+	l := <-got
+	defer l.Unlock()
+	held, _ := l.Stat()
+	named, err := os.Stat(path)
+	if err != nil || !os.SameFile(held, named) {
+		t.Fatalf("lock held on a file no longer at its path (%v)", err)
+	}
+}
+
+// crashHelper (a re-executed test binary) ingests one blob and stops at a hook point, waiting to be killed:
+// "committed" (named, flush not done) or "writing" (half the bytes in the partial).
+func crashHelper() int {
+	bootIDFile = os.Getenv("CRASH_BOOT")
+	s, err := Open(os.Getenv("CRASH_ROOT"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	b := blob(4 << 20)
+	d := digest.FromBytes(b)
+	block := make(chan struct{})
+	switch os.Getenv("CRASH_AT") {
+	case "committed":
+		hook := func(digest.Digest) { fmt.Println("committed"); <-block }
+		flushHook.Store(&hook)
+		err = s.Ingest(context.Background(), d, int64(len(b)), (&source{blob: b}).open)
+		if err == nil {
+			err = s.Sync() // the flush, at once, held by the hook
+		}
+	case "writing":
+		err = s.Ingest(context.Background(), d, int64(len(b)), func(context.Context, int64) (io.ReadCloser, int64, error) {
+			return io.NopCloser(io.MultiReader(bytes.NewReader(b[:len(b)/2]), hookReader{func() { fmt.Println("writing"); <-block }})), 0, nil
+		})
+	}
+	fmt.Fprintln(os.Stderr, "reached the end:", err)
+	time.Sleep(time.Minute) // the flush is held: wait for the kill
+	return 1
+}
+
+type hookReader struct{ at func() }
+
+func (h hookReader) Read([]byte) (int, error) { h.at(); return 0, io.EOF }
+
+// TestKilledIngest kills a real process at each hook point, then opens its store as after a process crash (same
+// boot: nothing lost) and as after a power loss (new boot: the unflushed bytes are gone).
+func TestKilledIngest(t *testing.T) {
+	b := blob(4 << 20)
+	d := digest.FromBytes(b)
+	for _, at := range []string{"committed", "writing"} {
+		for _, powerLoss := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/powerloss=%v", at, powerLoss), func(t *testing.T) {
+				reboot := fakeBoot(t)
+				root := t.TempDir()
+				cmd := exec.Command(os.Args[0], "-test.run=^$")
+				cmd.Env = append(os.Environ(), crashEnv+"=1", "CRASH_ROOT="+root, "CRASH_AT="+at, "CRASH_BOOT="+bootIDFile)
+				out, err := cmd.StdoutPipe()
+				if err != nil {
+					t.Fatal(err)
+				}
+				var stderr strings.Builder
+				cmd.Stderr = &stderr
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				line, _ := bufio.NewReader(out).ReadString('\n')
+				cmd.Process.Kill()
+				cmd.Wait()
+				if strings.TrimSpace(line) != at {
+					t.Fatalf("helper said %q: %s", line, stderr.String())
+				}
+				if powerLoss {
+					// What a power loss may leave of bytes that were never flushed: the right size, zeros.
+					for _, p := range []string{filepath.Join(root, "blobs", "sha256", d.Encoded()), filepath.Join(root, "ingest", "sha256-"+d.Encoded()+".partial")} {
+						if fi, err := os.Stat(p); err == nil {
+							os.Chmod(p, 0o644)
+							if err := os.WriteFile(p, make([]byte, fi.Size()), 0o644); err != nil {
+								t.Fatal(err)
+							}
+						}
+					}
+					reboot()
+				}
+				s, err := Open(root)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rec := s.Recovered()
+				t.Logf("recovery: %+v", rec)
+				if err := s.Sync(); err != nil {
+					t.Fatal(err)
+				}
+				if ok, _ := s.Exists(d, int64(len(b))); ok {
+					// Whatever is served must be the right bytes.
+					if err := s.Verify(d); err != nil {
+						t.Fatalf("serving unverified bytes after the kill: %v", err)
+					}
+				}
+				if at == "committed" && !powerLoss && (rec.Flushed != 1 || !s.Durable(d)) {
+					t.Fatalf("a process crash lost a committed blob or left it unmarked: %+v", rec)
+				}
+				if at == "committed" && powerLoss && len(rec.Quarantined) != 1 {
+					t.Fatalf("unflushed blob not quarantined after a power loss: %+v", rec)
+				}
+				// The next ingest completes with the right bytes (resuming or refetching).
+				if err := s.Ingest(context.Background(), d, int64(len(b)), (&source{blob: b, seekable: true}).open); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.Verify(d); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+	}
+}
