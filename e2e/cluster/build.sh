@@ -13,12 +13,15 @@ WORK=$OUT/.build
 export GOFLAGS="-mod=mod -trimpath" CGO_ENABLED=0 GOWORK=off
 mkdir -p "$OUT" "$WORK"
 touch "$OUT/.versions"
+# Parts to build: arguments among etcd, containerd, kubernetes (default all), so parts can build in parallel.
+parts=" ${*:-etcd containerd kubernetes} "
+want() { [[ $parts == *" $1 "* ]]; }
 
 # fresh NAME VERSION: true if bin/k8s/NAME exists and was built at VERSION.
 fresh() { [ -x "$OUT/$1" ] && grep -qx "$1 $2" "$OUT/.versions"; }
 built() { sed -i "/^$1 /d" "$OUT/.versions"; echo "$1 $2" >> "$OUT/.versions"; echo "built $1 $2 in $(( $(date +%s) - $3 )) s"; }
 
-if ! fresh etcd "$ETCD_VERSION"; then
+if want etcd && ! fresh etcd "$ETCD_VERSION"; then
   t0=$(date +%s)
   mkdir -p "$WORK/etcd" && cd "$WORK/etcd"
   printf 'module modelpack.local/etcdbuild\ngo 1.25\nrequire go.etcd.io/etcd/server/v3 %s\n' "$ETCD_VERSION" > go.mod
@@ -28,6 +31,7 @@ if ! fresh etcd "$ETCD_VERSION"; then
 fi
 
 for c in containerd containerd-shim-runc-v2 ctr; do
+  want containerd || break
   fresh "$c" "$CONTAINERD_VERSION" && continue
   t0=$(date +%s)
   (cd "$WORK" && GOBIN=$OUT go install -ldflags "-s -w" "github.com/containerd/containerd/v2/cmd/$c@$CONTAINERD_VERSION")
@@ -38,7 +42,7 @@ done
 # the wrapper module maps each of them to the published k8s.io/X at the matching v0 version.
 k8s=(kubectl kubelet kube-scheduler kube-controller-manager kube-apiserver)
 need=()
-for c in "${k8s[@]}"; do fresh "$c" "$K8S_VERSION" || need+=("$c"); done
+want kubernetes && for c in "${k8s[@]}"; do fresh "$c" "$K8S_VERSION" || need+=("$c"); done
 if [ ${#need[@]} -gt 0 ]; then
   staging=v0.${K8S_VERSION#v1.}
   mkdir -p "$WORK/kubernetes" && cd "$WORK/kubernetes"

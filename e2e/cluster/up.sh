@@ -15,9 +15,9 @@ fi
 if [ -d "$RUN/pids" ] && ls "$RUN/pids"/*.pid >/dev/null 2>&1; then
   echo "$RUN/pids holds pids of an earlier cluster: run e2e/cluster/down.sh first" >&2; exit 1
 fi
-trap 'echo "up.sh failed; tearing down" >&2; bash "$ROOT/e2e/cluster/down.sh" >&2' ERR
+trap 'echo "up.sh failed; tearing down (logs kept in $RUN/logs)" >&2; KEEP=1 bash "$ROOT/e2e/cluster/down.sh" >&2' ERR
 
-for p in $ETCD_PORT $ETCD_PEER_PORT $APISERVER_PORT $REGISTRY_PORT $KCM_PORT $SCHEDULER_PORT $KUBELET_PORT $KUBELET_HEALTHZ_PORT $DRIVER_METRICS_PORT $PREPULL_METRICS_PORT; do
+for p in $ETCD_PORT $ETCD_PEER_PORT $APISERVER_PORT $REGISTRY_PORT $KCM_PORT $SCHEDULER_PORT $KUBELET_PORT $KUBELET_HEALTHZ_PORT $DRIVER_METRICS_PORT $PREPULL_METRICS_PORT $REGISTRAR_HEALTH_PORT $LIVENESS_PORT; do
   if (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null; then echo "port 127.0.0.1:$p is already in use" >&2; exit 1; fi
 done
 for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl containerd containerd-shim-runc-v2; do
@@ -101,7 +101,7 @@ stamp apiserver-ready
 start kube-controller-manager kube-controller-manager --kubeconfig="$RUN/pki/controller-manager.kubeconfig" \
   --bind-address=127.0.0.1 --secure-port=$KCM_PORT --leader-elect=false \
   --service-account-private-key-file="$RUN/pki/sa.key" --root-ca-file="$RUN/pki/ca.crt" \
-  --use-service-account-credentials=false --controllers='*,-nodeipam,-nodelifecycle,-ttl-after-finished' \
+  --cluster-signing-cert-file="$RUN/pki/ca.crt" --cluster-signing-key-file="$RUN/pki/ca.key" \
   --profiling=false
 start kube-scheduler kube-scheduler --kubeconfig="$RUN/pki/scheduler.kubeconfig" \
   --bind-address=127.0.0.1 --secure-port=$SCHEDULER_PORT --leader-elect=false --profiling=false
@@ -126,6 +126,7 @@ stamp registry-ready
 img=$RUN/images
 ( cd "$ROOT" && go build -trimpath -o "$img/ociimage" ./e2e/cmd/ociimage && \
   CGO_ENABLED=0 go build -trimpath -o "$img/kubelet-registrar" ./e2e/cmd/kubelet-registrar && \
+  CGO_ENABLED=0 go build -trimpath -o "$img/csi-livenessprobe" ./e2e/cmd/csi-livenessprobe && \
   CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$img/modelpack" ./cli/modelpack )
 busybox=$(command -v busybox)
 applets=""
@@ -141,6 +142,8 @@ done
   --entrypoint /usr/local/bin/modelpack --cmd --help $REGISTRY/modelpack/modelpack:e2e > "$img/modelpack.ref"
 "$img/ociimage" --file "$img/kubelet-registrar=/usr/local/bin/kubelet-registrar" \
   --entrypoint /usr/local/bin/kubelet-registrar $REGISTRY/modelpack/kubelet-registrar:e2e > /dev/null
+"$img/ociimage" --file "$img/csi-livenessprobe=/usr/local/bin/csi-livenessprobe" \
+  --entrypoint /usr/local/bin/csi-livenessprobe $REGISTRY/modelpack/csi-livenessprobe:e2e > /dev/null
 stamp images-pushed
 
 # ---- containerd ----
@@ -235,7 +238,8 @@ if [ "${DRIVER:-daemonset}" = host ]; then
     --root "$RUN/node-cache" --plain-http-registries "$REGISTRY" --metrics-addr 127.0.0.1:$DRIVER_METRICS_PORT \
     --prepull-socket "$plugin/prepull.sock" --log-format text --log-level debug
   waitfor "CSI socket" 30 test -S "$plugin/csi.sock"
-  start kubelet-registrar "$img/kubelet-registrar" --registration-dir "$KUBELET_DIR/plugins_registry"
+  start kubelet-registrar "$img/kubelet-registrar" --csi-address "$plugin/csi.sock" \
+    --kubelet-registration-path "$plugin/csi.sock" --registration-dir "$KUBELET_DIR/plugins_registry"
   kubectl apply -f "$ROOT/deploy/base/csidriver.yaml" >/dev/null
 else
   kubectl apply -k "$ROOT/deploy/overlays/local-cluster" >/dev/null
