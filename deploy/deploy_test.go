@@ -18,6 +18,7 @@ import (
 	"strings"
 	"testing"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -48,6 +49,12 @@ var newObject = map[string]func() any{
 	"rbac.authorization.k8s.io/v1/ClusterRoleBinding": func() any { return &rbacv1.ClusterRoleBinding{} },
 	"rbac.authorization.k8s.io/v1/Role":               func() any { return &rbacv1.Role{} },
 	"rbac.authorization.k8s.io/v1/RoleBinding":        func() any { return &rbacv1.RoleBinding{} },
+	"admissionregistration.k8s.io/v1/MutatingAdmissionPolicy": func() any {
+		return &admissionregistrationv1.MutatingAdmissionPolicy{}
+	},
+	"admissionregistration.k8s.io/v1/MutatingAdmissionPolicyBinding": func() any {
+		return &admissionregistrationv1.MutatingAdmissionPolicyBinding{}
+	},
 }
 
 type object struct {
