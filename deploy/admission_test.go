@@ -2,7 +2,6 @@ package deploy_test
 
 import (
 	"context"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -185,7 +184,7 @@ func withPrefixes(t *testing.T, objs []object, list string) []object {
 }
 
 func TestAdmissionPolicyRewritesSelectedImageVolumes(t *testing.T) {
-	a := newAdmitter(t, withPrefixes(t, nativeVolumeObjects(t), prefixes))
+	a := newAdmitter(t, withPrefixes(t, kustomize(t, "native-volumes"), prefixes))
 
 	emptyDir := corev1.Volume{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}
 	existingCSI := driverVolume("pinned", "registry.example.com/models/qwen@sha256:"+strings.Repeat("b", 64), corev1.PullNever, "")
@@ -275,7 +274,7 @@ func TestAdmissionPolicyRewritesSelectedImageVolumes(t *testing.T) {
 // TestAdmissionPolicyReinvoked: when a later admission step adds an image volume, the chain reinvokes the policy,
 // which rewrites the new volume and leaves the one it already rewrote as it is.
 func TestAdmissionPolicyReinvoked(t *testing.T) {
-	a := newAdmitter(t, withPrefixes(t, nativeVolumeObjects(t), prefixes))
+	a := newAdmitter(t, withPrefixes(t, kustomize(t, "native-volumes"), prefixes))
 	pod := modelPod("ml", nil, imageVolume("weights", "registry.example.com/models/llama3:v1", corev1.PullIfNotPresent))
 	got, err := a.admit(t, pod, func(p *corev1.Pod) {
 		p.Spec.Volumes = append(p.Spec.Volumes, imageVolume("injected", "registry.example.com/models/guard:v2", corev1.PullIfNotPresent))
@@ -294,7 +293,7 @@ func TestAdmissionPolicyReinvoked(t *testing.T) {
 
 // TestAdmissionPolicyDefaultSelectsNothing: as shipped (no prefixes), only a pod that opts in is rewritten.
 func TestAdmissionPolicyDefaultSelectsNothing(t *testing.T) {
-	a := newAdmitter(t, withPrefixes(t, nativeVolumeObjects(t), "[]"))
+	a := newAdmitter(t, withPrefixes(t, kustomize(t, "native-volumes"), "[]"))
 	pod := modelPod("ml", nil, imageVolume("m", "registry.example.com/models/llama3:v1", corev1.PullIfNotPresent))
 	got, err := a.admit(t, pod, nil)
 	if err != nil {
@@ -305,10 +304,33 @@ func TestAdmissionPolicyDefaultSelectsNothing(t *testing.T) {
 	}
 }
 
-func nativeVolumeObjects(t *testing.T) []object {
-	data, err := os.ReadFile("components/native-volumes/image-volumes.yaml")
+// checkNativeVolumes admits an opted-in pod through a rendering's policy: it must name the rendering's CSI driver,
+// and leave the install's own namespace alone.
+func checkNativeVolumes(t *testing.T, objs []object, driver string) {
+	t.Helper()
+	a := newAdmitter(t, objs)
+	labels := map[string]string{"modelpack.csi.dev/image-volumes": "true"}
+	vol := imageVolume("m", "registry.example.com/models/llama3:v1", corev1.PullIfNotPresent)
+	got, err := a.admit(t, modelPod("ml", labels, vol), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return decode(t, "component", data)
+	if csi := got.Spec.Volumes[0].CSI; csi == nil || csi.Driver != driver {
+		t.Errorf("the admission policy rewrote %+v, want a csi volume of driver %s", got.Spec.Volumes[0], driver)
+	}
+	own := modelPod("modelpack", labels, vol)
+	if got, err := a.admit(t, own, nil); err != nil || !equality.Semantic.DeepEqual(got, own) {
+		t.Errorf("the admission policy changed a pod in the driver's namespace (%v):\n%s", err, diff.Diff(own, got))
+	}
+}
+
+// specOf is an object's spec, for comparing two renderings of it apart from their labels.
+func specOf(obj any) any {
+	switch v := obj.(type) {
+	case *admissionregistrationv1.MutatingAdmissionPolicy:
+		return v.Spec
+	case *admissionregistrationv1.MutatingAdmissionPolicyBinding:
+		return v.Spec
+	}
+	return obj
 }
