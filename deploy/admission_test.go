@@ -2,6 +2,7 @@ package deploy_test
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -13,11 +14,17 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/diff"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/admission/initializer"
+	plugincel "k8s.io/apiserver/pkg/admission/plugin/cel"
 	"k8s.io/apiserver/pkg/admission/plugin/policy/mutating"
+	"k8s.io/apiserver/pkg/admission/plugin/policy/mutating/patch"
+	"k8s.io/apiserver/pkg/admission/plugin/policy/validating"
+	"k8s.io/apiserver/pkg/admission/plugin/webhook/matchconditions"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
+	"k8s.io/apiserver/pkg/cel/environment"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/client-go/discovery"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
@@ -333,4 +340,52 @@ func specOf(obj any) any {
 		return v.Spec
 	}
 	return obj
+}
+
+// TestAdmissionPolicyCompilesForCreate compiles the policy as the API server does when the policy is created:
+// as new expressions, with only the CEL libraries of the server's minimum compatibility version (1.35 for 1.36),
+// which is stricter than the plugin's compilation of stored policies the other tests go through.
+func TestAdmissionPolicyCompilesForCreate(t *testing.T) {
+	for name, objs := range map[string][]object{
+		"kustomize": kustomize(t, "native-volumes"),
+		"rendered":  decode(t, "rendered", readFile(t, "rendered/native-volumes.yaml")),
+	} {
+		t.Run(name, func(t *testing.T) {
+			policy := only[*admissionregistrationv1.MutatingAdmissionPolicy](t, objs)
+			compiler, err := plugincel.NewCompositedCompiler(environment.MustBaseEnvSet(utilversion.MajorMinor(1, 35)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			opts := plugincel.OptionalVariableDeclarations{HasAuthorizer: true, HasPatchTypes: true}
+			for _, v := range policy.Spec.Variables {
+				res := compiler.CompileAndStoreVariable(&validating.Variable{Name: v.Name, Expression: v.Expression}, opts, environment.NewExpressions)
+				if res.Error != nil {
+					t.Errorf("variable %s: %v", v.Name, res.Error)
+				}
+			}
+			for _, m := range policy.Spec.MatchConditions {
+				if res := compiler.CompileCELExpression((*matchconditions.MatchCondition)(&m), opts, environment.NewExpressions); res.Error != nil {
+					t.Errorf("matchCondition %s: %v", m.Name, res.Error)
+				}
+			}
+			for i, m := range policy.Spec.Mutations {
+				if m.JSONPatch == nil {
+					t.Fatalf("mutation %d is not a JSONPatch", i)
+				}
+				e := compiler.CompileMutatingEvaluator(&patch.JSONPatchCondition{Expression: m.JSONPatch.Expression}, opts, environment.NewExpressions)
+				if errs := e.CompilationErrors(); len(errs) > 0 {
+					t.Errorf("mutation %d: %v", i, errs)
+				}
+			}
+		})
+	}
+}
+
+func readFile(t *testing.T, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
