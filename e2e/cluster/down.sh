@@ -23,7 +23,10 @@ stop() {
 }
 # Let the kubelet unpublish volumes while everything still runs: a clean NodeUnpublish is the best teardown.
 if [ -f "$RUN/pids/kubelet.pid" ] && alive "$(cat "$RUN/pids/kubelet.pid")" && [ -f "$KUBECONFIG" ]; then
-  timeout 60 kubectl delete pods --all-namespaces --all --wait=true --grace-period=1 >/dev/null 2>&1 || true
+  # Workload pods first, while the node plugin still serves their unpublish; then the plugin itself.
+  timeout 90 kubectl delete pods --all-namespaces --field-selector metadata.namespace!=modelpack --wait=true --grace-period=1 >/dev/null 2>&1 || true
+  timeout 60 kubectl -n modelpack delete daemonsets,deployments --all --wait=true >/dev/null 2>&1 || true
+  timeout 60 kubectl -n modelpack delete pods --all --wait=true --grace-period=1 >/dev/null 2>&1 || true
 fi
 for s in kubelet-registrar modelpack-csi kubelet kube-scheduler kube-controller-manager; do stop $s; done
 
@@ -64,7 +67,7 @@ if [ -f "$RUN/sysctl.saved" ]; then
 fi
 # The kubelet's canary chains (iptables and ip6tables) in the tables it probes, when they were not there before.
 for t in mangle nat filter; do
-  for c in KUBE-KUBELET-CANARY KUBE-FIREWALL KUBE-MARK-DROP KUBE-MARK-MASQ KUBE-POSTROUTING; do
+  for c in KUBE-KUBELET-CANARY KUBE-IPTABLES-HINT KUBE-FIREWALL KUBE-MARK-DROP KUBE-MARK-MASQ KUBE-POSTROUTING; do
     grep -q "^:$c " "$RUN/iptables-chains.before" 2>/dev/null && continue
     for ipt in iptables ip6tables; do
       $ipt -w -t $t -L $c >/dev/null 2>&1 || continue
@@ -93,8 +96,9 @@ if [ -f "$RUN/sysctl.saved" ]; then
   while read -r k v; do [ "$(cat /proc/sys/$k)" = "$v" ] || leftover "sysctl $k=$(cat /proc/sys/$k), was $v"; done < "$RUN/sysctl.saved"
 fi
 if [ -f "$RUN/iptables-chains.before" ]; then
-  iptables-save 2>/dev/null | grep '^:' | sort > "$RUN/iptables-chains.after"
-  new=$(comm -13 <(cut -d' ' -f1 "$RUN/iptables-chains.before" | sort -u) <(cut -d' ' -f1 "$RUN/iptables-chains.after" | sort -u) | tr '\n' ' ')
+  # Built-in chains appear when a table is first used; only chains someone created count.
+  iptables-save 2>/dev/null | grep '^:' | cut -d' ' -f1 | grep -vxE ':(INPUT|OUTPUT|FORWARD|PREROUTING|POSTROUTING)' | sort -u > "$RUN/iptables-chains.after"
+  new=$(comm -13 "$RUN/iptables-chains.before" "$RUN/iptables-chains.after" | tr '\n' ' ')
   [ -n "$new" ] && leftover "iptables chains $new"
 fi
 if [ $left = 0 ]; then

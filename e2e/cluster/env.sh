@@ -16,6 +16,6 @@ KUBELET_DIR=/var/lib/kubelet
 # Sysctls kubelet sets on start; saved before and restored by down.sh.
 KUBELET_SYSCTLS="vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys kernel/keys/root_maxbytes"
 # Host paths the cluster may create; down.sh removes those that did not exist before up.sh.
-HOST_PATHS="$KUBELET_DIR /var/log/pods /var/log/containers /var/lib/cni /run/containerd /run/netns /var/run/netns /etc/cni"
+HOST_PATHS="$KUBELET_DIR /var/log/pods /var/log/containers /var/lib/cni /run/containerd /run/nri /run/netns /var/run/netns /etc/cni"
 export KUBECONFIG=$RUN/pki/admin.kubeconfig
 export PATH=$K8S_BIN:$ROOT/bin/tools:$ROOT/bin:$PATH

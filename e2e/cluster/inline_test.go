@@ -31,37 +31,44 @@ func TestInlineVolume(t *testing.T) {
 	ref, _ := c.PushModel(t, src, "e2e/inline:v1")
 
 	const mnt = "/models/m"
+	// The container checks, then stays up so the host side can be checked while the volume is in use.
 	script := harness.SumScript(mnt) +
 		"; grep ' " + mnt + " ' /proc/mounts" +
-		"; if touch " + mnt + "/new 2>/tmp/err; then echo WRITE-OK; else cat /tmp/err; fi"
+		"; touch " + mnt + "/new 2>&1 && echo WRITE-OK; echo CHECKED; exec sleep 3600"
 	c.Apply(t, c.PodManifest(harness.PodSpec{Name: "inline", Script: script,
 		Volumes: []harness.Volume{{Name: "model", MountPath: mnt, CSI: map[string]string{"reference": ref}}}}))
-	pod := c.WaitPhase(t, "default", "inline", corev1.PodSucceeded, podTimeout)
-	log := c.Logs(t, "default", "inline", "")
+	pod := c.WaitPhase(t, "default", "inline", corev1.PodRunning, podTimeout)
+	log := c.WaitLog(t, "default", "inline", "CHECKED", podTimeout)
 
 	if got, want := harness.ParseSums(t, log, mnt), harness.TreeSums(t, src); !maps.Equal(got, want) {
 		t.Errorf("the container read other bytes than the source:\ngot  %v\nwant %v", got, want)
 	}
-	var opts string
-	for _, line := range strings.Split(log, "\n") {
-		if f := strings.Fields(line); len(f) >= 4 && f[1] == mnt {
-			opts = f[3]
-		}
-	}
-	for _, o := range []string{"ro", "nosuid", "nodev"} {
-		if !hasOpt(opts, o) {
-			t.Errorf("mount %s in the container has options %q, missing %s", mnt, opts, o)
-		}
-	}
 	if strings.Contains(log, "WRITE-OK") || !strings.Contains(log, "Read-only file system") {
 		t.Errorf("a write into the volume did not fail with EROFS:\n%s", log)
 	}
-
-	// On the host, the kubelet's target for this volume is mounted while the pod exists, and gone after.
-	target := harness.PodVolumeDir(string(pod.UID), "model")
-	if _, ok := harness.HostMounts(t, target)[target]; !ok {
-		t.Errorf("no host mount at %s while the pod exists", target)
+	var inPod string
+	for _, line := range strings.Split(log, "\n") {
+		if f := strings.Fields(line); len(f) >= 4 && f[1] == mnt {
+			inPod = f[3]
+		}
 	}
+	if !hasOpt(inPod, "ro") {
+		t.Errorf("the volume in the container is mounted %q, not ro", inPod)
+	}
+	// What the driver publishes — the kubelet's target — must be ro,nosuid,nodev. The container's own bind of it
+	// is made by the runtime: runc 1.1 (Debian 12) remounts it with ro only, runc ≥ 1.2 keeps nosuid,nodev.
+	target := harness.PodVolumeDir(string(pod.UID), "model")
+	onHost, ok := harness.HostMounts(t, target)[target]
+	if !ok {
+		t.Fatalf("no host mount at %s while the pod runs", target)
+	}
+	for _, o := range []string{"ro", "nosuid", "nodev"} {
+		if !hasOpt(onHost, o) {
+			t.Errorf("the published volume %s has options %q, missing %s", target, onHost, o)
+		}
+	}
+	t.Logf("published %s: %s; in the container: %s", target, onHost, inPod)
+
 	c.Kubectl(t, "delete", "pod", "inline", "--wait=true", "--timeout=120s")
 	waitNoMounts(t, "/var/lib/kubelet/pods/"+string(pod.UID)+"/")
 }

@@ -41,7 +41,7 @@ waitfor() { # WHAT SECONDS CMD...
 # What down.sh must restore: host paths that do not exist yet, the sysctls kubelet rewrites, iptables chains.
 for p in $HOST_PATHS; do [ -e "$p" ] || echo "$p"; done > "$RUN/created-paths"
 for k in $KUBELET_SYSCTLS; do echo "$k $(cat /proc/sys/$k)"; done > "$RUN/sysctl.saved"
-iptables-save 2>/dev/null | grep '^:' | sort > "$RUN/iptables-chains.before" || true
+iptables-save 2>/dev/null | grep '^:' | cut -d' ' -f1 | sort -u > "$RUN/iptables-chains.before" || true
 
 # ---- PKI ----
 (
@@ -102,6 +102,7 @@ start kube-controller-manager kube-controller-manager --kubeconfig="$RUN/pki/con
   --bind-address=127.0.0.1 --secure-port=$KCM_PORT --leader-elect=false \
   --service-account-private-key-file="$RUN/pki/sa.key" --root-ca-file="$RUN/pki/ca.crt" \
   --cluster-signing-cert-file="$RUN/pki/ca.crt" --cluster-signing-key-file="$RUN/pki/ca.key" \
+  --use-service-account-credentials=true \
   --profiling=false
 start kube-scheduler kube-scheduler --kubeconfig="$RUN/pki/scheduler.kubeconfig" \
   --bind-address=127.0.0.1 --secure-port=$SCHEDULER_PORT --leader-elect=false --profiling=false
@@ -136,8 +137,9 @@ done
 "$img/ociimage" --file "$busybox=/bin/busybox" $applets --cmd /bin/sh $REGISTRY/e2e/busybox:1 > "$img/busybox.ref"
 "$img/ociimage" --file "$busybox=/bin/busybox" --link /bin/sleep=busybox --entrypoint /bin/sleep,2147483647 $REGISTRY/e2e/pause:1 > /dev/null
 # The driver execs nothing for its bind mounts (system calls); mount-utils' fallbacks call mount/umount, which
-# busybox provides in a static binary.
-"$img/ociimage" --file "$img/modelpack=/usr/local/bin/modelpack" --file "$busybox=/bin/busybox" \
+# busybox provides in a static binary. The host's CA bundle stands in for ca-certificates.
+cas=/etc/ssl/certs/ca-certificates.crt
+"$img/ociimage" --file "$img/modelpack=/usr/local/bin/modelpack" --file "$busybox=/bin/busybox" --file "$cas=$cas" \
   --link /bin/sh=busybox --link /bin/mount=busybox --link /bin/umount=busybox \
   --entrypoint /usr/local/bin/modelpack --cmd --help $REGISTRY/modelpack/modelpack:e2e > "$img/modelpack.ref"
 "$img/ociimage" --file "$img/kubelet-registrar=/usr/local/bin/kubelet-registrar" \
@@ -165,6 +167,8 @@ state = "$RUN/containerd/state"
   address = "$sock.ttrpc"
 [debug]
   address = "$sock.debug"
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "overlayfs"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -16,11 +17,15 @@ import (
 	"github.com/modelpack/modelpack/internal/testmodel"
 )
 
-// genModel writes a small model (distinct per seed, so no test finds another's blobs in the node cache).
+// runSeed makes this run's shards differ from any earlier run's on the same cluster, whose node cache keeps them.
+var runSeed = uint64(time.Now().UnixNano()%(1<<30)) << 12
+
+// genModel writes a small model whose shards are distinct per seed and per run, so no test finds another's shards
+// in the node cache.
 func genModel(t *testing.T, seed uint64, shards int) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "model")
-	if err := testmodel.Generate(dir, testmodel.Spec{Shards: shards, ShardSize: 1 << 20, Seed: seed}); err != nil {
+	if err := testmodel.Generate(dir, testmodel.Spec{Shards: shards, ShardSize: 1 << 20, Seed: runSeed + seed*16}); err != nil {
 		t.Fatal(err)
 	}
 	return dir
@@ -76,23 +81,33 @@ func TestSharedShards(t *testing.T) {
 	if err := os.CopyFS(b, os.DirFS(a)); err != nil {
 		t.Fatal(err)
 	}
-	if err := testmodel.WriteShard(filepath.Join(b, testmodel.ShardName(3, 4)), 1<<20, 399); err != nil {
+	if err := testmodel.WriteShard(filepath.Join(b, testmodel.ShardName(3, 4)), 1<<20, runSeed+399*16); err != nil {
 		t.Fatal(err)
 	}
 	refA, layersA := c.PushModel(t, a, "e2e/shared-a:v1")
 	refB, layersB := c.PushModel(t, b, "e2e/shared-b:v1")
-	shared := map[string]bool{}
-	inA := map[string]bool{}
-	for _, l := range layersA {
-		inA[l] = true
+	// The shards: three shared, one each of their own. (The small files are the same in every test model, so
+	// an earlier test may have cached them already.)
+	shards := func(ref string) map[string]bool {
+		repo, tag, _ := strings.Cut(strings.TrimPrefix(ref, c.Registry+"/"), "@")
+		m, _ := c.Manifest(t, repo, tag)
+		s := map[string]bool{}
+		for _, l := range m.Layers {
+			if strings.HasSuffix(l.Annotations["org.cncf.model.filepath"], ".safetensors") {
+				s[l.Digest] = true
+			}
+		}
+		return s
 	}
-	for _, l := range layersB {
-		if inA[l] {
-			shared[l] = true
+	shardsA, shardsB := shards(refA), shards(refB)
+	var shared []string
+	for l := range shardsA {
+		if shardsB[l] {
+			shared = append(shared, l)
 		}
 	}
-	if len(shared) < 3 {
-		t.Fatalf("models share %d layers, want at least the 3 shards", len(shared))
+	if len(shardsA) != 4 || len(shardsB) != 4 || len(shared) != 3 {
+		t.Fatalf("models have %d and %d shards, %d shared; want 4, 4, 3", len(shardsA), len(shardsB), len(shared))
 	}
 
 	mark := c.Mark(t)
@@ -108,14 +123,19 @@ func TestSharedShards(t *testing.T) {
 		}
 	}
 	gets := c.BlobGETs(t, mark)
-	for l := range shared {
-		if gets[l] != 1 {
-			t.Errorf("shared blob %s downloaded %d times, want once", l, gets[l])
+	for _, l := range append(layersA, layersB...) {
+		if gets[l] > 1 {
+			t.Errorf("blob %s downloaded %d times onto one node", l, gets[l])
 		}
 	}
-	for _, l := range append(layersA, layersB...) {
-		if gets[l] == 0 {
-			t.Errorf("blob %s never downloaded: the count is not seeing the registry", l)
+	for l := range shardsA {
+		if gets[l] != 1 {
+			t.Errorf("shard %s of the first model downloaded %d times, want once", l, gets[l])
+		}
+	}
+	for l := range shardsB {
+		if gets[l] != 1 {
+			t.Errorf("shard %s of the second model downloaded %d times, want once", l, gets[l])
 		}
 	}
 }

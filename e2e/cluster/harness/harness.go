@@ -184,11 +184,16 @@ func (c *Cluster) Logs(t testing.TB, namespace, pod, container string) string {
 	return c.Kubectl(t, args...)
 }
 
-// Events returns the events about one object, oldest first.
+// Events returns the events about the pod namespace/name that exists now, oldest first — not those of an
+// earlier pod of the same name (events outlive their pods by an hour).
 func (c *Cluster) Events(t testing.TB, namespace, name string) []corev1.Event {
 	t.Helper()
+	selector := "involvedObject.name=" + name
+	if uid, err := c.Run("-n", namespace, "get", "pod", name, "-o", "jsonpath={.metadata.uid}"); err == nil && uid != "" {
+		selector += ",involvedObject.uid=" + uid
+	}
 	var l corev1.EventList
-	c.getJSON(t, &l, "-n", namespace, "get", "events", "--field-selector", "involvedObject.name="+name, "--sort-by=.metadata.creationTimestamp")
+	c.getJSON(t, &l, "-n", namespace, "get", "events", "--field-selector", selector, "--sort-by=.metadata.creationTimestamp")
 	return l.Items
 }
 
@@ -315,4 +320,20 @@ func (c *Cluster) Metrics(t testing.TB, port int) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// WaitLog waits until the pod's (first container's) log contains marker, and returns the log.
+func (c *Cluster) WaitLog(t testing.TB, namespace, pod, marker string, timeout time.Duration) string {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		out, err := c.Run("-n", namespace, "logs", pod)
+		if err == nil && strings.Contains(out, marker) {
+			return out
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pod %s/%s: no %q in its log after %s:\n%s\n%s", namespace, pod, marker, timeout, out, c.Describe(namespace, pod))
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
 }
