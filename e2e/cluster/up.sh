@@ -7,7 +7,9 @@
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 
-exec 9>>"$LOCK"
+# A caller that holds the lock already (run.sh) passes it down as fd 9; reopening would make a second,
+# conflicting lock on the same file.
+[ "$(readlink /proc/$$/fd/9 2>/dev/null)" = "$LOCK" ] || exec 9>>"$LOCK"
 if ! flock -n 9; then
   echo "another local cluster holds $LOCK; waiting for it (up to ${LOCK_WAIT:-1800} s)" >&2
   flock -w "${LOCK_WAIT:-1800}" 9 || { echo "cluster lock $LOCK still busy" >&2; exit 1; }
@@ -143,9 +145,9 @@ cas=/etc/ssl/certs/ca-certificates.crt
   --link /bin/sh=busybox --link /bin/mount=busybox --link /bin/umount=busybox \
   --entrypoint /usr/local/bin/modelpack --cmd --help $REGISTRY/modelpack/modelpack:e2e > "$img/modelpack.ref"
 "$img/ociimage" --file "$img/kubelet-registrar=/usr/local/bin/kubelet-registrar" \
-  --entrypoint /usr/local/bin/kubelet-registrar $REGISTRY/modelpack/kubelet-registrar:e2e > /dev/null
+  --entrypoint /usr/local/bin/kubelet-registrar $REGISTRY/e2e/kubelet-registrar:1 > /dev/null
 "$img/ociimage" --file "$img/csi-livenessprobe=/usr/local/bin/csi-livenessprobe" \
-  --entrypoint /usr/local/bin/csi-livenessprobe $REGISTRY/modelpack/csi-livenessprobe:e2e > /dev/null
+  --entrypoint /usr/local/bin/csi-livenessprobe $REGISTRY/e2e/csi-livenessprobe:1 > /dev/null
 stamp images-pushed
 
 # ---- containerd ----
