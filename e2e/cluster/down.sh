@@ -39,6 +39,9 @@ stop containerd
 for p in $(shim_pids); do kill -9 "$p" 2>/dev/null; done
 for _ in $(seq 25); do [ -z "$(pod_pids)" ] && break; for p in $(pod_pids); do kill -9 "$p" 2>/dev/null; done; sleep 0.2; done
 for s in registry kube-apiserver etcd; do stop $s; done
+# The daemons held the cluster lock; take it now so no new cluster starts before this cleanup is done.
+[ "$(readlink /proc/$$/fd/9 2>/dev/null)" = "$LOCK" ] || exec 9>>"$LOCK"
+flock -w 60 9 || echo "down: $LOCK still held by a process not in $RUN/pids" >&2
 
 # Mounts, deepest first: the kubelet's directory (pods' volumes, then its own shared bind), the state dir,
 # the network namespaces containerd pinned.
