@@ -28,7 +28,8 @@ MODELPACK_HOME=$RUN/bench-home modelpack pack "$MODEL_DIR" -t $REGISTRY/bench/mo
 accept='Accept: application/vnd.oci.image.manifest.v1+json'
 model_digest=$(curl -fsSI -H "$accept" http://$REGISTRY/v2/bench/model/manifests/v1 | tr -d '\r' | awk -F': ' 'tolower($1)=="docker-content-digest"{print $2}')
 MODEL_REF=$REGISTRY/bench/model@$model_digest
-blobs=$(curl -fsS -H "$accept" http://$REGISTRY/v2/bench/model/manifests/v1 | python3 -c 'import json,sys; print(" ".join(l["digest"] for l in json.load(sys.stdin)["layers"]))')
+# digest=path of every layer: ModelPack layers here are raw files, named by their filepath annotation.
+blobs=$(curl -fsS -H "$accept" http://$REGISTRY/v2/bench/model/manifests/v1 | python3 -c 'import json,sys; print(" ".join(l["digest"]+"="+l["annotations"]["org.cncf.model.filepath"] for l in json.load(sys.stdin)["layers"]))')
 files=(); for f in $(cd "$MODEL_DIR" && find . -type f ! -name .complete | sed 's#^\./##'); do files+=(--file "$MODEL_DIR/$f=/model/$f"); done
 IMAGE_REF=$("$RUN/images/ociimage" "${files[@]}" $REGISTRY/bench/weights-image:v1)
 BUSYBOX=$(cat "$RUN/images/busybox.ref")
@@ -41,7 +42,8 @@ pod() { # NAME VARIANT
     csi)   vol="{name: model, csi: {driver: modelpack.csi.dev, readOnly: true, volumeAttributes: {reference: \"$MODEL_REF\"}}}" ;;
     image) vol="{name: model, image: {reference: \"$IMAGE_REF\", pullPolicy: IfNotPresent}}" ;;
     init)  vol="{name: model, emptyDir: {}}"
-           local dl="cd /model" b; for b in $blobs; do dl="$dl && wget -q -O - http://$REGISTRY/v2/bench/model/blobs/$b | tar -x"; done
+           local dl="cd /model" b; for b in $blobs; do
+             dl="$dl && wget -q -O ${b#*=} http://$REGISTRY/v2/bench/model/blobs/${b%%=*}"; done
            init="  initContainers:
   - {name: download, image: \"$BUSYBOX\", command: [/bin/sh, -c, \"$dl\"], volumeMounts: [{name: model, mountPath: /model}]}" ;;
   esac
