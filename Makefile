@@ -17,7 +17,7 @@ HELM_VERSION       := v3.22.0
 
 TOOL_BINS := $(TOOLS)/registry $(TOOLS)/csi-sanity $(TOOLS)/oras $(TOOLS)/crane $(TOOLS)/cosign $(TOOLS)/kustomize $(TOOLS)/helm
 
-.PHONY: all build tools test test-unit test-race fuzz demo bench manifests clean
+.PHONY: all build tools test test-unit test-race fuzz demo bench manifests clean cluster-deps cluster-build cluster-up cluster-down e2e-cluster
 
 all: build
 
@@ -47,9 +47,26 @@ $(TOOLS)/helm:
 RACE_PKGS := ./cas/... ./cache/... ./csidriver/... ./artifact/... ./signing/... ./prepull/...
 test: tools build
 	$(GO) vet ./...
+	$(GO) vet -tags cluster ./e2e/cluster/...
 	$(GO) test -count=1 -race -timeout 25m $(RACE_PKGS)
 	$(GO) test -count=1 -timeout 25m $$($(GO) list ./... | grep -v -E '/(cas|cache|csidriver|artifact|signing|prepull)(/|$$)')
 	$(MAKE) fuzz
+	$(MAKE) e2e-cluster
+
+# A real single-node Kubernetes (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
+# containerd 2.x) built from the Go module proxy into bin/k8s, on 127.0.0.1, with modelpack deployed from
+# deploy/overlays/local-cluster. One cluster per machine at a time (flock /tmp/modelpack-cluster.lock).
+# e2e-cluster builds, starts, runs the `cluster`-tagged suite and always tears down; see e2e/cluster/README.md.
+cluster-deps:
+	bash e2e/cluster/deps.sh
+cluster-build: cluster-deps
+	bash e2e/cluster/build.sh
+cluster-up: tools build cluster-build
+	bash e2e/cluster/up.sh
+cluster-down:
+	bash e2e/cluster/down.sh
+e2e-cluster: tools build
+	bash e2e/cluster/run.sh
 
 FUZZTIME ?= 10s
 # Every fuzz target in the tree, FUZZTIME each (go test -fuzz takes one target at a time).

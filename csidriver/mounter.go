@@ -19,19 +19,20 @@ func newBindMounter() mount.Interface { return bindMounter{mount.NewWithoutSyste
 // Mount handles bind mounts with ro, nosuid, nodev and noexec; any other request goes to mount-utils.
 func (m bindMounter) Mount(source, target, fstype string, options []string) error {
 	var flags uintptr
+	var attrs uint64
 	bind := false
 	for _, o := range options {
 		switch o {
 		case "bind":
 			bind = true
 		case "ro":
-			flags |= unix.MS_RDONLY
+			flags, attrs = flags|unix.MS_RDONLY, attrs|unix.MOUNT_ATTR_RDONLY
 		case "nosuid":
-			flags |= unix.MS_NOSUID
+			flags, attrs = flags|unix.MS_NOSUID, attrs|unix.MOUNT_ATTR_NOSUID
 		case "nodev":
-			flags |= unix.MS_NODEV
+			flags, attrs = flags|unix.MS_NODEV, attrs|unix.MOUNT_ATTR_NODEV
 		case "noexec":
-			flags |= unix.MS_NOEXEC
+			flags, attrs = flags|unix.MS_NOEXEC, attrs|unix.MOUNT_ATTR_NOEXEC
 		default:
 			return m.Interface.Mount(source, target, fstype, options)
 		}
@@ -39,6 +40,11 @@ func (m bindMounter) Mount(source, target, fstype string, options []string) erro
 	if !bind || fstype != "" {
 		return m.Interface.Mount(source, target, fstype, options)
 	}
+	if err := bindWithAttrs(source, target, attrs); !errors.Is(err, unix.ENOSYS) {
+		return err
+	}
+	// Kernels before 5.12: bind, then remount. The flags stay on this one mount and do not reach its propagated
+	// copies.
 	if err := unix.Mount(source, target, "", unix.MS_BIND, ""); err != nil {
 		return &mountError{op: "bind mount " + source + " on " + target, err: err}
 	}
@@ -46,6 +52,28 @@ func (m bindMounter) Mount(source, target, fstype string, options []string) erro
 	if err := unix.Mount("", target, "", unix.MS_BIND|unix.MS_REMOUNT|flags, ""); err != nil {
 		unix.Unmount(target, 0)
 		return &mountError{op: "remount " + target, err: err}
+	}
+	return nil
+}
+
+// bindWithAttrs binds source on target with the mount attributes already set when it appears. A remount sets a
+// mount's flags on that one mount only: under the node plugin's Bidirectional mount of the kubelet directory,
+// the copy propagated to the host — the one the kubelet hands to containers — would stay rw, suid and dev. A
+// detached clone given its attributes first and then attached propagates with them.
+func bindWithAttrs(source, target string, attrs uint64) error {
+	fd, err := unix.OpenTree(unix.AT_FDCWD, source, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		if errors.Is(err, unix.ENOSYS) {
+			return err
+		}
+		return &mountError{op: "clone " + source, err: err}
+	}
+	defer unix.Close(fd)
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &unix.MountAttr{Attr_set: attrs}); err != nil {
+		return &mountError{op: "set attributes of a clone of " + source, err: err}
+	}
+	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return &mountError{op: "bind mount " + source + " on " + target, err: err}
 	}
 	return nil
 }

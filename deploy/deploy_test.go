@@ -19,13 +19,16 @@ import (
 	"testing"
 
 	humanize "github.com/dustin/go-humanize"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/diff"
 	"oras.land/oras-go/v2/registry"
 	"sigs.k8s.io/yaml"
 
@@ -55,6 +58,12 @@ var newObject = map[string]func() any{
 	"rbac.authorization.k8s.io/v1/ClusterRoleBinding": func() any { return &rbacv1.ClusterRoleBinding{} },
 	"rbac.authorization.k8s.io/v1/Role":               func() any { return &rbacv1.Role{} },
 	"rbac.authorization.k8s.io/v1/RoleBinding":        func() any { return &rbacv1.RoleBinding{} },
+	"admissionregistration.k8s.io/v1/MutatingAdmissionPolicy": func() any {
+		return &admissionregistrationv1.MutatingAdmissionPolicy{}
+	},
+	"admissionregistration.k8s.io/v1/MutatingAdmissionPolicyBinding": func() any {
+		return &admissionregistrationv1.MutatingAdmissionPolicyBinding{}
+	},
 }
 
 type object struct {
@@ -166,6 +175,7 @@ func TestHelmChart(t *testing.T) {
 			"kubeletDir=/var/snap/microk8s/common/var/lib/kubelet", "driverName=models.example.com",
 			"metrics.podMonitor.enabled=true", "metrics.serviceMonitor.enabled=true",
 			"sidecars.registrar.image=registry.k8s.io/sig-storage/csi-node-driver-registrar@sha256:" + strings.Repeat("b", 64),
+			"nativeVolumes.enabled=true", "nativeVolumes.prefixes[0]=registry.example.com/models",
 		},
 		"minimal": {"prepull.enabled=false", "controller.enabled=false", "policy.existingConfigMap=site-policy"},
 	} {
@@ -197,11 +207,19 @@ func TestHelmChart(t *testing.T) {
 	}
 }
 
-// TestHelmMatchesKustomize holds the chart to the same objects as the default overlay, down to every
-// container's image and arguments, so the two installs cannot drift apart.
+// TestHelmMatchesKustomize holds the chart to the same objects as the kustomize overlay it mirrors, down to every
+// container's image and arguments and the admission policy's whole spec, so the two installs cannot drift apart.
 func TestHelmMatchesKustomize(t *testing.T) {
-	k := index(kustomize(t, "default"))
-	h := index(helm(t))
+	for overlay, sets := range map[string][]string{
+		"default":        nil,
+		"native-volumes": {"nativeVolumes.enabled=true", "nativeVolumes.prefixes[0]=registry.example.com/models"},
+	} {
+		t.Run(overlay, func(t *testing.T) { compareInstalls(t, index(kustomize(t, overlay)), index(helm(t, sets...))) })
+	}
+}
+
+func compareInstalls(t *testing.T, k, h map[string]object) {
+	t.Helper()
 	for key := range k {
 		if key == "Namespace/modelpack" { // helm installs into a namespace it is given (--create-namespace)
 			continue
@@ -238,6 +256,13 @@ func TestHelmMatchesKustomize(t *testing.T) {
 			}
 		}
 	}
+	for _, kind := range []string{"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"} {
+		ko, kok := k[kind+"/modelpack-image-volumes"]
+		ho, hok := h[kind+"/modelpack-image-volumes"]
+		if kok && hok && !equality.Semantic.DeepEqual(specOf(ko.obj), specOf(ho.obj)) {
+			t.Errorf("%s differs (-kustomize +chart):\n%s", kind, diff.Diff(specOf(ko.obj), specOf(ho.obj)))
+		}
+	}
 	for _, name := range []string{"modelpack-policy", "modelpack-prepull"} {
 		kc, hc := k["ConfigMap/"+name].obj.(*corev1.ConfigMap), h["ConfigMap/"+name].obj.(*corev1.ConfigMap)
 		for key, v := range kc.Data {
@@ -249,16 +274,22 @@ func TestHelmMatchesKustomize(t *testing.T) {
 }
 
 func TestRenderedIsCurrent(t *testing.T) {
-	want := run(t, testenv.Tool(t, "kustomize"), "build", "overlays/default")
-	got, err := os.ReadFile("rendered/modelpack.yaml")
-	if err != nil {
-		t.Fatal(err)
+	for source, file := range map[string]string{"overlays/default": "modelpack.yaml", "components/native-volumes": "native-volumes.yaml"} {
+		want := run(t, testenv.Tool(t, "kustomize"), "build", source)
+		got, err := os.ReadFile("rendered/" + file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, body, _ := bytes.Cut(got, []byte("\n"))
+		if !bytes.Equal(body, want) {
+			t.Fatalf("deploy/rendered/%s is stale: run `make manifests`", file)
+		}
+		if file == "modelpack.yaml" {
+			checkInstall(t, decode(t, "rendered", got))
+		} else {
+			checkInstall(t, append(decode(t, "rendered", got), kustomize(t, "default")...))
+		}
 	}
-	_, body, _ := bytes.Cut(got, []byte("\n"))
-	if !bytes.Equal(body, want) {
-		t.Fatal("deploy/rendered/modelpack.yaml is stale: run `make manifests`")
-	}
-	checkInstall(t, decode(t, "rendered", got))
 }
 
 func TestExamples(t *testing.T) {
@@ -318,7 +349,8 @@ func checkInstall(t *testing.T, objs []object) {
 	ix := index(objs)
 	for _, o := range objs {
 		switch o.kind {
-		case "Namespace", "CSIDriver", "ClusterRole", "ClusterRoleBinding", "StorageClass", "PersistentVolume", "PriorityClass":
+		case "Namespace", "CSIDriver", "ClusterRole", "ClusterRoleBinding", "StorageClass", "PersistentVolume", "PriorityClass",
+			"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding":
 		default:
 			if o.namespace != "modelpack" {
 				t.Errorf("%s %s is in namespace %q, want modelpack", o.kind, o.name, o.namespace)
@@ -335,6 +367,9 @@ func checkInstall(t *testing.T, objs []object) {
 	}
 
 	drv := only[*storagev1.CSIDriver](t, objs)
+	if _, ok := ix["MutatingAdmissionPolicy/modelpack-image-volumes"]; ok {
+		checkNativeVolumes(t, objs, drv.Name)
+	}
 	if drv.Spec.AttachRequired == nil || *drv.Spec.AttachRequired {
 		t.Error("CSIDriver: attachRequired must be false")
 	}
@@ -933,6 +968,7 @@ func TestHelmValuesSchema(t *testing.T) {
 		"cache.maxSize=lots":     "/cache/maxSize",
 		"node.logFormat=xml":     "/node/logFormat",
 		"mirrors._default[0]=m1": "/mirrors/_default/0",
+		"nativeVolumes.prefixes[0]=registry.example.com/models:v1": "/nativeVolumes/prefixes/0",
 	} {
 		cmd := exec.Command(helmBin, "template", "modelpack", "helm/modelpack", "--set", set)
 		cmd.Env = append(os.Environ(), "HOME="+t.TempDir())

@@ -25,7 +25,7 @@ MODELPACK_HOME=$WORK/home-seed modelpack pack "$MODEL_DIR" -t "$REF" --push --pl
 echo "benchmark model pushed to $REF"
 echo
 
-for area in pack transport cache driver prepull; do
+for area in pack transport cache driver prepull cluster; do
   if [ -n "${BENCH_ONLY:-}" ] && [[ ",$BENCH_ONLY," != *",$area,"* ]]; then continue; fi
   script=e2e/bench-$area.sh
   [ -f "$script" ] || continue

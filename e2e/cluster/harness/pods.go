@@ -1,0 +1,103 @@
+package harness
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+)
+
+// PodSpec describes a test pod: one busybox container on the node running Script with the volumes mounted
+// read-only at their MountPath.
+type PodSpec struct {
+	Name, Namespace string
+	Script          string // run by /bin/sh -c
+	Volumes         []Volume
+	// RestartAlways keeps the pod running (a Script that loops); the default is restartPolicy Never.
+	RestartAlways bool
+}
+
+// Volume is one pod volume: exactly one of CSI, Image or Claim.
+type Volume struct {
+	Name, MountPath string
+	CSI             map[string]string // modelpack.csi.dev volumeAttributes
+	Image           string            // native image volume reference
+	Claim           string            // PersistentVolumeClaim name
+}
+
+// PodManifest renders spec as a Pod manifest for the cluster's node.
+func (c *Cluster) PodManifest(spec PodSpec) string {
+	ns := spec.Namespace
+	if ns == "" {
+		ns = "default"
+	}
+	restart := "Never"
+	if spec.RestartAlways {
+		restart = "Always"
+	}
+	var vols, mounts []map[string]any
+	for _, v := range spec.Volumes {
+		vol := map[string]any{"name": v.Name}
+		switch {
+		case v.CSI != nil:
+			vol["csi"] = map[string]any{"driver": "modelpack.csi.dev", "readOnly": true, "volumeAttributes": v.CSI}
+		case v.Image != "":
+			vol["image"] = map[string]any{"reference": v.Image, "pullPolicy": "IfNotPresent"}
+		case v.Claim != "":
+			vol["persistentVolumeClaim"] = map[string]any{"claimName": v.Claim, "readOnly": true}
+		}
+		vols = append(vols, vol)
+		mounts = append(mounts, map[string]any{"name": v.Name, "mountPath": v.MountPath, "readOnly": true})
+	}
+	pod := map[string]any{
+		"apiVersion": "v1",
+		"kind":       "Pod",
+		"metadata":   map[string]any{"name": spec.Name, "namespace": ns},
+		"spec": map[string]any{
+			"nodeName":                      c.Node,
+			"automountServiceAccountToken":  false,
+			"restartPolicy":                 restart,
+			"terminationGracePeriodSeconds": 1,
+			"containers": []map[string]any{{
+				"name":            "c",
+				"image":           c.Busybox,
+				"imagePullPolicy": "IfNotPresent",
+				"command":         []string{"/bin/sh", "-c", spec.Script},
+				"volumeMounts":    mounts,
+			}},
+			"volumes": vols,
+		},
+	}
+	b, err := yaml.Marshal(pod)
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}
+
+// HostMounts lists the host's mount points under prefix with their options.
+func HostMounts(t testing.TB, prefix string) map[string]string {
+	t.Helper()
+	f, err := os.Open("/proc/self/mounts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m := map[string]string{}
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		if len(fields) >= 4 && strings.HasPrefix(fields[1], prefix) {
+			m[fields[1]] = fields[3]
+		}
+	}
+	return m
+}
+
+// PodVolumeDir is where the kubelet mounts a pod's CSI volume on the host.
+func PodVolumeDir(uid, volume string) string {
+	return fmt.Sprintf("/var/lib/kubelet/pods/%s/volumes/kubernetes.io~csi/%s/mount", uid, volume)
+}

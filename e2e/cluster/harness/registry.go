@@ -1,0 +1,126 @@
+package harness
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// blobGET matches a served blob GET in the registry's access log (combined log format).
+var blobGET = regexp.MustCompile(`"GET /v2/(\S+)/blobs/(sha256:[0-9a-f]{64}) HTTP/[0-9.]+" (\d{3}) `)
+
+// LogMark is a position in the registry's access log: counts after it are what a test step caused.
+type LogMark int64
+
+// Mark returns the current end of the registry's access log.
+func (c *Cluster) Mark(t testing.TB) LogMark {
+	t.Helper()
+	fi, err := os.Stat(c.registryLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return LogMark(fi.Size())
+}
+
+// BlobGETs counts the successful blob GETs (2xx) the registry served since mark, by digest.
+func (c *Cluster) BlobGETs(t testing.TB, since LogMark) map[string]int {
+	t.Helper()
+	f, err := os.Open(c.registryLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Seek(int64(since), io.SeekStart); err != nil {
+		t.Fatal(err)
+	}
+	n := map[string]int{}
+	s := bufio.NewScanner(f)
+	s.Buffer(make([]byte, 64<<10), 1<<20)
+	for s.Scan() {
+		if m := blobGET.FindStringSubmatch(s.Text()); m != nil && strings.HasPrefix(m[3], "2") {
+			n[m[2]]++
+		}
+	}
+	if err := s.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func (c *Cluster) registryLog() string { return filepath.Join(c.Dir, "logs", "registry.log") }
+
+// PushModel packs dir as a ModelPack artifact with the modelpack CLI and pushes it to the cluster's registry
+// as Registry/repoTag. It returns the reference by digest and the digests of the model's layers.
+func (c *Cluster) PushModel(t testing.TB, dir, repoTag string) (ref string, layers []string) {
+	t.Helper()
+	tagged := c.Registry + "/" + repoTag
+	cmd := exec.Command(c.Modelpack, "pack", dir, "-t", tagged, "--push", "--plain-http", "-q")
+	cmd.Env = append(os.Environ(), "MODELPACK_HOME="+t.TempDir())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("modelpack pack --push %s: %v\n%s", tagged, err, out)
+	}
+	repo, tag, _ := strings.Cut(repoTag, ":")
+	m, digest := c.Manifest(t, repo, tag)
+	for _, l := range m.Layers {
+		layers = append(layers, l.Digest)
+	}
+	return c.Registry + "/" + repo + "@" + digest, layers
+}
+
+// Manifest is the part of an OCI manifest the tests look at.
+type Manifest struct {
+	ArtifactType string `json:"artifactType"`
+	Config       struct {
+		MediaType string `json:"mediaType"`
+		Digest    string `json:"digest"`
+	} `json:"config"`
+	Layers []struct {
+		MediaType   string            `json:"mediaType"`
+		Digest      string            `json:"digest"`
+		Size        int64             `json:"size"`
+		Annotations map[string]string `json:"annotations"`
+	} `json:"layers"`
+}
+
+// Manifest fetches repo:reference's manifest from the cluster's registry and returns it with its digest.
+func (c *Cluster) Manifest(t testing.TB, repo, reference string) (*Manifest, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, "http://"+c.Registry+"/v2/"+repo+"/manifests/"+reference, nil)
+	req.Header.Set("Accept", "application/vnd.oci.image.manifest.v1+json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("manifest %s:%s: %s", repo, reference, resp.Status)
+	}
+	var m Manifest
+	if err := json.NewDecoder(resp.Body).Decode(&m); err != nil {
+		t.Fatal(err)
+	}
+	return &m, resp.Header.Get("Docker-Content-Digest")
+}
+
+// PushImage builds a single-layer container image from host files (HOSTPATH=IMAGEPATH) with e2e/cmd/ociimage
+// and pushes it to Registry/repoTag; it returns the reference by digest.
+func (c *Cluster) PushImage(t testing.TB, repoTag string, files ...string) string {
+	t.Helper()
+	args := []string{}
+	for _, f := range files {
+		args = append(args, "--file", f)
+	}
+	args = append(args, c.Registry+"/"+repoTag)
+	out, err := exec.Command(filepath.Join(c.Dir, "images", "ociimage"), args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ociimage %s: %v\n%s", repoTag, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
