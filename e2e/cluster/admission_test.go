@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"maps"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -54,21 +53,8 @@ func installNativeVolumes(t *testing.T, c *harness.Cluster, prefixes []string, p
 // events.
 func TestNativeSyntax(t *testing.T) {
 	c := harness.Connect(t)
-	cosign := testenv.Tool(t, "cosign")
-	keys := t.TempDir()
-	run := func(name string, args ...string) {
-		t.Helper()
-		cmd := exec.Command(name, args...)
-		cmd.Dir = keys
-		cmd.Env = append(os.Environ(), "COSIGN_PASSWORD=", "DOCKER_CONFIG="+keys)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("%s %s: %v\n%s", filepath.Base(name), strings.Join(args, " "), err, out)
-		}
-	}
-	run(cosign, "generate-key-pair", "--output-key-prefix", "e2e")
 	weights := genModel(t, 601, 2)
 	signed, _ := c.PushModel(t, weights, "e2e/native/llama3-8b:v1")
-	run(cosign, "sign", "--key", filepath.Join(keys, "e2e.key"), "--tlog-upload=false", "--allow-http-registry", "--yes", signed)
 	unsigned, _ := c.PushModel(t, genModel(t, 602, 1), "e2e/native/unsigned:v1")
 	data := filepath.Join(t.TempDir(), "hello.txt")
 	if err := os.WriteFile(data, []byte("hello from a container image layer\n"), 0o644); err != nil {
@@ -77,23 +63,8 @@ func TestNativeSyntax(t *testing.T) {
 	tools := c.PushImage(t, "e2e/native-tools:v1", data+"=/data/hello.txt")
 
 	const rule = "e2e-native-models"
-	oldPolicy := c.Kubectl(t, "-n", harness.Namespace, "get", "configmap", "modelpack-policy", "-o", "jsonpath={.data.policy\\.yaml}")
-	c.Kubectl(t, "-n", harness.Namespace, "create", "secret", "generic", "modelpack-keys", "--from-file=cosign.pub="+filepath.Join(keys, "e2e.pub"))
-	setPolicy(t, c, fmt.Sprintf(`default:
-  mode: enforce
-  none: true
-rules:
-- name: %s
-  match: ["%s/e2e/native/**"]
-  mode: enforce
-  keys: [/etc/modelpack/keys/cosign.pub]
-  transparencyLog: waive
-`, rule, c.Registry))
-	t.Cleanup(func() {
-		setPolicy(t, c, oldPolicy)
-		c.Run("-n", harness.Namespace, "delete", "secret", "modelpack-keys", "--ignore-not-found")
-	})
-	restartDriver(t, c) // the plugin's key volume was mounted before the Secret existed
+	sign := enforceSignatures(t, c, rule, c.Registry+"/e2e/native/**")
+	sign(signed)
 
 	// The reference as the user writes it: by tag.
 	model := c.Registry + "/e2e/native/llama3-8b:v1"

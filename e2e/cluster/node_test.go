@@ -25,44 +25,12 @@ import (
 // ConfigMap and the modelpack-keys Secret.
 func TestTrustPolicy(t *testing.T) {
 	c := harness.Connect(t)
-	cosign := testenv.Tool(t, "cosign")
-	keys := t.TempDir()
-	run := func(name string, args ...string) {
-		t.Helper()
-		cmd := exec.Command(name, args...)
-		cmd.Dir = keys
-		cmd.Env = append(os.Environ(), "COSIGN_PASSWORD=", "DOCKER_CONFIG="+keys)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("%s %s: %v\n%s", filepath.Base(name), strings.Join(args, " "), err, out)
-		}
-	}
-	run(cosign, "generate-key-pair", "--output-key-prefix", "e2e")
 	signedSrc := genModel(t, 501, 2)
 	signed, _ := c.PushModel(t, signedSrc, "e2e/trust/signed:v1")
 	unsigned, unsignedLayers := c.PushModel(t, genModel(t, 502, 2), "e2e/trust/unsigned:v1")
-	run(cosign, "sign", "--key", filepath.Join(keys, "e2e.key"), "--tlog-upload=false", "--allow-http-registry", "--yes", signed)
-
 	const rule = "e2e-trust-models"
-	oldPolicy := c.Kubectl(t, "-n", harness.Namespace, "get", "configmap", "modelpack-policy", "-o", "jsonpath={.data.policy\\.yaml}")
-	policy := fmt.Sprintf(`default:
-  mode: enforce
-  none: true
-rules:
-- name: %s
-  match: ["%s/e2e/trust/**"]
-  mode: enforce
-  keys: [/etc/modelpack/keys/cosign.pub]
-  transparencyLog: waive
-`, rule, c.Registry)
-	c.Kubectl(t, "-n", harness.Namespace, "create", "secret", "generic", "modelpack-keys", "--from-file=cosign.pub="+filepath.Join(keys, "e2e.pub"))
-	setPolicy(t, c, policy)
-	t.Cleanup(func() {
-		setPolicy(t, c, oldPolicy)
-		c.Run("-n", harness.Namespace, "delete", "secret", "modelpack-keys", "--ignore-not-found")
-	})
-	// The Secret was created after the plugin started: restart the plugin so its volume carries the key, as an
-	// operator rolling out keys would.
-	restartDriver(t, c)
+	sign := enforceSignatures(t, c, rule, c.Registry+"/e2e/trust/**")
+	sign(signed)
 
 	mark := c.Mark(t)
 	const mnt = "/models/m"
@@ -87,6 +55,48 @@ rules:
 	c.WaitPhase(t, "default", "trust-signed", corev1.PodSucceeded, podTimeout)
 	if got, want := harness.ParseSums(t, c.Logs(t, "default", "trust-signed", ""), mnt), harness.TreeSums(t, signedSrc); !maps.Equal(got, want) {
 		t.Errorf("signed model: the container read other bytes than the source:\ngot  %v\nwant %v", got, want)
+	}
+}
+
+// enforceSignatures puts the driver under an enforce rule named rule for references matching match, trusting a
+// fresh cosign key delivered as users deliver keys (the modelpack-keys Secret, mounted into the plugin), and
+// restores the previous policy afterwards. It returns a signer for that key (offline: no transparency log).
+func enforceSignatures(t *testing.T, c *harness.Cluster, rule, match string) (sign func(ref string)) {
+	t.Helper()
+	cosign := testenv.Tool(t, "cosign")
+	keys := t.TempDir()
+	run := func(args ...string) {
+		t.Helper()
+		cmd := exec.Command(cosign, args...)
+		cmd.Dir = keys
+		cmd.Env = append(os.Environ(), "COSIGN_PASSWORD=", "DOCKER_CONFIG="+keys)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("cosign %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	run("generate-key-pair", "--output-key-prefix", "e2e")
+	oldPolicy := c.Kubectl(t, "-n", harness.Namespace, "get", "configmap", "modelpack-policy", "-o", "jsonpath={.data.policy\\.yaml}")
+	c.Kubectl(t, "-n", harness.Namespace, "create", "secret", "generic", "modelpack-keys", "--from-file=cosign.pub="+filepath.Join(keys, "e2e.pub"))
+	setPolicy(t, c, fmt.Sprintf(`default:
+  mode: enforce
+  none: true
+rules:
+- name: %s
+  match: ["%s"]
+  mode: enforce
+  keys: [/etc/modelpack/keys/cosign.pub]
+  transparencyLog: waive
+`, rule, match))
+	t.Cleanup(func() {
+		setPolicy(t, c, oldPolicy)
+		c.Run("-n", harness.Namespace, "delete", "secret", "modelpack-keys", "--ignore-not-found")
+	})
+	// The Secret was created after the plugin started: restart the plugin so its volume carries the key, as an
+	// operator rolling out keys would.
+	restartDriver(t, c)
+	return func(ref string) {
+		t.Helper()
+		run("sign", "--key", filepath.Join(keys, "e2e.key"), "--tlog-upload=false", "--allow-http-registry", "--yes", ref)
 	}
 }
 
