@@ -14,6 +14,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/modelpack/modelpack/cas"
+	"github.com/modelpack/modelpack/internal/diskio"
 )
 
 // Integrity. Blobs are verified when they enter (cas), but disks and people damage files later. Three checks:
@@ -173,7 +174,7 @@ func (c *Cache) flushLayerLater(d digest.Digest) {
 		case <-c.ctx.Done():
 		}
 		dir := c.layerDir(d)
-		if err := syncFS(dir); err != nil {
+		if err := diskio.SyncFS(dir); err != nil {
 			return // gone (GC) or failing: unmarked, so deleted and extracted again after a restart of the machine
 		}
 		c.db.Update(func(tx *bolt.Tx) error {

@@ -12,6 +12,8 @@ import (
 
 	"github.com/gofrs/flock"
 	digest "github.com/opencontainers/go-digest"
+
+	"github.com/modelpack/modelpack/internal/diskio"
 )
 
 // Durability. A blob is committed (renamed under its name) as soon as its bytes are verified, without waiting for
@@ -114,12 +116,12 @@ func (s *Store) makeDurable(d digest.Digest) error {
 	if err != nil {
 		return err
 	}
-	err = fdatasync(f)
+	err = diskio.Fdatasync(f)
 	f.Close()
 	if err != nil {
 		return fmt.Errorf("flush %s: %w", d, err)
 	}
-	if err := syncDir(filepath.Dir(s.Path(d))); err != nil {
+	if err := diskio.SyncDir(filepath.Dir(s.Path(d))); err != nil {
 		return err
 	}
 	// Not synced itself: a mark lost to a power loss only costs a re-hash.
@@ -272,7 +274,7 @@ func writeBootID(path string, id []byte) error {
 	if err != nil {
 		return err
 	}
-	return syncDir(filepath.Dir(path))
+	return diskio.SyncDir(filepath.Dir(path))
 }
 
 // DropPartial deletes the partial ingest of d (and its lock file) unless an ingest is writing it now; it reports

@@ -36,6 +36,7 @@ import (
 	"oras.land/oras-go/v2/registry"
 
 	"github.com/modelpack/modelpack/cas"
+	"github.com/modelpack/modelpack/internal/diskio"
 )
 
 // Interfaces the store implements, checked at compile time.
@@ -580,10 +581,5 @@ func writeFileAtomic(path string, b []byte) error {
 	if err := os.Rename(tmp, path); err != nil {
 		return err
 	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return diskio.SyncDir(filepath.Dir(path))
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/artifact/archive"
+	"github.com/modelpack/modelpack/internal/diskio"
 	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
@@ -277,8 +278,10 @@ func (f *fetcher) rawFile(v *verifiedStream, l artifact.Layer) ([]string, error)
 		return nil, err
 	}
 	defer os.Remove(tmp.Name())
-	buf := make([]byte, ioBufferSize)
-	_, err = io.CopyBuffer(onlyWriter{tmp}, v, buf)
+	err = diskio.Preallocate(tmp, l.Size)
+	if err == nil {
+		_, err = io.CopyBuffer(onlyWriter{tmp}, v, make([]byte, ioBufferSize))
+	}
 	if err == nil {
 		err = v.finish()
 	}

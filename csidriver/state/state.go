@@ -16,6 +16,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/modelpack/modelpack/internal/diskio"
 )
 
 // Phase is how far a publish got.
@@ -240,10 +242,5 @@ func (s *Store) write(st *State, sync bool) error {
 	if !sync {
 		return nil
 	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return diskio.SyncDir(dir)
 }

@@ -1,0 +1,16 @@
+//go:build !linux
+
+package diskio
+
+import (
+	"errors"
+	"os"
+)
+
+func preallocate(*os.File, int64) error { return errors.ErrUnsupported }
+
+// Fdatasync flushes a file (with its metadata, where fdatasync(2) does not exist).
+func Fdatasync(f *os.File) error { return f.Sync() }
+
+// SyncFS flushes dir itself where syncfs(2) does not exist.
+func SyncFS(dir string) error { return SyncDir(dir) }
