@@ -4,7 +4,7 @@
 #
 #  - cold publish: NodePublishVolume of the 2 GiB model on a fresh driver with an empty node cache, until the mount is
 #    usable, side by side with a parallel curl of its blobs (target ≤ 1.15×) and with "download at pod start" (oras
-#    pull into a dir, target: ≥ 1.3× the cold publish), medians of RUNS (3) interleaved rounds;
+#    pull into a dir, target: ≥ 1.3× the cold publish), medians of RUNS (5) interleaved rounds;
 #  - peak RSS of the driver during that cold publish (VmHWM);
 #  - warm publish p50/p99, each publish a new pod's target, for a 10 MiB model and the 2 GiB one (target ≈ equal,
 #    p50 ≤ 20 ms).
@@ -30,7 +30,7 @@ SMALL_REF=$REGISTRY/bench/model-10m:v1
 MODELPACK_HOME=$D/seed modelpack pack "$SMALL_DIR" -t "$SMALL_REF" --push --plain-http -q >/dev/null
 
 go build -o "$D/csiclient" ./e2e/cmd/csiclient
-RUNS=${RUNS:-3}
+RUNS=${RUNS:-5}
 # BENCH_BASELINE_BIN: another modelpack binary (say, the previous release) whose cold publish is measured in the
 # same rounds, for a before/after figure.
 BASELINE=${BENCH_BASELINE_BIN:-}

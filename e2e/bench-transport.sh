@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Transport benchmark: modelpack pull/fetch/push against oras v1.3.6 and a plain parallel curl download, side by
-# side on one registry, medians of RUNS (3). Expects MODEL_DIR (the 2 GiB model), WORK (scratch space), REGISTRY
+# side on one registry, medians of RUNS (5). Expects MODEL_DIR (the 2 GiB model), WORK (scratch space), REGISTRY
 # (host:port of a plain-HTTP registry) and REF (the model pushed there; pushed here if unset). Prints one line per
 # figure with its ratio and target. Absolute times drift on shared machines: read the ratios.
 source "$(dirname "$0")/lib.sh"
@@ -9,7 +9,7 @@ cd "$ROOT"
 : "${MODEL_DIR:?MODEL_DIR is the benchmark model directory}"
 : "${WORK:?WORK is a scratch directory}"
 : "${REGISTRY:?REGISTRY is host:port of a plain-HTTP registry}"
-RUNS=${RUNS:-3}
+RUNS=${RUNS:-5}
 T=$WORK/transport
 bench_scratch "$T"
 bench_model "$T"
