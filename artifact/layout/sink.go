@@ -20,7 +20,7 @@ var (
 )
 
 // Sink returns a pack.Sink that writes into the store. Each blob is hashed and written in one pass (cas.Write);
-// the tag is written after the manifest, and every blob, is durable.
+// the tag is written after the manifest and every blob are committed.
 func (s *Store) Sink() *Sink { return &Sink{s: s} }
 
 // CheckTag refuses a tag that is not a valid store reference, before Pack writes anything.
@@ -46,8 +46,10 @@ func (k *Sink) AddBlob(ctx context.Context, mediaType string, open func() (io.Re
 	return ocispec.Descriptor{MediaType: mediaType, Digest: d, Size: n}, nil
 }
 
-// Commit stores the manifest and then tags it. cas fsyncs every blob and its directory before AddBlob returns, so
-// when the tag appears everything it reaches is on disk. An empty tag stores the manifest untagged.
+// Commit stores the manifest and then tags it, so a tag never reaches a blob that is not committed. Committed
+// blobs become durable in the background; after a power loss cas re-hashes those that were not yet, and a blob
+// that lost its bytes is quarantined (the tag then reports it missing rather than serving it). An empty tag
+// stores the manifest untagged.
 func (k *Sink) Commit(ctx context.Context, manifest ocispec.Descriptor, manifestBytes []byte, tag string) error {
 	if tag != "" {
 		if _, err := ParseReference(tag); err != nil {
