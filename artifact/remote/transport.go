@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"oras.land/oras-go/v2/registry"
 	"oras.land/oras-go/v2/registry/remote/auth"
@@ -46,7 +47,7 @@ func TransportsFor(opts Options, plainHTTP []string) func(host string) (http.Rou
 		}
 		cache := auth.NewCache()
 		origin := eps[len(eps)-1]
-		hc, err := httpClient(origin, host, o.concurrency(), o.Timeouts.orDefault())
+		hc, err := boundedClient(o, origin, host)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", host, err)
 		}
@@ -148,7 +149,7 @@ func requestClient(req *http.Request, c *auth.Client, cred auth.CredentialFunc) 
 func newMirrorTransport(opts Options, host string, mirrors []endpoint, origin http.RoundTripper, cred auth.CredentialFunc, cache auth.Cache) (*mirrorTransport, error) {
 	t := &mirrorTransport{host: host, origin: origin, cred: cred}
 	for _, ep := range mirrors {
-		hc, err := httpClient(ep, host, opts.concurrency(), opts.Timeouts.orDefault())
+		hc, err := boundedClient(opts, ep, host)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", ep.host, err)
 		}
@@ -236,4 +237,76 @@ func parseReadPath(p string) (repo, kind, ref string, ok bool) {
 func discard(resp *http.Response) {
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
+}
+
+// boundedClient is the HTTP client of endpoint ep for TransportsFor: httpClient, with each read bounded as the
+// pull bounds its own (see stallBound).
+func boundedClient(o Options, ep endpoint, host string) (*http.Client, error) {
+	tm := o.Timeouts.orDefault()
+	hc, err := httpClient(ep, host, o.concurrency(), tm)
+	if err != nil {
+		return nil, err
+	}
+	hc.Transport = stallBound{next: hc.Transport, idle: tm.Idle}
+	return hc, nil
+}
+
+// stallBound gives up a read (GET of a manifest or blob) that goes silent for idle, as the pull's reads do: a
+// blob's response must start within idle (the response-header timeout is for manifests and uploads), and no
+// response body may pause for longer. The request fails with ErrUnavailable, so a mirror that hangs is passed
+// for the next endpoint, and a stalled body ends the read instead of holding its caller to its own deadline.
+type stallBound struct {
+	next http.RoundTripper
+	idle time.Duration
+}
+
+func (t stallBound) RoundTrip(req *http.Request) (*http.Response, error) {
+	_, kind, _, ok := parseReadPath(req.URL.Path)
+	if !ok || req.Method != http.MethodGet {
+		return t.next.RoundTrip(req)
+	}
+	ctx, cancel := context.WithCancelCause(req.Context())
+	stalled := fmt.Errorf("%w: %s: no byte for %s", ErrUnavailable, req.URL.Redacted(), t.idle)
+	watchdog := time.AfterFunc(t.idle, func() { cancel(stalled) })
+	if kind != "blobs" {
+		watchdog.Stop()
+	}
+	resp, err := t.next.RoundTrip(req.WithContext(ctx))
+	if err != nil {
+		watchdog.Stop()
+		if context.Cause(ctx) == stalled {
+			err = stalled
+		}
+		cancel(nil)
+		return nil, err
+	}
+	watchdog.Reset(t.idle)
+	resp.Body = &watchedBody{ReadCloser: resp.Body, ctx: ctx, cancel: cancel, watchdog: watchdog, idle: t.idle, stalled: stalled}
+	return resp, nil
+}
+
+type watchedBody struct {
+	io.ReadCloser
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
+	watchdog *time.Timer
+	idle     time.Duration
+	stalled  error
+}
+
+func (b *watchedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		b.watchdog.Reset(b.idle)
+	}
+	if err != nil && err != io.EOF && context.Cause(b.ctx) == b.stalled {
+		err = b.stalled
+	}
+	return n, err
+}
+
+func (b *watchedBody) Close() error {
+	b.watchdog.Stop()
+	b.cancel(nil)
+	return b.ReadCloser.Close()
 }
