@@ -23,9 +23,11 @@ import (
 	ociremote "github.com/sigstore/cosign/v2/pkg/oci/remote"
 	"github.com/sigstore/cosign/v2/pkg/oci/static"
 	"github.com/sigstore/sigstore/pkg/signature/payload"
+	"golang.org/x/crypto/bcrypt"
 	"oras.land/oras-go/v2"
 	"oras.land/oras-go/v2/content/memory"
 	"oras.land/oras-go/v2/registry/remote"
+	"oras.land/oras-go/v2/registry/remote/auth"
 
 	"github.com/modelpack/modelpack/internal/testenv"
 	"github.com/modelpack/modelpack/signing/signingtest"
@@ -180,4 +182,30 @@ func writeSignature(t *testing.T, d name.Digest, sig oci.Signature) {
 func startRegistry(t *testing.T) string {
 	t.Helper()
 	return testenv.StartRegistry(t, testenv.RegistryOptions{}).Host
+}
+
+// startPrivateRegistry starts a registry with basic auth and returns its host and the credentials it accepts.
+func startPrivateRegistry(t *testing.T) (string, auth.CredentialFunc) {
+	t.Helper()
+	hash, err := bcrypt.GenerateFromPassword([]byte("s3cret"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := testenv.StartRegistry(t, testenv.RegistryOptions{Htpasswd: "puller:" + string(hash) + "\n"}).Host
+	return host, func(context.Context, string) (auth.Credential, error) {
+		return auth.Credential{Username: "puller", Password: "s3cret"}, nil
+	}
+}
+
+// pushPrivateModel is pushModel to a registry that wants credentials.
+func pushPrivateModel(t *testing.T, host, repo string, cred auth.CredentialFunc, seed string) string {
+	t.Helper()
+	dst, err := remote.NewRepository(host + "/" + repo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst.PlainHTTP = true
+	dst.Client = &auth.Client{Credential: cred}
+	ref, _ := pushModelTo(t, dst, "v1", seed)
+	return ref
 }

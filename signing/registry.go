@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	ociremote "github.com/sigstore/cosign/v2/pkg/oci/remote"
 	"oras.land/oras-go/v2/registry/remote/auth"
 )
@@ -31,14 +32,17 @@ type RegistryOptions struct {
 	Transport http.RoundTripper
 	// TransportFor, if set, gives the transport of each registry host and wins over Transport and the TLS
 	// fields: artifact/remote's TransportsFor, so signatures travel as the model does (TLS settings, hosts.toml,
-	// plain HTTP only where configured, never a fallback from https to http).
+	// plain HTTP only where configured, never a fallback from https to http). Verify's reads are then
+	// authenticated by that transport, with its credentials (artifact/remote's Options and WithCredential), not
+	// with Credentials or WithCredentials.
 	TransportFor func(host string) (http.RoundTripper, error)
 }
 
 type credentialsKey struct{}
 
 // WithCredentials returns a context whose Verify and SignDigest calls use these credentials instead of the
-// RegistryOptions' ones: the driver passes each volume's pull secret this way.
+// RegistryOptions' ones: the driver passes each volume's pull secret this way (and to TransportFor's transport
+// with artifact/remote's WithCredential).
 func WithCredentials(ctx context.Context, c auth.CredentialFunc) context.Context {
 	return context.WithValue(ctx, credentialsKey{}, c)
 }
@@ -77,12 +81,26 @@ func (o RegistryOptions) transport() (http.RoundTripper, error) {
 
 // client is what cosign needs to reach ref's registry.
 func (o RegistryOptions) client(ctx context.Context, base http.RoundTripper, ref string) client {
+	return o.newClient(ctx, base, ref, false)
+}
+
+// readClient is client for reads only. With TransportFor, whose transports authenticate reads themselves,
+// go-containerregistry is told the transport is authenticated already, so that it reads as the model's pull does:
+// without its API ping (GET /v2/ to the origin before every operation, which an origin that hangs answers only
+// at the response-header timeout, however many mirrors serve the reads) and without its retries on top of the
+// transport's. Writes keep go-containerregistry's handshake, which authenticates uploads the transport could not
+// replay.
+func (o RegistryOptions) readClient(ctx context.Context, base http.RoundTripper, ref string) client {
+	return o.newClient(ctx, base, ref, o.TransportFor != nil)
+}
+
+func (o RegistryOptions) newClient(ctx context.Context, base http.RoundTripper, ref string, authenticated bool) client {
 	creds := o.Credentials
 	if c, ok := ctx.Value(credentialsKey{}).(auth.CredentialFunc); ok {
 		creds = c
 	}
 	var kc authn.Keychain = credKeychain{ctx: ctx, f: creds}
-	if creds == nil {
+	if creds == nil || authenticated {
 		kc = authn.NewMultiKeychain() // anonymous
 	}
 	nameOpts := o.nameOptions(ref)
@@ -91,8 +109,10 @@ func (o RegistryOptions) client(ctx context.Context, base http.RoundTripper, ref
 		if r, err := name.ParseReference(ref, nameOpts...); err == nil {
 			if t, err := o.TransportFor(r.Context().RegistryStr()); err != nil {
 				base = failingTransport{err}
-			} else {
+			} else if !authenticated {
 				base = t
+			} else if base, err = transport.NewWithContext(ctx, r.Context().Registry, authn.Anonymous, pingAnswered{t}, nil); err != nil {
+				base = failingTransport{err}
 			}
 		}
 	}
@@ -120,6 +140,17 @@ func (o RegistryOptions) nameOptions(ref string) []name.Option {
 		}
 	}
 	return nil
+}
+
+// pingAnswered answers go-containerregistry's API ping itself: the one transport.NewWithContext makes to build a
+// transport.Wrapper, the type go-containerregistry uses as is.
+type pingAnswered struct{ http.RoundTripper }
+
+func (p pingAnswered) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL.Path == "/v2/" {
+		return &http.Response{StatusCode: http.StatusOK, Status: "200 OK", Header: http.Header{}, Body: http.NoBody, Request: req}, nil
+	}
+	return p.RoundTripper.RoundTrip(req)
 }
 
 // failingTransport fails every request with the error that kept a registry's transport from being built.

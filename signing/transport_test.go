@@ -2,13 +2,14 @@ package signing
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"golang.org/x/crypto/bcrypt"
 	"oras.land/oras-go/v2"
 	"oras.land/oras-go/v2/registry/remote"
 	"oras.land/oras-go/v2/registry/remote/auth"
@@ -169,15 +170,8 @@ func copyToMirror(t *testing.T, mirror, ref string, cred auth.CredentialFunc) {
 // does; without them it is a miss, and with the origin down the model is refused.
 func TestSignatureReadsFromAPrivateMirror(t *testing.T) {
 	ctx := context.Background()
-	hash, err := bcrypt.GenerateFromPassword([]byte("s3cret"), bcrypt.MinCost)
-	if err != nil {
-		t.Fatal(err)
-	}
 	origin := testenv.StartRegistry(t, testenv.RegistryOptions{})
-	mirror := testenv.StartRegistry(t, testenv.RegistryOptions{Htpasswd: "puller:" + string(hash) + "\n"}).Host
-	good := func(context.Context, string) (auth.Credential, error) {
-		return auth.Credential{Username: "puller", Password: "s3cret"}, nil
-	}
+	mirror, good := startPrivateRegistry(t)
 	key, pub := newKeys(t, t.TempDir(), "k")
 	ref, _ := pushModel(t, origin.Host, "models/p", "v1", "private mirror")
 	signed := sign(t, ref, key)
@@ -198,5 +192,100 @@ func TestSignatureReadsFromAPrivateMirror(t *testing.T) {
 	withCreds := mpremote.WithCredential(WithCredentials(ctx, good), good)
 	if dec, err := verifier().Verify(withCreds, signed); err != nil || !dec.Verified {
 		t.Fatalf("private mirror with the volume's credentials: %+v, %v", dec, err)
+	}
+}
+
+// hungOriginVerifier returns a factory of the verifier the driver would build for models named on origin, with
+// hostsBody as origin's hosts.toml and waits bounded by a small ResponseHeader, so that a request a hung server does
+// receive fails fast.
+func hungOriginVerifier(t *testing.T, origin, hostsBody, pub string) func() *Verifier {
+	t.Helper()
+	hosts := mirrorHosts(t, origin, hostsBody)
+	plain := []string{origin}
+	opts := mpremote.Options{HostsDir: hosts, RegistryConfig: filepath.Join(t.TempDir(), "config.json"),
+		Timeouts: mpremote.Timeouts{ResponseHeader: time.Second, Idle: time.Second}}
+	return func() *Verifier {
+		return NewVerifier(keyPolicy(t, Enforce, pub), RegistryOptions{PlainHTTPHosts: plain,
+			TransportFor: mpremote.TransportsFor(opts, plain)})
+	}
+}
+
+// A signature check behaves like the model's pull against an origin that hangs (accepts TCP, never answers): with
+// a mirror serving the model's signature, the origin receives nothing at all — go-containerregistry's API ping
+// (GET /v2/ before each operation) does not happen, since the transport already knows the endpoint and
+// authenticates reads itself. A signature the mirror lacks is asked of the origin once, bounded by the configured
+// timeout, and the model is refused with an error naming it.
+func TestSignatureChecksNeverWaitOnAHungOrigin(t *testing.T) {
+	ctx := context.Background()
+	source := startRegistry(t)
+	mirror := startRegistry(t)
+	hung := testenv.StartHungServer(t)
+	key, pub := newKeys(t, t.TempDir(), "k")
+	model, _ := pushModel(t, source, "models/m", "v1", "behind a hung origin")
+	signed := sign(t, model, key)
+	unsigned, _ := pushModel(t, source, "models/m", "v2", "signed nowhere")
+	for _, ref := range []string{signed, signatureTag(t, signed), unsigned} {
+		copyToMirror(t, mirror, ref, nil)
+	}
+	onHung := func(ref string) string { return hung.Host + strings.TrimPrefix(ref, source) }
+	verifier := hungOriginVerifier(t, hung.Host, "[host.\"http://"+mirror+"\"]\n  capabilities = [\"pull\", \"resolve\"]\n", pub)
+
+	if dec, err := verifier().Verify(ctx, onHung(signed)); err != nil || !dec.Verified {
+		t.Fatalf("mirror serving model and signature, origin hung: %+v, %v", dec, err)
+	}
+	if n, b := hung.Accepted(), hung.BytesRead(); n != 0 || b != 0 {
+		t.Fatalf("the hung origin received %d connection(s), %d byte(s); want none", n, b)
+	}
+
+	ref := onHung(unsigned)
+	dec, err := verifier().Verify(ctx, ref)
+	if err == nil || dec.Verified || !strings.Contains(err.Error(), ref) {
+		t.Fatalf("signature on no reachable endpoint: %+v, %v; want an error naming %s", dec, err, ref)
+	}
+	t.Logf("refused: %v", err)
+	if n := hung.Accepted(); n != 1 {
+		t.Fatalf("the hung origin received %d connection(s); want one request, abandoned at the response-header timeout and not retried", n)
+	}
+}
+
+// A mirror that hangs while the origin works costs each read one response-header timeout, as in the pull, and the
+// origin serves the signature.
+func TestSignatureChecksPassAHungMirror(t *testing.T) {
+	origin := startRegistry(t)
+	hung := testenv.StartHungServer(t)
+	key, pub := newKeys(t, t.TempDir(), "k")
+	model, _ := pushModel(t, origin, "models/m", "v1", "behind a hung mirror")
+	signed := sign(t, model, key)
+	verifier := hungOriginVerifier(t, origin, "[host.\"http://"+hung.Host+"\"]\n  capabilities = [\"pull\", \"resolve\"]\n", pub)
+	if dec, err := verifier().Verify(context.Background(), signed); err != nil || !dec.Verified {
+		t.Fatalf("origin serving the signature, mirror hung: %+v, %v", dec, err)
+	}
+	if hung.Accepted() == 0 {
+		t.Fatal("the mirror was not tried first")
+	}
+}
+
+// Reads from a private origin are authenticated by the transport, with the credentials the model's pull uses (the
+// volume's, passed with the call), since the check does not ping the registry for a challenge; signing, a write,
+// keeps go-containerregistry's handshake through the same transport.
+func TestSignatureReadsFromAPrivateOrigin(t *testing.T) {
+	ctx := context.Background()
+	origin, good := startPrivateRegistry(t)
+	ref := pushPrivateModel(t, origin, "models/private", good, "private origin")
+	key, pub := newKeys(t, t.TempDir(), "k")
+	plain := []string{origin}
+	noConfig := filepath.Join(t.TempDir(), "config.json")
+	signed, err := SignDigest(ctx, ref, key, SignOptions{Password: testPass, Registry: RegistryOptions{PlainHTTPHosts: plain,
+		Credentials: good, TransportFor: mpremote.TransportsFor(mpremote.Options{RegistryConfig: noConfig, Credential: good}, plain)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := NewVerifier(keyPolicy(t, Enforce, pub), RegistryOptions{PlainHTTPHosts: plain,
+		TransportFor: mpremote.TransportsFor(mpremote.Options{RegistryConfig: noConfig}, plain)})
+	if dec, err := v.Verify(ctx, signed); err == nil || errors.Is(err, ErrDenied) || dec.Verified {
+		t.Fatalf("a private origin was read without credentials: %+v, %v", dec, err)
+	}
+	if dec, err := v.Verify(mpremote.WithCredential(ctx, good), signed); err != nil || !dec.Verified {
+		t.Fatalf("private origin with the volume's credentials: %+v, %v", dec, err)
 	}
 }

@@ -232,7 +232,7 @@ func (v *Verifier) check(ctx context.Context, r *rule, d name.Digest) (verdict, 
 	if v.transportErr != nil {
 		return verdict{}, v.transportErr
 	}
-	c := v.opts.client(ctx, v.transport, d.String())
+	c := v.opts.readClient(ctx, v.transport, d.String())
 	h, err := v1.NewHash(d.DigestStr())
 	if err != nil {
 		return verdict{}, err

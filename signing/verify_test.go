@@ -20,13 +20,10 @@ import (
 	ociremote "github.com/sigstore/cosign/v2/pkg/oci/remote"
 	"github.com/sigstore/sigstore-go/pkg/root"
 	"github.com/sigstore/sigstore/pkg/cryptoutils"
-	"golang.org/x/crypto/bcrypt"
 	"oras.land/oras-go/v2"
 	"oras.land/oras-go/v2/content/memory"
 	"oras.land/oras-go/v2/registry/remote"
-	"oras.land/oras-go/v2/registry/remote/auth"
 
-	"github.com/modelpack/modelpack/internal/testenv"
 	"github.com/modelpack/modelpack/signing/signingtest"
 )
 
@@ -348,23 +345,9 @@ func TestVerifyKeyless(t *testing.T) {
 }
 
 func TestVerifyCredentials(t *testing.T) {
-	hash, err := bcrypt.GenerateFromPassword([]byte("s3cret"), bcrypt.MinCost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	host := testenv.StartRegistry(t, testenv.RegistryOptions{Htpasswd: "puller:" + string(hash) + "\n"}).Host
-	good := func(context.Context, string) (auth.Credential, error) {
-		return auth.Credential{Username: "puller", Password: "s3cret"}, nil
-	}
-	dir := t.TempDir()
-	key, pub := newKeys(t, dir, "k")
-	repo, err := remote.NewRepository(host + "/models/private")
-	if err != nil {
-		t.Fatal(err)
-	}
-	repo.PlainHTTP = true
-	repo.Client = &auth.Client{Credential: good}
-	ref, _ := pushModelTo(t, repo, "v1", "private")
+	host, good := startPrivateRegistry(t)
+	key, pub := newKeys(t, t.TempDir(), "k")
+	ref := pushPrivateModel(t, host, "models/private", good, "private")
 	ctx := context.Background()
 	if _, err := SignDigest(ctx, ref, key, SignOptions{Password: testPass}); err == nil {
 		t.Fatal("signed without credentials")

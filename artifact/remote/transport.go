@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"oras.land/oras-go/v2/registry"
 	"oras.land/oras-go/v2/registry/remote/auth"
@@ -20,7 +21,9 @@ import (
 // goes out in its configured scheme, whatever the client asked: a client that falls back from https to http
 // (go-containerregistry does for localhost, *.local and private addresses) cannot; an http:// request to any other
 // host (an auth realm) is refused unless the registry itself is plain HTTP. Reads try the mirrors as
-// Repository's do (see mirrorTransport). Transports are built once per host.
+// Repository's do (see mirrorTransport). A request without an Authorization header is authenticated as
+// Repository's are (Options' credentials, after WithCredential's), so a client need not ping the registry first:
+// with the origin hung, reads that mirrors serve never wait on it. Transports are built once per host.
 func TransportsFor(opts Options, plainHTTP []string) func(host string) (http.RoundTripper, error) {
 	var mu sync.Mutex
 	built := map[string]http.RoundTripper{}
@@ -38,14 +41,23 @@ func TransportsFor(opts Options, plainHTTP []string) func(host string) (http.Rou
 		if err != nil {
 			return nil, err
 		}
+		cred, err := o.credentialFunc()
+		if err != nil {
+			return nil, err
+		}
+		cache := auth.NewCache()
 		origin := eps[len(eps)-1]
-		hc, err := httpClient(origin, host, o.concurrency(), o.Timeouts.orDefault())
+		hc, err := boundedClient(o, origin, host)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", host, err)
 		}
-		var t http.RoundTripper = &originTransport{base: hc.Transport, host: host, ep: origin}
+		// Redirects go back to the client, which checks where they lead, as they did before reads were
+		// authenticated here.
+		hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+		var t http.RoundTripper = &originTransport{base: hc.Transport, host: host, ep: origin,
+			client: authClient(hc, cred, cache, o.UserAgent), cred: cred}
 		if len(eps) > 1 {
-			if t, err = newMirrorTransport(o, host, eps[:len(eps)-1], t); err != nil {
+			if t, err = newMirrorTransport(o, host, eps[:len(eps)-1], t, cred, cache); err != nil {
 				return nil, err
 			}
 		}
@@ -54,11 +66,16 @@ func TransportsFor(opts Options, plainHTTP []string) func(host string) (http.Rou
 	}
 }
 
-// originTransport sends a registry's requests to its configured endpoint, in its configured scheme.
+// originTransport sends a registry's requests to its configured endpoint, in its configured scheme. A request that
+// carries no Authorization header, the API ping aside, is authenticated as Repository's are, by oras-go's auth
+// client answering the registry's challenge: a client need not ping the registry first to learn how to
+// authenticate (go-containerregistry does, before every operation, unless handed an authenticated transport).
 type originTransport struct {
-	base http.RoundTripper
-	host string // the registry as clients name it
-	ep   endpoint
+	base   http.RoundTripper
+	host   string // the registry as clients name it
+	ep     endpoint
+	client *auth.Client
+	cred   auth.CredentialFunc // Options'
 }
 
 func (t *originTransport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -68,10 +85,19 @@ func (t *originTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return t.base.RoundTrip(req)
 	}
-	r := req.Clone(req.Context())
+	ctx := req.Context()
+	if repo, _, _, ok := parseReadPath(req.URL.Path); ok {
+		ctx = auth.AppendRepositoryScope(ctx, registry.Reference{Registry: t.ep.host, Repository: repo}, auth.ActionPull)
+	}
+	r := req.Clone(ctx)
 	r.URL.Scheme, r.URL.Host, r.Host = t.ep.scheme, t.ep.host, ""
-	return t.base.RoundTrip(r)
+	if r.Header.Get("Authorization") != "" || isPing(r) {
+		return t.base.RoundTrip(r)
+	}
+	return requestClient(req, t.client, t.cred).Do(r)
 }
+
+func isPing(req *http.Request) bool { return req.URL.Path == "/v2/" || req.URL.Path == "/v2" }
 
 // mirrorTransport serves a registry's reads from its hosts.toml mirrors first, in file order, as Repository does:
 // a manifest by tag from the mirrors that may resolve, a manifest by digest or a blob from those that may pull;
@@ -103,31 +129,27 @@ func WithCredential(ctx context.Context, cf auth.CredentialFunc) context.Context
 	return context.WithValue(ctx, credentialKey{}, cf)
 }
 
-// clientFor is m's auth client for req: the shared one, or, when the request carries its own credentials, one
-// without a token cache, so a token one volume's secret obtained never serves another volume.
-func (t *mirrorTransport) clientFor(req *http.Request, m mirrorClient) *auth.Client {
+// requestClient is an endpoint's auth client c for req: c, or, when the request carries its own credentials (asked
+// before cred, Options'), one without a token cache, so a token one volume's secret obtained never serves another
+// volume.
+func requestClient(req *http.Request, c *auth.Client, cred auth.CredentialFunc) *auth.Client {
 	cf, _ := req.Context().Value(credentialKey{}).(auth.CredentialFunc)
 	if cf == nil {
-		return m.client
+		return c
 	}
-	return &auth.Client{Client: m.client.Client, Header: m.client.Header, Credential: func(ctx context.Context, host string) (auth.Credential, error) {
+	return &auth.Client{Client: c.Client, Header: c.Header, Credential: func(ctx context.Context, host string) (auth.Credential, error) {
 		c, err := cf(ctx, host)
 		if err != nil || c != auth.EmptyCredential {
 			return c, err
 		}
-		return t.cred(ctx, host)
+		return cred(ctx, host)
 	}}
 }
 
-func newMirrorTransport(opts Options, host string, mirrors []endpoint, origin http.RoundTripper) (*mirrorTransport, error) {
-	cred, err := opts.credentialFunc()
-	if err != nil {
-		return nil, err
-	}
+func newMirrorTransport(opts Options, host string, mirrors []endpoint, origin http.RoundTripper, cred auth.CredentialFunc, cache auth.Cache) (*mirrorTransport, error) {
 	t := &mirrorTransport{host: host, origin: origin, cred: cred}
-	cache := auth.NewCache()
 	for _, ep := range mirrors {
-		hc, err := httpClient(ep, host, opts.concurrency(), opts.Timeouts.orDefault())
+		hc, err := boundedClient(opts, ep, host)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", ep.host, err)
 		}
@@ -140,7 +162,7 @@ func (t *mirrorTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL.Host != t.host || (req.Method != http.MethodGet && req.Method != http.MethodHead) {
 		return t.origin.RoundTrip(req)
 	}
-	if req.URL.Path == "/v2/" || req.URL.Path == "/v2" {
+	if isPing(req) {
 		resp, err := t.origin.RoundTrip(req)
 		if (err == nil && resp.StatusCode < http.StatusInternalServerError) || req.Context().Err() != nil {
 			return resp, err
@@ -181,7 +203,7 @@ func (t *mirrorTransport) firstMirror(req *http.Request, can func(endpoint) bool
 		r := req.Clone(ctx)
 		r.URL.Scheme, r.URL.Host, r.Host = m.ep.scheme, m.ep.host, ""
 		r.Header.Del("Authorization") // the origin's
-		resp, err := t.clientFor(req, m).Do(r)
+		resp, err := requestClient(req, m.client, t.cred).Do(r)
 		if err == nil && resp.StatusCode/100 == 2 {
 			return resp, true
 		}
@@ -215,4 +237,76 @@ func parseReadPath(p string) (repo, kind, ref string, ok bool) {
 func discard(resp *http.Response) {
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
+}
+
+// boundedClient is the HTTP client of endpoint ep for TransportsFor: httpClient, with each read bounded as the
+// pull bounds its own (see stallBound).
+func boundedClient(o Options, ep endpoint, host string) (*http.Client, error) {
+	tm := o.Timeouts.orDefault()
+	hc, err := httpClient(ep, host, o.concurrency(), tm)
+	if err != nil {
+		return nil, err
+	}
+	hc.Transport = stallBound{next: hc.Transport, idle: tm.Idle}
+	return hc, nil
+}
+
+// stallBound gives up a read (GET of a manifest or blob) that goes silent for idle, as the pull's reads do: a
+// blob's response must start within idle (the response-header timeout is for manifests and uploads), and no
+// response body may pause for longer. The request fails with ErrUnavailable, so a mirror that hangs is passed
+// for the next endpoint, and a stalled body ends the read instead of holding its caller to its own deadline.
+type stallBound struct {
+	next http.RoundTripper
+	idle time.Duration
+}
+
+func (t stallBound) RoundTrip(req *http.Request) (*http.Response, error) {
+	_, kind, _, ok := parseReadPath(req.URL.Path)
+	if !ok || req.Method != http.MethodGet {
+		return t.next.RoundTrip(req)
+	}
+	ctx, cancel := context.WithCancelCause(req.Context())
+	stalled := fmt.Errorf("%w: %s: no byte for %s", ErrUnavailable, req.URL.Redacted(), t.idle)
+	watchdog := time.AfterFunc(t.idle, func() { cancel(stalled) })
+	if kind != "blobs" {
+		watchdog.Stop()
+	}
+	resp, err := t.next.RoundTrip(req.WithContext(ctx))
+	if err != nil {
+		watchdog.Stop()
+		if context.Cause(ctx) == stalled {
+			err = stalled
+		}
+		cancel(nil)
+		return nil, err
+	}
+	watchdog.Reset(t.idle)
+	resp.Body = &watchedBody{ReadCloser: resp.Body, ctx: ctx, cancel: cancel, watchdog: watchdog, idle: t.idle, stalled: stalled}
+	return resp, nil
+}
+
+type watchedBody struct {
+	io.ReadCloser
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
+	watchdog *time.Timer
+	idle     time.Duration
+	stalled  error
+}
+
+func (b *watchedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		b.watchdog.Reset(b.idle)
+	}
+	if err != nil && err != io.EOF && context.Cause(b.ctx) == b.stalled {
+		err = b.stalled
+	}
+	return n, err
+}
+
+func (b *watchedBody) Close() error {
+	b.watchdog.Stop()
+	b.cancel(nil)
+	return b.ReadCloser.Close()
 }
