@@ -110,11 +110,7 @@ func TestPipedProgressLabelsLayersByFile(t *testing.T) {
 	check("fetch", files, nil, "fetch", ref, filepath.Join(t.TempDir(), "out"), "--plain-http")
 
 	// A container image's layers name no file: their short digest labels them.
-	layer := filepath.Join(t.TempDir(), "layer.tar")
-	writeTar(t, layer, map[string]string{"etc/os-release": "ID=test\n"})
 	image := reg.Host + "/labels/image:v1"
-	if out, err := exec.Command(testenv.Tool(t, "crane"), "append", "--insecure", "--oci-empty-base", "-f", layer, "-t", image).CombinedOutput(); err != nil {
-		t.Fatalf("crane append: %v\n%s", err, out)
-	}
+	pushContainerImage(t, image)
 	check("pull of an image", nil, map[string]bool{"(config)": true, "": true}, "--home", t.TempDir(), "pull", image, "--plain-http")
 }

@@ -140,11 +140,12 @@ func (u *transferUI) stop() {
 }
 
 // transferJSON is the result of push, pull, copy, fetch and pack --push under -o json: remote.Result, the
-// directory fetch wrote into and the signature push --sign made.
+// directory fetch wrote into, the signature push --sign made and the warnings (see warnings).
 type transferJSON struct {
 	*remote.Result
 	Dir       string         `json:"dir,omitempty"`
 	Signature *signatureJSON `json:"signature,omitempty"`
+	Warnings  []string       `json:"warnings,omitempty"`
 }
 
 // print writes the result: JSON, the digest alone with --quiet, or a summary.
