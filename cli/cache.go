@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -26,7 +28,9 @@ func defaultCacheRoot() string {
 	return "/var/lib/modelpack/cache"
 }
 
-func (f *cacheFlags) open(opts cache.Options) (*cache.Cache, error) {
+// open opens the cache; what it logs (repairs after an unclean stop, damaged blobs) becomes warnings in ws, if
+// given.
+func (f *cacheFlags) open(opts cache.Options, ws *warnings) (*cache.Cache, error) {
 	if _, err := os.Stat(f.root); err != nil {
 		return nil, fmt.Errorf("cache root: %w", err)
 	}
@@ -36,7 +40,21 @@ func (f *cacheFlags) open(opts cache.Options) (*cache.Cache, error) {
 		f.root = filepath.Join(f.root, "cache")
 	}
 	opts.Root, opts.LockTimeout = f.root, f.lockTimeout
+	if ws != nil {
+		opts.Logger = ws.logger(slog.LevelInfo)
+	}
 	return cache.Open(opts)
+}
+
+// use opens the cache, runs fn on it and closes it before the command prints anything, so that what the cache
+// logs until Close returns (the verification an unclean stop asks for starts in the background) is in ws.
+func (f *cacheFlags) use(opts cache.Options, ws *warnings, fn func(*cache.Cache) error) error {
+	c, err := f.open(opts, ws)
+	if err != nil {
+		return err
+	}
+	err = fn(c)
+	return errors.Join(err, c.Close())
 }
 
 // isCache reports whether dir holds a cache's metadata.
@@ -70,12 +88,13 @@ func cacheLsCmd(g *Globals, f *cacheFlags) *cobra.Command {
 		Short: "List the manifests in the cache, most recently used first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := f.open(cache.Options{})
-			if err != nil {
+			// Under -o json ls prints a bare array, with no room for warnings: what opening the cache repaired
+			// shows in the entries' states, and cache verify reports it.
+			var entries []cache.Entry
+			err := f.use(cache.Options{}, newWarnings(cmd, g), func(c *cache.Cache) (err error) {
+				entries, err = c.List()
 				return err
-			}
-			defer c.Close()
-			entries, err := c.List()
+			})
 			if err != nil {
 				return err
 			}
@@ -115,17 +134,20 @@ func cacheDuCmd(g *Globals, f *cacheFlags) *cobra.Command {
 		Short:   "Show what the cache holds on disk",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := f.open(cache.Options{})
-			if err != nil {
+			ws := newWarnings(cmd, g)
+			var u cache.Usage
+			err := f.use(cache.Options{}, ws, func(c *cache.Cache) (err error) {
+				u, err = c.Usage()
 				return err
-			}
-			defer c.Close()
-			u, err := c.Usage()
+			})
 			if err != nil {
 				return err
 			}
 			if g.IsJSON() {
-				return PrintJSON(cmd.OutOrStdout(), u)
+				return PrintJSON(cmd.OutOrStdout(), struct {
+					cache.Usage
+					Warnings []string `json:"warnings,omitempty"`
+				}{u, ws.all()})
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintf(w, "blobs\t%d\t%s\n", u.BlobCount, humanBytes(u.Blobs))
@@ -160,17 +182,20 @@ nothing is evicted; only unneeded content is deleted.`,
 			if minAge == 0 {
 				minAge = -1 // cache.Options: negative means no protection
 			}
-			c, err := f.open(cache.Options{MaxBytes: max, MinAge: minAge})
-			if err != nil {
+			ws := newWarnings(cmd, g)
+			var st cache.GCStats
+			err = f.use(cache.Options{MaxBytes: max, MinAge: minAge}, ws, func(c *cache.Cache) (err error) {
+				st, err = c.GC(cmd.Context())
 				return err
-			}
-			defer c.Close()
-			st, err := c.GC(cmd.Context())
+			})
 			if err != nil {
 				return err
 			}
 			if g.IsJSON() {
-				return PrintJSON(cmd.OutOrStdout(), st)
+				return PrintJSON(cmd.OutOrStdout(), struct {
+					cache.GCStats
+					Warnings []string `json:"warnings,omitempty"`
+				}{st, ws.all()})
 			}
 			out := cmd.OutOrStdout()
 			for _, d := range st.Evicted {
@@ -202,21 +227,24 @@ wrong size is caught on every use, and every blob is re-hashed after an unclean 
 --cache-verify-interval.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := f.open(cache.Options{})
-			if err != nil {
+			ws := newWarnings(cmd, g)
+			var rep cache.VerifyReport
+			err := f.use(cache.Options{}, ws, func(c *cache.Cache) (err error) {
+				verify := c.Verify
+				if repair {
+					verify = c.Repair
+				}
+				rep, err = verify(cmd.Context())
 				return err
-			}
-			defer c.Close()
-			verify := c.Verify
-			if repair {
-				verify = c.Repair
-			}
-			rep, err := verify(cmd.Context())
+			})
 			if err != nil {
 				return err
 			}
 			if g.IsJSON() {
-				if err := PrintJSON(cmd.OutOrStdout(), rep); err != nil {
+				if err := PrintJSON(cmd.OutOrStdout(), struct {
+					cache.VerifyReport
+					Warnings []string `json:"warnings,omitempty"`
+				}{rep, ws.all()}); err != nil {
 					return err
 				}
 			} else {
@@ -246,33 +274,38 @@ func cacheRmCmd(g *Globals, f *cacheFlags) *cobra.Command {
 		Short:   "Remove manifests (by digest or unique prefix) and the content only they use; refused while referenced",
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := f.open(cache.Options{})
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			entries, err := c.List()
-			if err != nil {
-				return err
-			}
+			ws := newWarnings(cmd, g)
 			var removed []digest.Digest
-			for _, a := range args {
-				d, err := matchDigest(entries, a)
+			err := f.use(cache.Options{}, ws, func(c *cache.Cache) error {
+				entries, err := c.List()
 				if err != nil {
 					return err
 				}
-				if err := c.Remove(d); err != nil {
-					return err
+				for _, a := range args {
+					d, err := matchDigest(entries, a)
+					if err != nil {
+						return err
+					}
+					if err := c.Remove(d); err != nil {
+						return err
+					}
+					removed = append(removed, d)
 				}
-				removed = append(removed, d)
-				if !g.IsJSON() {
+				return nil
+			})
+			if !g.IsJSON() {
+				for _, d := range removed { // those removed before an error too
 					fmt.Fprintf(cmd.OutOrStdout(), "removed %s\n", d)
 				}
+				return err
 			}
-			if g.IsJSON() {
-				return PrintJSON(cmd.OutOrStdout(), map[string]any{"removed": removed})
+			if err != nil {
+				return err
 			}
-			return nil
+			return PrintJSON(cmd.OutOrStdout(), struct {
+				Removed  []digest.Digest `json:"removed"`
+				Warnings []string        `json:"warnings,omitempty"`
+			}{removed, ws.all()})
 		},
 	}
 }

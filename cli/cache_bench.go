@@ -60,7 +60,7 @@ func cacheBenchCmd(f *cacheFlags) *cobra.Command {
 			if err := os.MkdirAll(f.root, 0o755); err != nil {
 				return err
 			}
-			c, err := f.open(cache.Options{Concurrency: concurrency})
+			c, err := f.open(cache.Options{Concurrency: concurrency}, nil)
 			if err != nil {
 				return err
 			}

@@ -102,7 +102,8 @@ func runPack(cmd *cobra.Command, g *Globals, f *packFlags, dir string, pushSink 
 		return err
 	}
 	opts.Tag = ref
-	opts.Warn = func(msg string) { fmt.Fprintln(cmd.ErrOrStderr(), "warning:", msg) }
+	ws := newWarnings(cmd, g)
+	opts.Warn = ws.add
 	var bar *progressBar
 	if g.ShowProgress() {
 		bar = &progressBar{desc: "packing"}
@@ -129,10 +130,10 @@ func runPack(cmd *cobra.Command, g *Globals, f *packFlags, dir string, pushSink 
 	if err != nil {
 		return err
 	}
-	if p, ok := sink.(interface{ printResult() error }); ok {
-		return p.printResult() // pack --push: what push prints
+	if p, ok := sink.(interface{ printResult(warnings []string) error }); ok {
+		return p.printResult(ws.all()) // pack --push: what push prints
 	}
-	return printPacked(cmd, g, opts.Tag, where, desc)
+	return printPacked(cmd, g, opts.Tag, where, desc, ws.all())
 }
 
 func (f *packFlags) options() (pack.Options, error) {
@@ -183,12 +184,13 @@ func (f *packFlags) options() (pack.Options, error) {
 	return opts, nil
 }
 
-func printPacked(cmd *cobra.Command, g *Globals, ref, where string, desc ocispec.Descriptor) error {
+func printPacked(cmd *cobra.Command, g *Globals, ref, where string, desc ocispec.Descriptor, warnings []string) error {
 	if g.IsJSON() {
 		return PrintJSON(cmd.OutOrStdout(), struct {
 			Reference  string             `json:"reference"`
 			Descriptor ocispec.Descriptor `json:"descriptor"`
-		}{ref, desc})
+			Warnings   []string           `json:"warnings,omitempty"`
+		}{ref, desc, warnings})
 	}
 	if g.Quiet {
 		_, err := fmt.Fprintln(cmd.OutOrStdout(), desc.Digest)

@@ -44,13 +44,16 @@ Mirrors configured in --hosts-dir are tried before the registry itself.`,
 				defer store.Close()
 				ui := newTransferUI(cmd, g, "pulled")
 				res, err := remote.Pull(cmd.Context(), src, store, local, remote.TransferOptions{Reporter: ui.reporter(), Referrers: referrers})
-				if err == nil {
-					fillArtifactType(cmd.Context(), store, &res.Descriptor)
-					if isImageConfig(res.Descriptor.ArtifactType) && !g.IsJSON() { // JSON says it in artifactType
-						fmt.Fprintf(cmd.ErrOrStderr(), "note: %s is a container image, not a model; unpack writes its root filesystem only with --image-rootfs\n", ref)
-					}
+				ui.stop()
+				if err != nil {
+					return err
 				}
-				return ui.done(res, err)
+				fillArtifactType(cmd.Context(), store, &res.Descriptor)
+				ws := newWarnings(cmd, g)
+				if isImageConfig(res.Descriptor.ArtifactType) {
+					ws.add(fmt.Sprintf("%s is a container image, not a model; unpack writes its root filesystem only with --image-rootfs", ref))
+				}
+				return ui.print(transferJSON{Result: res, Warnings: ws.all()})
 			},
 		}
 		rf.register(cmd.Flags())

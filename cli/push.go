@@ -126,10 +126,10 @@ func (s *signingSink) Commit(ctx context.Context, manifest ocispec.Descriptor, m
 	return err
 }
 
-// printResult prints what was pushed (and signed), as push prints it.
-func (s *signingSink) printResult() error {
+// printResult prints what was pushed (and signed), as push prints it, with the pack's warnings under -o json.
+func (s *signingSink) printResult(warnings []string) error {
 	s.ui.stop()
 	res := s.Result()
 	res.Descriptor.ArtifactType = s.artifactType
-	return s.ui.print(transferJSON{Result: res, Signature: s.sig})
+	return s.ui.print(transferJSON{Result: res, Signature: s.sig, Warnings: warnings})
 }

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/artifact/remote"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/schollz/progressbar/v3"
@@ -139,11 +140,12 @@ func (u *transferUI) stop() {
 }
 
 // transferJSON is the result of push, pull, copy, fetch and pack --push under -o json: remote.Result, the
-// directory fetch wrote into and the signature push --sign made.
+// directory fetch wrote into, the signature push --sign made and the warnings (see warnings).
 type transferJSON struct {
 	*remote.Result
 	Dir       string         `json:"dir,omitempty"`
 	Signature *signatureJSON `json:"signature,omitempty"`
+	Warnings  []string       `json:"warnings,omitempty"`
 }
 
 // print writes the result: JSON, the digest alone with --quiet, or a summary.
@@ -217,23 +219,21 @@ func capitalize(s string) string {
 	return strings.ToUpper(s[:1]) + s[1:]
 }
 
+// blobLabel names a blob in progress lines and bars, the same way in every command: the file a layer holds when
+// its annotations say, else its short digest ("(config)" added for a config blob).
 func blobLabel(d ocispec.Descriptor) string {
-	name := d.Annotations["org.cncf.model.filepath"]
-	if name == "" {
-		name = d.Annotations[ocispec.AnnotationTitle]
+	if name := artifact.LayerFilepath(d.Annotations); name != "" {
+		return name
 	}
 	short := d.Digest.Encoded()
 	if len(short) > 12 {
 		short = short[:12]
 	}
 	// A config blob, not a weight.config layer: configs are JSON documents.
-	if name == "" && strings.Contains(d.MediaType, "config") && strings.HasSuffix(d.MediaType, "+json") {
-		name = "(config)"
+	if strings.Contains(d.MediaType, "config") && strings.HasSuffix(d.MediaType, "+json") {
+		return short + " (config)"
 	}
-	if name == "" {
-		return short
-	}
-	return short + " " + name
+	return short
 }
 
 // lineReporter is progress for logs and CI (stderr not a TTY): a line when each blob starts, a line per long

@@ -212,13 +212,8 @@ func reg2(t *testing.T, host string) string { t.Helper(); return host + "/back/m
 func TestContainerImageNeedsImageRootfs(t *testing.T) {
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
 	t.Setenv("DOCKER_CONFIG", t.TempDir())
-	layer := filepath.Join(t.TempDir(), "layer.tar")
-	writeTar(t, layer, map[string]string{"etc/os-release": "ID=test\n"})
 	ref := reg.Host + "/img/busybox:v1"
-	crane := exec.Command(testenv.Tool(t, "crane"), "append", "--insecure", "--oci-empty-base", "-f", layer, "-t", ref)
-	if out, err := crane.CombinedOutput(); err != nil {
-		t.Fatalf("crane append: %v\n%s", err, out)
-	}
+	pushContainerImage(t, ref)
 	dir := filepath.Join(t.TempDir(), "rootfs")
 	_, err := runRemoteCLI(t, "", "fetch", "--plain-http", ref, dir)
 	if err == nil || !strings.Contains(err.Error(), "is a container image") || !strings.Contains(err.Error(), "--image-rootfs") {
@@ -245,6 +240,16 @@ func TestContainerImageNeedsImageRootfs(t *testing.T) {
 	}
 	if _, err := runRemoteCLI(t, "", "--home", home, "unpack", ref, filepath.Join(t.TempDir(), "u")); err == nil || !strings.Contains(err.Error(), "--image-rootfs") {
 		t.Fatalf("unpack of an image: %v", err)
+	}
+}
+
+// pushContainerImage pushes to ref, with crane, a one-layer container image holding etc/os-release ("ID=test").
+func pushContainerImage(t *testing.T, ref string) {
+	t.Helper()
+	layer := filepath.Join(t.TempDir(), "layer.tar")
+	writeTar(t, layer, map[string]string{"etc/os-release": "ID=test\n"})
+	if out, err := exec.Command(testenv.Tool(t, "crane"), "append", "--insecure", "--oci-empty-base", "-f", layer, "-t", ref).CombinedOutput(); err != nil {
+		t.Fatalf("crane append: %v\n%s", err, out)
 	}
 }
 

@@ -91,14 +91,15 @@ modelpack sign have none. With --policy, REF is checked as the node driver check
 					return err
 				}
 				v := signing.NewVerifier(p, ro)
-				// The refusal is the command's error; only warn-rule failures are worth a log line here.
-				v.Log = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+				// The refusal is the command's error; only warn-rule failures are worth a warning here.
+				ws := newWarnings(cmd, g)
+				v.Log = ws.logger(slog.LevelWarn)
 				dec, err := v.Verify(cmd.Context(), ref)
 				if err != nil {
 					return err
 				}
 				if g.IsJSON() {
-					return PrintJSON(cmd.OutOrStdout(), verifyJSON{Reference: dec.Ref, Rule: dec.Rule, Mode: string(dec.Mode), Verified: dec.Verified, Authority: dec.Authority, Reason: dec.Reason})
+					return PrintJSON(cmd.OutOrStdout(), verifyJSON{Reference: dec.Ref, Rule: dec.Rule, Mode: string(dec.Mode), Verified: dec.Verified, Authority: dec.Authority, Reason: dec.Reason, Warnings: ws.all()})
 				}
 				if dec.Verified {
 					_, err = fmt.Fprintf(cmd.OutOrStdout(), "Verified %s by %s (rule %q)\n", dec.Ref, dec.Authority, dec.Rule)
@@ -134,12 +135,13 @@ modelpack sign have none. With --policy, REF is checked as the node driver check
 
 // verifyJSON is verify's result: signing.Decision with "reference" named as every other command names it.
 type verifyJSON struct {
-	Reference string `json:"reference"`
-	Rule      string `json:"rule"`
-	Mode      string `json:"mode"`
-	Verified  bool   `json:"verified"`
-	Authority string `json:"authority,omitempty"`
-	Reason    string `json:"reason,omitempty"`
+	Reference string   `json:"reference"`
+	Rule      string   `json:"rule"`
+	Mode      string   `json:"mode"`
+	Verified  bool     `json:"verified"`
+	Authority string   `json:"authority,omitempty"`
+	Reason    string   `json:"reason,omitempty"`
+	Warnings  []string `json:"warnings,omitempty"`
 }
 
 // envList seeds a repeatable flag from a cosign environment variable.

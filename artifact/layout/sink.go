@@ -30,7 +30,7 @@ func (k *Sink) CheckTag(tag string) error {
 }
 
 // AddBlob stores what open returns, reading it once.
-func (k *Sink) AddBlob(ctx context.Context, mediaType string, open func() (io.ReadCloser, error)) (ocispec.Descriptor, error) {
+func (k *Sink) AddBlob(ctx context.Context, desc ocispec.Descriptor, open func() (io.ReadCloser, error)) (ocispec.Descriptor, error) {
 	if err := k.s.holdWriterLock(ctx); err != nil {
 		return ocispec.Descriptor{}, err
 	}
@@ -43,7 +43,8 @@ func (k *Sink) AddBlob(ctx context.Context, mediaType string, open func() (io.Re
 	if err != nil {
 		return ocispec.Descriptor{}, err
 	}
-	return ocispec.Descriptor{MediaType: mediaType, Digest: d, Size: n}, nil
+	desc.Digest, desc.Size = d, n
+	return desc, nil
 }
 
 // Commit stores the manifest and then tags it, so a tag never reaches a blob that is not committed. Committed

@@ -238,7 +238,7 @@ func checkInfo(t *testing.T, info *weightInfo) {
 // memSink keeps blobs in memory.
 type memSink struct{ blobs map[string][]byte }
 
-func (m *memSink) AddBlob(_ context.Context, mt string, open func() (io.ReadCloser, error)) (ocispec.Descriptor, error) {
+func (m *memSink) AddBlob(_ context.Context, desc ocispec.Descriptor, open func() (io.ReadCloser, error)) (ocispec.Descriptor, error) {
 	rc, err := open()
 	if err != nil {
 		return ocispec.Descriptor{}, err
@@ -250,7 +250,8 @@ func (m *memSink) AddBlob(_ context.Context, mt string, open func() (io.ReadClos
 	}
 	d := digest.FromBytes(b)
 	m.blobs[d.String()] = b
-	return ocispec.Descriptor{MediaType: mt, Digest: d, Size: int64(len(b))}, nil
+	desc.Digest, desc.Size = d, int64(len(b))
+	return desc, nil
 }
 
 func (m *memSink) Commit(_ context.Context, d ocispec.Descriptor, b []byte, _ string) error {

@@ -33,8 +33,10 @@ import (
 // Sink receives packed blobs. The local store's sink hashes and writes in one pass (cas.Write);
 // the transport engineer writes a registry sink for `pack --push` that calls open twice (hash, then upload).
 type Sink interface {
-	// AddBlob stores the bytes open returns and reports their digest and size. open may be called more than once.
-	AddBlob(ctx context.Context, mediaType string, open func() (io.ReadCloser, error)) (ocispec.Descriptor, error)
+	// AddBlob stores the bytes open returns and returns desc with their digest and size. desc says what the blob is
+	// before it is read: its media type and, for a layer, the file it holds (org.opencontainers.image.title), so
+	// that a sink reporting progress can name it. open may be called more than once.
+	AddBlob(ctx context.Context, desc ocispec.Descriptor, open func() (io.ReadCloser, error)) (ocispec.Descriptor, error)
 	// Commit stores the manifest and, only after everything is durable, tags it.
 	Commit(ctx context.Context, manifest ocispec.Descriptor, manifestBytes []byte, tag string) error
 }
@@ -153,7 +155,8 @@ func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Des
 		g.Go(func() error {
 			l := &layers[i]
 			w := &layerWriter{plan: l, mtime: mtime, progress: opts.Progress}
-			d, err := sink.AddBlob(gctx, artifact.LayerMediaType(l.kind, l.format), w.open)
+			named := ocispec.Descriptor{MediaType: artifact.LayerMediaType(l.kind, l.format), Annotations: map[string]string{artifact.AnnotationTitle: l.path}}
+			d, err := sink.AddBlob(gctx, named, w.open)
 			if err != nil {
 				return fmt.Errorf("%s: %w", filepath.Join(dir, filepath.FromSlash(l.path)), err)
 			}
@@ -179,7 +182,7 @@ func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Des
 	if err := schema.ValidateConfig(configBytes); err != nil {
 		return ocispec.Descriptor{}, fmt.Errorf("model config: %w", err)
 	}
-	configDesc, err := sink.AddBlob(ctx, artifact.MediaTypeModelConfig, bytesOpener(configBytes))
+	configDesc, err := sink.AddBlob(ctx, ocispec.Descriptor{MediaType: artifact.MediaTypeModelConfig}, bytesOpener(configBytes))
 	if err != nil {
 		return ocispec.Descriptor{}, fmt.Errorf("store config: %w", err)
 	}

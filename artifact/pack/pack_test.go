@@ -666,9 +666,9 @@ type shrinkSink struct {
 	victim string
 }
 
-func (s shrinkSink) AddBlob(ctx context.Context, mt string, open func() (io.ReadCloser, error)) (ocispec.Descriptor, error) {
+func (s shrinkSink) AddBlob(ctx context.Context, desc ocispec.Descriptor, open func() (io.ReadCloser, error)) (ocispec.Descriptor, error) {
 	os.Truncate(s.victim, 3)
-	return s.Sink.AddBlob(ctx, mt, open)
+	return s.Sink.AddBlob(ctx, desc, open)
 }
 
 func TestFileChangedWhilePacking(t *testing.T) {

@@ -27,13 +27,14 @@ func PackSink(repo *Repository, rep Reporter) *Sink {
 	return &Sink{repo: repo, t: newTracker(rep)}
 }
 
-// AddBlob hashes the blob, then uploads it unless the registry already has it.
-func (s *Sink) AddBlob(ctx context.Context, mediaType string, open func() (io.ReadCloser, error)) (ocispec.Descriptor, error) {
+// AddBlob hashes the blob, then uploads it unless the registry already has it. Progress and the result name the
+// blob by desc's annotations.
+func (s *Sink) AddBlob(ctx context.Context, desc ocispec.Descriptor, open func() (io.ReadCloser, error)) (ocispec.Descriptor, error) {
 	d, n, err := hashBlob(open)
 	if err != nil {
 		return ocispec.Descriptor{}, err
 	}
-	desc := ocispec.Descriptor{MediaType: mediaType, Digest: d, Size: n}
+	desc.Digest, desc.Size = d, n
 	ok, err := s.repo.Exists(ctx, desc)
 	if err != nil {
 		return ocispec.Descriptor{}, withOp("push", s.repo, err)

@@ -1,0 +1,116 @@
+package cli
+
+import (
+	"bytes"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/modelpack/modelpack/internal/testenv"
+)
+
+// binaryRunner runs the built binary with stdout and stderr piped (not a terminal), as in CI, and returns its exit
+// code, stdout and stderr.
+func binaryRunner(t *testing.T, env ...string) func(args ...string) (int, string, string) {
+	bin := testenv.Modelpack(t)
+	return func(args ...string) (int, string, string) {
+		t.Helper()
+		cmd := exec.Command(bin, args...)
+		cmd.Env = append(os.Environ(), env...)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatalf("modelpack %s: %v", strings.Join(args, " "), err)
+		}
+		return code, out.String(), errb.String()
+	}
+}
+
+var blobVerbs = map[string]bool{"pushing": true, "pushed": true, "pulling": true, "pulled": true, "copying": true, "copied": true,
+	"fetching": true, "fetched": true, "exists": true, "mounted": true, "failed": true}
+
+// progressLabels are the blob labels of piped progress lines ("pushing  LABEL  SIZE…"), each with its line.
+func progressLabels(t *testing.T, stderr string) map[string]string {
+	t.Helper()
+	labels := map[string]string{}
+	for _, line := range strings.Split(stderr, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] == "warning:" {
+			continue
+		}
+		if !blobVerbs[f[0]] || len(line) < 10 {
+			t.Fatalf("not a progress line: %q in\n%s", line, stderr)
+		}
+		labels[strings.SplitN(line[9:], "  ", 2)[0]] = line
+	}
+	return labels
+}
+
+// Item: piped progress names a layer by its file in every command that moves blobs (pack --push too), and a blob
+// holding no file (a config, a signature) by its short digest.
+func TestPipedProgressLabelsLayersByFile(t *testing.T) {
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	home := t.TempDir()
+	run := binaryRunner(t, "DOCKER_CONFIG="+t.TempDir(), "MODELPACK_HOME="+home, "MODELPACK_PROGRESS_INTERVAL=1h")
+	model := smallModel(t)
+	var files []string
+	filepath.WalkDir(model, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			rel, _ := filepath.Rel(model, p)
+			files = append(files, filepath.ToSlash(rel))
+		}
+		return err
+	})
+	digestLabel := regexp.MustCompile(`^[0-9a-f]{12}( \(config\))?$`)
+	check := func(name string, files []string, moved map[string]bool, args ...string) {
+		t.Helper()
+		code, _, errOut := run(args...)
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", name, code, errOut)
+		}
+		labels := progressLabels(t, errOut)
+		for _, f := range files {
+			if _, ok := labels[f]; !ok {
+				t.Errorf("%s: no progress line names %s:\n%s", name, f, errOut)
+			}
+		}
+		seen := map[string]bool{}
+		for label, line := range labels {
+			switch {
+			case digestLabel.MatchString(label):
+				seen[strings.TrimPrefix(label[12:], " ")] = true // "(config)" or "" (a blob of no file)
+			case !slices.Contains(files, label):
+				t.Errorf("%s: label %q is neither a file of the model nor a short digest: %q", name, label, line)
+			}
+		}
+		for want := range moved {
+			if !seen[want] {
+				t.Errorf("%s: no blob labelled by its digest%s:\n%s", name, map[string]string{"(config)": " and (config)", "": " alone"}[want], errOut)
+			}
+		}
+	}
+	config := map[string]bool{"(config)": true}
+	ref := reg.Host + "/labels/model:v1"
+	check("pack --push", files, config, "pack", model, "-t", ref, "--push", "--plain-http")
+	if code, _, errOut := run("pack", model, "-t", "labels/model:v1"); code != 0 || errOut != "" {
+		t.Fatalf("pack to the local store, piped: exit %d, stderr %q (no per-blob lines expected)", code, errOut)
+	}
+	check("push", files, config, "push", reg.Host+"/labels/pushed:v1", "--from", "labels/model:v1", "--plain-http")
+	check("pull", files, config, "--home", t.TempDir(), "pull", ref, "--plain-http")
+	check("copy", files, config, "copy", ref, reg.Host+"/labels/copied:v1", "--plain-http")
+	check("fetch", files, nil, "fetch", ref, filepath.Join(t.TempDir(), "out"), "--plain-http")
+
+	// A container image's layers name no file: their short digest labels them.
+	image := reg.Host + "/labels/image:v1"
+	pushContainerImage(t, image)
+	check("pull of an image", nil, map[string]bool{"(config)": true, "": true}, "--home", t.TempDir(), "pull", image, "--plain-http")
+}
