@@ -44,12 +44,9 @@ type Store struct {
 	root   string
 	flight singleflight.Group
 
-	flushing  sync.WaitGroup // background flushes (durable.go)
-	flushErrs atomic.Value   // the first flush error
-	flushMu   sync.Mutex
-	pending   []digest.Digest // committed, waiting for the flusher
-	flushAt   *time.Timer
-	ingesting atomic.Int32 // ingests under way: the flusher waits for them
+	flusher   *Flusher[digest.Digest] // makes committed blobs durable (durable.go)
+	flushErr  atomic.Pointer[error]   // the first flush error
+	ingesting atomic.Int32            // ingests under way: the flusher waits for them
 	recovery  Recovery
 }
 
@@ -65,6 +62,7 @@ func Open(root string) (*Store, error) {
 		}
 	}
 	s := &Store{root: abs}
+	s.flusher = NewFlusher(s, s.flushBatch)
 	if err := s.recoverDurability(); err != nil {
 		return nil, fmt.Errorf("recover blob store %s: %w", abs, err)
 	}

@@ -31,8 +31,8 @@ import (
 // bootIDFile is where the kernel publishes this boot's random id; tests point it elsewhere to fake a reboot.
 var bootIDFile = "/proc/sys/kernel/random/boot_id"
 
-// flushHook, if set (tests), runs in the flusher before a blob is flushed: a gate to hold a blob unmarked. Atomic:
-// a store's delayed flush may run while a later test sets it.
+// flushHook, if set (tests), runs in the flusher for each blob of a batch before the batch is flushed: a gate to
+// hold blobs unmarked. Atomic: a store's delayed flush may run while a later test sets it.
 var flushHook atomic.Pointer[func(digest.Digest)]
 
 // Recovery is what Open did about blobs that were not yet durable.
@@ -62,83 +62,89 @@ func (s *Store) Durable(d digest.Digest) bool {
 // 2 GiB cold publish). A pull commits its last blob, records, builds its view and mounts within milliseconds.
 var FlushDelay = 2 * time.Second
 
-// flushLater makes d durable in the background, once no ingest has run for FlushDelay; Sync does it at once.
-func (s *Store) flushLater(d digest.Digest) {
-	s.flushing.Add(1)
-	s.flushMu.Lock()
-	defer s.flushMu.Unlock()
-	s.pending = append(s.pending, d)
-	if s.flushAt == nil {
-		s.flushAt = time.AfterFunc(FlushDelay, s.flushWhenIdle)
-	} else {
-		s.flushAt.Reset(FlushDelay)
-	}
-}
+// syncHook, if set (tests), is told of each flush the protocol completes: "data" (a blob's fdatasync) or "dir" (a
+// directory's fsync), with its path.
+var syncHook atomic.Pointer[func(kind, path string)]
 
-// flushWhenIdle is the flusher's timer: with a download under way (whose later blobs' fsyncs a flush would slow
-// down), it waits another FlushDelay.
-func (s *Store) flushWhenIdle() {
-	if s.ingesting.Load() > 0 {
-		s.flushMu.Lock()
-		if s.flushAt != nil {
-			s.flushAt.Reset(FlushDelay)
-		}
-		s.flushMu.Unlock()
-		return
-	}
-	s.flushPending()
-}
+// flushLater makes d durable in the background, with the blobs committed close to it (see Flusher); Sync does it
+// at once.
+func (s *Store) flushLater(d digest.Digest) { s.flusher.Add(d) }
 
-// flushPending flushes every blob committed so far.
-func (s *Store) flushPending() {
-	s.flushMu.Lock()
-	todo := s.pending
-	s.pending = nil
-	if s.flushAt != nil {
-		s.flushAt.Stop()
-		s.flushAt = nil
-	}
-	s.flushMu.Unlock()
-	for _, d := range todo {
-		if hook := flushHook.Load(); hook != nil {
+// flushBatch is the flusher's work: one batch of committed blobs made durable.
+func (s *Store) flushBatch(batch []digest.Digest) {
+	if hook := flushHook.Load(); hook != nil {
+		for _, d := range batch {
 			(*hook)(d)
 		}
-		if err := s.makeDurable(d); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			s.flushErrs.Store(err)
-		}
-		s.flushing.Done()
+	}
+	if err := s.makeDurable(batch); err != nil {
+		s.flushErr.CompareAndSwap(nil, &err)
 	}
 }
 
-// makeDurable flushes a committed blob and its directory entry, then marks it durable.
-func (s *Store) makeDurable(d digest.Digest) error {
-	f, err := os.Open(s.Path(d))
+// makeDurable flushes committed blobs — each one's bytes, then once each directory naming them — and only then
+// marks them durable: a mark vouches for both the bytes and the name. A blob deleted meanwhile is skipped.
+func (s *Store) makeDurable(batch []digest.Digest) error {
+	var errs []error
+	byDir := map[string][]digest.Digest{}
+	var dirs []string
+	for _, d := range batch {
+		if err := fdatasync(s.Path(d)); err != nil {
+			if !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("flush %s: %w", d, err))
+			}
+			continue
+		}
+		dir := filepath.Dir(s.Path(d))
+		if byDir[dir] == nil {
+			dirs = append(dirs, dir)
+		}
+		byDir[dir] = append(byDir[dir], d)
+	}
+	for _, dir := range dirs {
+		if err := syncDir(dir); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, d := range byDir[dir] {
+			// Not synced itself: a mark lost to a power loss only costs a re-hash.
+			mf, err := os.OpenFile(s.markPath(d), os.O_WRONLY|os.O_CREATE, 0o444)
+			if err == nil {
+				err = mf.Close()
+			}
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func fdatasync(path string) error {
+	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}
 	err = diskio.Fdatasync(f)
 	f.Close()
-	if err != nil {
-		return fmt.Errorf("flush %s: %w", d, err)
+	if hook := syncHook.Load(); hook != nil && err == nil {
+		(*hook)("data", path)
 	}
-	if err := diskio.SyncDir(filepath.Dir(s.Path(d))); err != nil {
-		return err
+	return err
+}
+
+func syncDir(dir string) error {
+	err := diskio.SyncDir(dir)
+	if hook := syncHook.Load(); hook != nil && err == nil {
+		(*hook)("dir", dir)
 	}
-	// Not synced itself: a mark lost to a power loss only costs a re-hash.
-	mf, err := os.OpenFile(s.markPath(d), os.O_WRONLY|os.O_CREATE, 0o444)
-	if err != nil {
-		return err
-	}
-	return mf.Close()
+	return err
 }
 
 // Sync makes every blob committed so far by this Store durable now, waits for flushes under way, and reports the
 // first flush error.
 func (s *Store) Sync() error {
-	s.flushPending()
-	s.flushing.Wait()
-	if err, _ := s.flushErrs.Load().(error); err != nil {
-		return err
+	s.flusher.Flush()
+	if err := s.flushErr.Load(); err != nil {
+		return *err
 	}
 	return nil
 }
@@ -213,6 +219,7 @@ func (s *Store) recoverDurability() error {
 	}); err != nil {
 		return err
 	}
+	var flush []digest.Digest
 	for _, d := range unmarked {
 		switch {
 		case legacy:
@@ -235,9 +242,10 @@ func (s *Store) recoverDurability() error {
 			s.flushLater(d)
 			continue
 		}
-		if err := s.makeDurable(d); err != nil {
-			return err
-		}
+		flush = append(flush, d)
+	}
+	if err := s.makeDurable(flush); err != nil {
+		return err
 	}
 	// Marks of blobs that are gone (a crash between a mark's and a blob's removal) would vouch for a future blob.
 	marks, err := os.ReadDir(filepath.Join(s.root, "ingest", "durable"))
