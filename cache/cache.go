@@ -115,8 +115,8 @@ type Cache struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	// flushing counts background flushes of extracted layers; Close waits for them.
-	flushing sync.WaitGroup
+	// layerFlusher makes extracted layers durable in the background; Close flushes what it holds.
+	layerFlusher *cas.Flusher[digest.Digest]
 
 	// mu orders metadata decisions that must not interleave: recording a pull or a reference against GC's
 	// choice of what to delete.
@@ -165,6 +165,7 @@ func Open(opts Options) (*Cache, error) {
 		ctx: ctx, cancel: cancel,
 		flights: map[digest.Digest]*flight{}, pulling: map[digest.Digest]int{},
 	}
+	c.layerFlusher = cas.NewFlusher(blobs, c.flushLayers)
 	if err := c.recover(); err != nil {
 		db.Close()
 		cancel()
@@ -190,7 +191,7 @@ func Open(opts Options) (*Cache, error) {
 func (c *Cache) Close() error {
 	c.cancel()
 	c.wg.Wait()
-	c.flushing.Wait()
+	c.layerFlusher.Flush()
 	err := c.blobs.Close()
 	if err == nil && (!c.unclean.Load() || c.uncleanVerified.Load()) {
 		err = os.Remove(filepath.Join(c.root, runningFile))

@@ -14,19 +14,16 @@ type Flusher[T any] struct {
 	store *Store
 	flush func([]T)
 
-	mu       sync.Mutex
-	pending  []T
-	timer    *time.Timer
-	running  int        // batches taken and not yet flushed
-	finished *sync.Cond // signalled when running drops
+	serial  sync.Mutex // one batch at a time: the next takes everything added meanwhile
+	mu      sync.Mutex
+	pending []T
+	timer   *time.Timer
 }
 
 // NewFlusher returns a Flusher that hands batches to flush, waiting while s ingests (a flush under way would put
 // its writes on a download's path).
 func NewFlusher[T any](s *Store, flush func([]T)) *Flusher[T] {
-	f := &Flusher[T]{store: s, flush: flush}
-	f.finished = sync.NewCond(&f.mu)
-	return f
+	return &Flusher[T]{store: s, flush: flush}
 }
 
 // Add schedules items to be flushed in the background.
@@ -51,11 +48,13 @@ func (f *Flusher[T]) whenIdle() {
 		f.mu.Unlock()
 		return
 	}
-	f.flushPending()
+	f.Flush()
 }
 
-// flushPending flushes everything added so far, as one batch.
-func (f *Flusher[T]) flushPending() {
+// Flush flushes everything added so far, as one batch, after the batch under way if there is one.
+func (f *Flusher[T]) Flush() {
+	f.serial.Lock()
+	defer f.serial.Unlock()
 	f.mu.Lock()
 	batch := f.pending
 	f.pending = nil
@@ -63,27 +62,8 @@ func (f *Flusher[T]) flushPending() {
 		f.timer.Stop()
 		f.timer = nil
 	}
-	if len(batch) == 0 {
-		f.mu.Unlock()
-		return
-	}
-	f.running++
 	f.mu.Unlock()
-	defer func() {
-		f.mu.Lock()
-		f.running--
-		f.finished.Broadcast()
-		f.mu.Unlock()
-	}()
-	f.flush(batch)
-}
-
-// Flush flushes everything added so far now, and waits for the batches already being flushed.
-func (f *Flusher[T]) Flush() {
-	f.flushPending()
-	f.mu.Lock()
-	for f.running > 0 {
-		f.finished.Wait()
+	if len(batch) > 0 {
+		f.flush(batch)
 	}
-	f.mu.Unlock()
 }
