@@ -27,7 +27,7 @@
 //	    the manifest descriptor chosen. Every digest and size is verified, tar layers are extracted, hostile
 //	    content is refused. Concurrent Pulls of one digest share one transfer; a Pull whose ctx ends returns, and
 //	    the transfer goes on for Options.PullLinger so that a retry joins it (the CSI deadline pattern). A partial
-//	    blob resumes with an HTTP Range (a *remote.Repository, a RangeFetcher, or a seekable reader).
+//	    blob resumes with an HTTP Range (a RangeFetcher such as artifact/remote's Repository) or a seek.
 //	    Progress{Total, Done int64}; callbacks are serialised and never run after their Pull returned.
 //	func (c *Cache) Has(d digest.Digest) bool                            // a complete manifest, or index -> manifest
 //	func (c *Cache) Resolve(d digest.Digest) (ocispec.Descriptor, error) // manifest or index digest -> manifest
