@@ -2,8 +2,12 @@ package cache
 
 import (
 	"context"
+	"errors"
 	"io"
+	"io/fs"
+	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	digest "github.com/opencontainers/go-digest"
@@ -48,6 +52,28 @@ func durableLayers(t *testing.T, c *Cache, ds ...digest.Digest) []bool {
 	return out
 }
 
+// gateSyncfs counts the syncfs of the layers' file system and holds the first one, completed but before its
+// marks, until release (also at cleanup); at runs after each with its number, before its marks (and before the
+// hold). The returned channel closes when the first is held.
+func gateSyncfs(t *testing.T, at func(n int)) (held <-chan struct{}, release func(), count func() int) {
+	t.Helper()
+	var n atomic.Int32
+	first, gate := make(chan struct{}), make(chan struct{})
+	hook := func() {
+		i := int(n.Add(1))
+		at(i)
+		if i == 1 {
+			close(first)
+			<-gate
+		}
+	}
+	syncFSHook.Store(&hook)
+	var once sync.Once
+	release = func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(func() { release(); syncFSHook.Store(nil) })
+	return first, release, func() int { return int(n.Load()) }
+}
+
 // Layers extracted close together share one syncfs, marked only after it; a layer extracted while that syncfs
 // runs is not vouched for by it, but by the next one.
 func TestLayersExtractedTogetherShareOneSyncfs(t *testing.T) {
@@ -68,26 +94,17 @@ func TestLayersExtractedTogetherShareOneSyncfs(t *testing.T) {
 	}
 	defer c.Close()
 
-	var syncs int
-	firstDone, gate := make(chan struct{}), make(chan struct{})
 	var atSecond []bool
-	hook := func() {
-		syncs++ // flushes run one at a time
-		switch syncs {
+	firstDone, openGate, syncs := gateSyncfs(t, func(n int) {
+		switch n {
 		case 1:
 			if got := durableLayers(t, c, da1, da2); got[0] || got[1] {
 				t.Errorf("layers marked durable before their syncfs completed: %v", got)
 			}
-			close(firstDone)
-			<-gate
 		case 2:
 			atSecond = durableLayers(t, c, da1, da2, db1)
 		}
-	}
-	syncFSHook.Store(&hook)
-	t.Cleanup(func() { syncFSHook.Store(nil) })
-	var opened sync.Once
-	openGate := func() { opened.Do(func() { close(gate) }) }
+	})
 	defer openGate() // before the deferred Close, whose flush waits for the held one
 
 	release := holdIngest(t, c)
@@ -104,8 +121,8 @@ func TestLayersExtractedTogetherShareOneSyncfs(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if syncs != 2 {
-		t.Fatalf("%d syncfs for three layers extracted in two bursts, want 2", syncs)
+	if syncs() != 2 {
+		t.Fatalf("%d syncfs for three layers extracted in two bursts, want 2", syncs())
 	}
 	if want := []bool{true, true, false}; atSecond == nil || atSecond[0] != want[0] || atSecond[1] != want[1] || atSecond[2] != want[2] {
 		t.Fatalf("durable marks of a1, a2, b1 when the second syncfs completed: %v, want %v", atSecond, want)
@@ -113,5 +130,54 @@ func TestLayersExtractedTogetherShareOneSyncfs(t *testing.T) {
 	c2 := openCache(t, c.Root(), Options{})
 	if got := durableLayers(t, c2, da1, da2, db1); !got[0] || !got[1] || !got[2] {
 		t.Fatalf("durable marks after Close: %v", got)
+	}
+}
+
+// A layer deleted (GC) and extracted again while the syncfs of its first extraction runs is not marked durable by
+// that syncfs's batch: the new files were written after it began. The next flush marks it.
+func TestLayerExtractedAgainIsNotVouchedForByTheEarlierFlush(t *testing.T) {
+	src := newMemTarget()
+	code := makeTar(t, false, tarEntry{Name: "code/run.py", Body: "print(1)\n"})
+	desc := src.manifestDesc(modelManifest(t, src, []modelFile{
+		{Path: "code", Data: code, Kind: artifact.KindCode, Format: artifact.FormatTar},
+	}))
+	dc := digest.FromBytes(code)
+	c, err := Open(Options{Root: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	var atSecond []bool
+	firstDone, openGate, syncs := gateSyncfs(t, func(n int) {
+		if n == 2 {
+			atSecond = durableLayers(t, c, dc)
+		}
+	})
+	defer openGate() // before the deferred Close, whose flush waits for the held one
+
+	if _, err := c.Pull(context.Background(), src, desc, nil); err != nil {
+		t.Fatal(err)
+	}
+	<-firstDone // the first extraction's syncfs completed; its marks are held back
+	if err := c.Remove(desc.Digest); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(c.layerDir(dc)); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("layer not deleted by Remove: %v", err)
+	}
+	if _, err := c.Pull(context.Background(), src, desc, nil); err != nil {
+		t.Fatal(err)
+	}
+	openGate()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if syncs() != 2 || atSecond == nil || atSecond[0] {
+		t.Fatalf("%d syncfs; layer marked durable before the syncfs of its second extraction: %v", syncs(), atSecond)
+	}
+	c2 := openCache(t, c.Root(), Options{})
+	if got := durableLayers(t, c2, dc); !got[0] {
+		t.Fatal("second extraction not marked durable after its flush")
 	}
 }

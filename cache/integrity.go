@@ -164,17 +164,46 @@ func (c *Cache) Repair(ctx context.Context) (VerifyReport, error) {
 	return r, nil
 }
 
+// extraction is one extraction of a layer into its directory. A layer extracted again (after GC or a repair
+// deleted it) is another extraction, which the flush of the earlier one does not vouch for.
+type extraction struct {
+	layer digest.Digest
+	gen   uint64
+}
+
+// newExtraction names the extraction of d about to be renamed into place; it runs in the metadata transaction
+// that drops d's durable mark, so that a flush's marking transaction sees either the old extraction's mark
+// dropped after it, or the new extraction.
+func (c *Cache) newExtraction(d digest.Digest) extraction {
+	c.genMu.Lock()
+	defer c.genMu.Unlock()
+	c.lastGen++
+	c.layerGen[d] = c.lastGen
+	return extraction{d, c.lastGen}
+}
+
+// current reports whether e is the latest extraction of its layer, and forgets it (its flush is marking it).
+func (c *Cache) current(e extraction) bool {
+	c.genMu.Lock()
+	defer c.genMu.Unlock()
+	if c.layerGen[e.layer] != e.gen {
+		return false
+	}
+	delete(c.layerGen, e.layer)
+	return true
+}
+
 // flushLayerLater makes an extracted layer durable in the background, together with the layers extracted close
 // to it: one syncfs per batch, once the pulls have had the time to finish (cas.Flusher; at once when the cache
 // closes).
-func (c *Cache) flushLayerLater(d digest.Digest) { c.layerFlusher.Add(d) }
+func (c *Cache) flushLayerLater(e extraction) { c.layerFlusher.Add(e) }
 
 // syncFSHook, if set (tests), runs after each syncfs of the layers' file system, before the marks it allows.
 var syncFSHook atomic.Pointer[func()]
 
-// flushLayers is the layer flusher's work. The batch was taken before the syncfs began, and a layer joins a batch
-// only once its extraction completed, so the syncfs covers every file of every layer it marks.
-func (c *Cache) flushLayers(batch []digest.Digest) {
+// flushLayers is the layer flusher's work. The batch was taken before the syncfs began, and an extraction joins a
+// batch only once complete, so the syncfs covers every file of every layer it marks.
+func (c *Cache) flushLayers(batch []extraction) {
 	if err := diskio.SyncFS(filepath.Join(c.root, "layers")); err != nil {
 		return // failing: unmarked, so deleted and extracted again after a restart of the machine
 	}
@@ -183,11 +212,14 @@ func (c *Cache) flushLayers(batch []digest.Digest) {
 	}
 	c.db.Update(func(tx *bolt.Tx) error {
 		durable := tx.Bucket(bucketDurableLayers)
-		for _, d := range batch {
-			if _, err := os.Lstat(c.layerDir(d)); err != nil {
+		for _, e := range batch {
+			if !c.current(e) {
+				continue // extracted again since: that extraction's flush marks it
+			}
+			if _, err := os.Lstat(c.layerDir(e.layer)); err != nil {
 				continue // gone (GC)
 			}
-			if err := durable.Put([]byte(d), []byte{1}); err != nil {
+			if err := durable.Put([]byte(e.layer), []byte{1}); err != nil {
 				return err
 			}
 		}
