@@ -117,9 +117,7 @@ type Cache struct {
 	wg     sync.WaitGroup
 	// layerFlusher makes extracted layers durable in the background; Close flushes what it holds.
 	layerFlusher *cas.Flusher[extraction]
-	genMu        sync.Mutex
-	layerGen     map[digest.Digest]uint64 // the latest extraction of each layer whose flush has not marked it
-	lastGen      uint64
+	extractions  cas.Versions[digest.Digest] // extracted layers not yet marked durable
 
 	// mu orders metadata decisions that must not interleave: recording a pull or a reference against GC's
 	// choice of what to delete.
@@ -166,7 +164,7 @@ func Open(opts Options) (*Cache, error) {
 	c := &Cache{
 		opts: opts, root: root, blobs: blobs, db: db, m: newMetrics(), log: opts.Logger,
 		ctx: ctx, cancel: cancel,
-		flights: map[digest.Digest]*flight{}, pulling: map[digest.Digest]int{}, layerGen: map[digest.Digest]uint64{},
+		flights: map[digest.Digest]*flight{}, pulling: map[digest.Digest]int{},
 	}
 	c.layerFlusher = cas.NewFlusher(blobs, c.flushLayers)
 	if err := c.recover(); err != nil {
@@ -324,7 +322,8 @@ func (c *Cache) recover() error {
 		return err
 	}
 	for _, d := range unflushed {
-		c.flushLayerLater(c.newExtraction(d))
+		e, _ := c.extractions.Begin(d, nil) // unmarked already
+		c.flushLayerLater(e)
 	}
 	if len(dropped) > 0 {
 		c.log.Warn("the machine restarted before extracted layers reached the disk: they will be extracted again", "layers", len(dropped))

@@ -164,34 +164,9 @@ func (c *Cache) Repair(ctx context.Context) (VerifyReport, error) {
 	return r, nil
 }
 
-// extraction is one extraction of a layer into its directory. A layer extracted again (after GC or a repair
-// deleted it) is another extraction, which the flush of the earlier one does not vouch for.
-type extraction struct {
-	layer digest.Digest
-	gen   uint64
-}
-
-// newExtraction names the extraction of d about to be renamed into place; it runs in the metadata transaction
-// that drops d's durable mark, so that a flush's marking transaction sees either the old extraction's mark
-// dropped after it, or the new extraction.
-func (c *Cache) newExtraction(d digest.Digest) extraction {
-	c.genMu.Lock()
-	defer c.genMu.Unlock()
-	c.lastGen++
-	c.layerGen[d] = c.lastGen
-	return extraction{d, c.lastGen}
-}
-
-// current reports whether e is the latest extraction of its layer, and forgets it (its flush is marking it).
-func (c *Cache) current(e extraction) bool {
-	c.genMu.Lock()
-	defer c.genMu.Unlock()
-	if c.layerGen[e.layer] != e.gen {
-		return false
-	}
-	delete(c.layerGen, e.layer)
-	return true
-}
+// extraction is one extraction of a layer into its directory: deleted (GC, a repair) and extracted again, it is
+// another, which the flush of the earlier one does not vouch for.
+type extraction = cas.Version[digest.Digest]
 
 // flushLayerLater makes an extracted layer durable in the background, together with the layers extracted close
 // to it: one syncfs per batch, once the pulls have had the time to finish (cas.Flusher; at once when the cache
@@ -213,13 +188,10 @@ func (c *Cache) flushLayers(batch []extraction) {
 	c.db.Update(func(tx *bolt.Tx) error {
 		durable := tx.Bucket(bucketDurableLayers)
 		for _, e := range batch {
-			if !c.current(e) {
-				continue // extracted again since: that extraction's flush marks it
-			}
-			if _, err := os.Lstat(c.layerDir(e.layer)); err != nil {
+			if _, err := os.Lstat(c.layerDir(e.Key)); err != nil {
 				continue // gone (GC)
 			}
-			if err := durable.Put([]byte(e.layer), []byte{1}); err != nil {
+			if err := c.extractions.Mark(e, func() error { return durable.Put([]byte(e.Key), []byte{1}) }); err != nil {
 				return err
 			}
 		}

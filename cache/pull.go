@@ -557,8 +557,9 @@ func (c *Cache) extractLayer(ctx context.Context, l artifact.Layer, dst string) 
 		// may vouch for these files.
 		var e extraction
 		if err := c.db.Update(func(tx *bolt.Tx) error {
-			e = c.newExtraction(l.Digest)
-			if err := tx.Bucket(bucketDurableLayers).Delete([]byte(l.Digest)); err != nil {
+			var err error
+			e, err = c.extractions.Begin(l.Digest, func() error { return tx.Bucket(bucketDurableLayers).Delete([]byte(l.Digest)) })
+			if err != nil {
 				return err
 			}
 			return putJSON(tx.Bucket(bucketLayers), string(l.Digest), st)

@@ -18,9 +18,10 @@ import (
 
 // Durability. A blob is committed (renamed under its name) as soon as its bytes are verified, without waiting for
 // the disk: a reader in this boot reads them from the page cache, which a process crash does not lose. A flusher
-// then makes each committed blob durable in the background (fdatasync of the blob, fsync of its directory) and
-// only after that creates its durable mark, ingest/durable/<alg>-<hex>. The mark is written after the flush, so
-// if the mark survived a power loss, so did the bytes.
+// then makes the blobs committed close together durable in the background, as one batch (fdatasync of each blob,
+// then one fsync of each directory naming them), and only after that creates their durable marks,
+// ingest/durable/<alg>-<hex>. A mark is written after the flush of the very bytes it names (a blob deleted and
+// committed again meanwhile waits for its own flush), so if the mark survived a power loss, so did the bytes.
 //
 // ingest/boot-id names the boot in which the unmarked blobs were committed. When Open finds another boot id
 // (the machine restarted: maybe a power loss), every unmarked blob is re-hashed before anything can use it; a
@@ -66,15 +67,41 @@ var FlushDelay = 2 * time.Second
 // directory's fsync), with its path.
 var syncHook atomic.Pointer[func(kind, path string)]
 
-// flushLater makes d durable in the background, with the blobs committed close to it (see Flusher); Sync does it
-// at once.
-func (s *Store) flushLater(d digest.Digest) { s.flusher.Add(d) }
+// commit is one commit of a blob's bytes under its name: deleted and committed again, it is another.
+type commit = Version[digest.Digest]
+
+// unmark begins a commit of d about to be renamed into place and drops d's mark, so that neither a stale mark nor
+// the flush of an earlier commit of d (still under way) vouches for the new bytes.
+func (s *Store) unmark(d digest.Digest) (commit, error) {
+	return s.commits.Begin(d, func() error {
+		if err := os.Remove(s.markPath(d)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		return nil
+	})
+}
+
+// mark records that c's bytes and name are on disk, unless its blob was committed again since.
+func (s *Store) mark(c commit) error {
+	return s.commits.Mark(c, func() error {
+		// Not synced itself: a mark lost to a power loss only costs a re-hash.
+		mf, err := os.OpenFile(s.markPath(c.Key), os.O_WRONLY|os.O_CREATE, 0o444)
+		if err != nil {
+			return err
+		}
+		return mf.Close()
+	})
+}
+
+// flushLater makes a commit durable in the background, with the blobs committed close to it (see Flusher); Sync
+// does it at once.
+func (s *Store) flushLater(c commit) { s.flusher.Add(c) }
 
 // flushBatch is the flusher's work: one batch of committed blobs made durable.
-func (s *Store) flushBatch(batch []digest.Digest) {
+func (s *Store) flushBatch(batch []commit) {
 	if hook := flushHook.Load(); hook != nil {
-		for _, d := range batch {
-			(*hook)(d)
+		for _, c := range batch {
+			(*hook)(c.Key)
 		}
 	}
 	if err := s.makeDurable(batch); err != nil {
@@ -84,35 +111,30 @@ func (s *Store) flushBatch(batch []digest.Digest) {
 
 // makeDurable flushes committed blobs — each one's bytes, then once each directory naming them — and only then
 // marks them durable: a mark vouches for both the bytes and the name. A blob deleted meanwhile is skipped.
-func (s *Store) makeDurable(batch []digest.Digest) error {
+func (s *Store) makeDurable(batch []commit) error {
 	var errs []error
-	byDir := map[string][]digest.Digest{}
+	byDir := map[string][]commit{}
 	var dirs []string
-	for _, d := range batch {
-		if err := fdatasync(s.Path(d)); err != nil {
+	for _, c := range batch {
+		if err := fdatasync(s.Path(c.Key)); err != nil {
 			if !errors.Is(err, fs.ErrNotExist) {
-				errs = append(errs, fmt.Errorf("flush %s: %w", d, err))
+				errs = append(errs, fmt.Errorf("flush %s: %w", c.Key, err))
 			}
 			continue
 		}
-		dir := filepath.Dir(s.Path(d))
+		dir := filepath.Dir(s.Path(c.Key))
 		if byDir[dir] == nil {
 			dirs = append(dirs, dir)
 		}
-		byDir[dir] = append(byDir[dir], d)
+		byDir[dir] = append(byDir[dir], c)
 	}
 	for _, dir := range dirs {
 		if err := syncDir(dir); err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		for _, d := range byDir[dir] {
-			// Not synced itself: a mark lost to a power loss only costs a re-hash.
-			mf, err := os.OpenFile(s.markPath(d), os.O_WRONLY|os.O_CREATE, 0o444)
-			if err == nil {
-				err = mf.Close()
-			}
-			errs = append(errs, err)
+		for _, c := range byDir[dir] {
+			errs = append(errs, s.mark(c))
 		}
 	}
 	return errors.Join(errs...)
@@ -219,8 +241,9 @@ func (s *Store) recoverDurability() error {
 	}); err != nil {
 		return err
 	}
-	var flush []digest.Digest
+	var flush []commit
 	for _, d := range unmarked {
+		c, _ := s.commits.Begin(d, nil) // unmarked already
 		switch {
 		case legacy:
 		case s.recovery.BootChanged:
@@ -239,10 +262,10 @@ func (s *Store) recoverDurability() error {
 		default:
 			// Correct in the page cache; the flush need not hold up this process.
 			s.recovery.Flushed++
-			s.flushLater(d)
+			s.flushLater(c)
 			continue
 		}
-		flush = append(flush, d)
+		flush = append(flush, c)
 	}
 	if err := s.makeDurable(flush); err != nil {
 		return err

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -491,4 +492,43 @@ func TestRecoveryFlushesRehashedBlobsAsOneBatch(t *testing.T) {
 	}
 	s.ingesting.Add(-1)
 	s.Sync()
+}
+
+// A blob deleted and committed again while the flush of its first commit runs is not marked by that flush (its
+// new bytes were written after the flush began), but by its own.
+func TestBlobCommittedAgainIsNotVouchedForByTheEarlierFlush(t *testing.T) {
+	fakeBoot(t)
+	s := open(t)
+	s.ingesting.Add(1) // only the Syncs below flush
+	defer s.ingesting.Add(-1)
+	b := blob(1 << 20)
+	d := ingest(t, s, b)
+	held, gate := make(chan struct{}), make(chan struct{})
+	var dirs atomic.Int32
+	recordSyncs(t, func(kind, _ string) {
+		if kind == "dir" && dirs.Add(1) == 1 {
+			close(held)
+			<-gate // the first commit's bytes and name are flushed, its mark not yet written
+		}
+	})
+	first := make(chan error, 1)
+	go func() { first <- s.Sync() }()
+	<-held
+	if err := s.Delete(d); err != nil {
+		t.Fatal(err)
+	}
+	ingest(t, s, b)
+	close(gate)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if s.Durable(d) {
+		t.Fatal("the flush of the first commit marked the second, whose bytes it never flushed")
+	}
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if !s.Durable(d) || dirs.Load() != 2 {
+		t.Fatalf("second commit: durable=%v after %d directory flushes, want marked after 2", s.Durable(d), dirs.Load())
+	}
 }

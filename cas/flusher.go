@@ -67,3 +67,48 @@ func (f *Flusher[T]) Flush() {
 		f.flush(batch)
 	}
 }
+
+// Versions tells apart successive versions of what is written under one key (a blob deleted and committed again, a
+// layer deleted and extracted again), so that the flush of one version never marks a later one durable. Begin and
+// Mark run under one lock: a Mark of an earlier version either comes before Begin, which then drops the mark it
+// wrote, or sees the later version and writes nothing. The zero value is ready to use.
+type Versions[K comparable] struct {
+	mu     sync.Mutex
+	last   uint64
+	latest map[K]uint64 // versions not yet marked
+}
+
+// Version is one version of what is written under Key.
+type Version[K comparable] struct {
+	Key K
+	n   uint64
+}
+
+// Begin starts a new version of k, before it becomes visible under its name, and runs unmark (which drops k's
+// mark; nil when the caller's own transaction does) under the lock.
+func (v *Versions[K]) Begin(k K, unmark func() error) (Version[K], error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.latest == nil {
+		v.latest = map[K]uint64{}
+	}
+	v.last++
+	v.latest[k] = v.last
+	ver := Version[K]{k, v.last}
+	if unmark == nil {
+		return ver, nil
+	}
+	return ver, unmark()
+}
+
+// Mark runs mark (which writes ver's mark) under the lock if ver is still the latest version of its key; a later
+// version's own flush marks that one.
+func (v *Versions[K]) Mark(ver Version[K], mark func() error) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.latest[ver.Key] != ver.n {
+		return nil
+	}
+	delete(v.latest, ver.Key)
+	return mark()
+}
