@@ -52,14 +52,17 @@ func durableLayers(t *testing.T, c *Cache, ds ...digest.Digest) []bool {
 	return out
 }
 
-// gateSyncfs counts the syncfs of the layers' file system and holds the first one, completed but before its
-// marks, until release (also at cleanup); at runs after each with its number, before its marks (and before the
-// hold). The returned channel closes when the first is held.
-func gateSyncfs(t *testing.T, at func(n int)) (held <-chan struct{}, release func(), count func() int) {
+// gateSyncfs counts the syncfs of c's layers (not those of other tests' caches flushing late) and holds the first
+// one, completed but before its marks, until release (also at cleanup); at runs after each with its number, before
+// its marks (and before the hold). The returned channel closes when the first is held.
+func gateSyncfs(t *testing.T, c *Cache, at func(n int)) (held <-chan struct{}, release func(), count func() int) {
 	t.Helper()
 	var n atomic.Int32
 	first, gate := make(chan struct{}), make(chan struct{})
-	hook := func() {
+	hook := func(root string) {
+		if root != c.root {
+			return
+		}
 		i := int(n.Add(1))
 		at(i)
 		if i == 1 {
@@ -95,7 +98,7 @@ func TestLayersExtractedTogetherShareOneSyncfs(t *testing.T) {
 	defer c.Close()
 
 	var atSecond []bool
-	firstDone, openGate, syncs := gateSyncfs(t, func(n int) {
+	firstDone, openGate, syncs := gateSyncfs(t, c, func(n int) {
 		switch n {
 		case 1:
 			if got := durableLayers(t, c, da1, da2); got[0] || got[1] {
@@ -149,7 +152,7 @@ func TestLayerExtractedAgainIsNotVouchedForByTheEarlierFlush(t *testing.T) {
 	defer c.Close()
 
 	var atSecond []bool
-	firstDone, openGate, syncs := gateSyncfs(t, func(n int) {
+	firstDone, openGate, syncs := gateSyncfs(t, c, func(n int) {
 		if n == 2 {
 			atSecond = durableLayers(t, c, dc)
 		}

@@ -173,8 +173,9 @@ type extraction = cas.Version[digest.Digest]
 // closes).
 func (c *Cache) flushLayerLater(e extraction) { c.layerFlusher.Add(e) }
 
-// syncFSHook, if set (tests), runs after each syncfs of the layers' file system, before the marks it allows.
-var syncFSHook atomic.Pointer[func()]
+// syncFSHook, if set (tests), runs after each syncfs of the layers' file system, before the marks it allows, with
+// the cache's root.
+var syncFSHook atomic.Pointer[func(root string)]
 
 // flushLayers is the layer flusher's work. The batch was taken before the syncfs began, and an extraction joins a
 // batch only once complete, so the syncfs covers every file of every layer it marks.
@@ -183,7 +184,7 @@ func (c *Cache) flushLayers(batch []extraction) {
 		return // failing: unmarked, so deleted and extracted again after a restart of the machine
 	}
 	if hook := syncFSHook.Load(); hook != nil {
-		(*hook)()
+		(*hook)(c.root)
 	}
 	c.db.Update(func(tx *bolt.Tx) error {
 		durable := tx.Bucket(bucketDurableLayers)

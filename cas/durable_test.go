@@ -362,13 +362,16 @@ func TestKilledIngest(t *testing.T) {
 	}
 }
 
-// recordSyncs records the flushes the durability protocol completes, as "data <path>" and "dir <path>", calling at
-// for each first.
-func recordSyncs(t *testing.T, at func(kind, path string)) func() []string {
+// recordSyncs records the flushes the durability protocol completes under root (not those of other tests' stores
+// flushing late), as "data <path>" and "dir <path>", calling at for each first.
+func recordSyncs(t *testing.T, root string, at func(kind, path string)) func() []string {
 	t.Helper()
 	var mu sync.Mutex
 	var got []string
 	hook := func(kind, path string) {
+		if !strings.HasPrefix(path, root+string(filepath.Separator)) {
+			return
+		}
 		at(kind, path)
 		mu.Lock()
 		got = append(got, kind+" "+path)
@@ -404,7 +407,7 @@ func TestFlushBatchSyncsEachDirectoryOnce(t *testing.T) {
 		}
 		return m
 	}
-	syncs := recordSyncs(t, func(kind, path string) {
+	syncs := recordSyncs(t, s.Root(), func(kind, path string) {
 		switch kind {
 		case "data":
 			if m := marked(""); len(m) > 0 {
@@ -468,7 +471,7 @@ func TestRecoveryFlushesRehashedBlobsAsOneBatch(t *testing.T) {
 		ds = append(ds, ingest(t, s, blob(4096+i)))
 	}
 	reboot()
-	syncs := recordSyncs(t, func(kind, path string) {})
+	syncs := recordSyncs(t, root, func(kind, path string) {})
 	s2, err := Open(root)
 	if err != nil {
 		t.Fatal(err)
@@ -505,7 +508,7 @@ func TestBlobCommittedAgainIsNotVouchedForByTheEarlierFlush(t *testing.T) {
 	d := ingest(t, s, b)
 	held, gate := make(chan struct{}), make(chan struct{})
 	var dirs atomic.Int32
-	recordSyncs(t, func(kind, _ string) {
+	recordSyncs(t, s.Root(), func(kind, _ string) {
 		if kind == "dir" && dirs.Add(1) == 1 {
 			close(held)
 			<-gate // the first commit's bytes and name are flushed, its mark not yet written
