@@ -189,10 +189,12 @@ func (c *Cache) flushLayers(batch []extraction) {
 	c.db.Update(func(tx *bolt.Tx) error {
 		durable := tx.Bucket(bucketDurableLayers)
 		for _, e := range batch {
-			if _, err := os.Lstat(c.layerDir(e.Key)); err != nil {
-				continue // gone (GC)
-			}
-			if err := c.extractions.Mark(e, func() error { return durable.Put([]byte(e.Key), []byte{1}) }); err != nil {
+			if err := c.extractions.Mark(e, func() error {
+				if _, err := os.Lstat(c.layerDir(e.Key)); err != nil {
+					return nil // gone (GC)
+				}
+				return durable.Put([]byte(e.Key), []byte{1})
+			}); err != nil {
 				return err
 			}
 		}
