@@ -117,6 +117,7 @@ func TestOpenAfterRebootRehashesUnmarkedBlobs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { s.Close() }) // after the held flushes are released
 	durable := ingest(t, s, blob(1<<20))
 	if err := s.Sync(); err != nil {
 		t.Fatal(err)
