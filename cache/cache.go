@@ -115,8 +115,9 @@ type Cache struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	// flushing counts background flushes of extracted layers; Close waits for them.
-	flushing sync.WaitGroup
+	// layerFlusher makes extracted layers durable in the background; Close flushes what it holds.
+	layerFlusher *cas.Flusher[extraction]
+	extractions  cas.Versions[digest.Digest] // extracted layers not yet marked durable
 
 	// mu orders metadata decisions that must not interleave: recording a pull or a reference against GC's
 	// choice of what to delete.
@@ -165,6 +166,7 @@ func Open(opts Options) (*Cache, error) {
 		ctx: ctx, cancel: cancel,
 		flights: map[digest.Digest]*flight{}, pulling: map[digest.Digest]int{},
 	}
+	c.layerFlusher = cas.NewFlusher(blobs, c.flushLayers)
 	if err := c.recover(); err != nil {
 		db.Close()
 		cancel()
@@ -190,7 +192,7 @@ func Open(opts Options) (*Cache, error) {
 func (c *Cache) Close() error {
 	c.cancel()
 	c.wg.Wait()
-	c.flushing.Wait()
+	c.layerFlusher.Flush()
 	err := c.blobs.Close()
 	if err == nil && (!c.unclean.Load() || c.uncleanVerified.Load()) {
 		err = os.Remove(filepath.Join(c.root, runningFile))
@@ -320,7 +322,8 @@ func (c *Cache) recover() error {
 		return err
 	}
 	for _, d := range unflushed {
-		c.flushLayerLater(d)
+		e, _ := c.extractions.Begin(d, nil) // unmarked already
+		c.flushLayerLater(e)
 	}
 	if len(dropped) > 0 {
 		c.log.Warn("the machine restarted before extracted layers reached the disk: they will be extracted again", "layers", len(dropped))

@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -296,6 +297,46 @@ func TestPullLinger(t *testing.T) {
 	}
 	if got, max := px.blobBytes(), int64(2<<20)+512<<10; got > max {
 		t.Errorf("abandoned then retried pull moved %d bytes, want at most %d (resumed)", got, max)
+	}
+}
+
+// A partial blob resumes with a Range request for exactly the missing bytes, through the repository the driver
+// reads with (artifact/remote): the kept bytes are not sent again.
+func TestPartialBlobResumesWithRange(t *testing.T) {
+	reg := startRegistry(t)
+	px := newProxy(t, reg.Host)
+	data := shard(8, 2<<20)
+	desc := pushModel(t, newRepo(t, reg.Host, "models/resume"), "v1", []modelFile{{Path: "w.safetensors", Data: data}})
+	root := t.TempDir()
+	wd := digest.FromBytes(data)
+	kept := 3 << 19
+	if err := os.MkdirAll(filepath.Join(root, "ingest"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "ingest", "sha256-"+wd.Encoded()+".partial"), data[:kept], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := openCache(t, root, Options{})
+	px.reset()
+	if _, err := c.Pull(context.Background(), newRepo(t, px.Host, "models/resume"), desc, nil); err != nil {
+		t.Fatal(err)
+	}
+	path := "/v2/models/resume/blobs/" + wd.String()
+	px.mu.Lock()
+	ranges, sent, gets := px.ranges[path], px.bytes[path], px.gets[path]
+	px.mu.Unlock()
+	if want := fmt.Sprintf("bytes=%d-", kept); gets != 1 || len(ranges) != 1 || ranges[0] != want {
+		t.Fatalf("resumed shard: %d GETs with Range %q, want one with %q", gets, ranges, want)
+	}
+	if want := int64(len(data) - kept); sent != want {
+		t.Fatalf("resumed shard: the registry sent %d bytes, want the %d missing", sent, want)
+	}
+	dir, err := c.Acquire("vol", desc.Digest, Selector{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, "w.safetensors")); !bytes.Equal(got, data) {
+		t.Fatal("resumed shard has the wrong bytes")
 	}
 }
 

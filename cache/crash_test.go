@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -15,9 +16,9 @@ import (
 
 	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"oras.land/oras-go/v2/registry/remote"
 
 	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/artifact/remote"
 )
 
 const helperEnv = "MODELPACK_CACHE_CRASH_HELPER"
@@ -38,12 +39,11 @@ func crashHelper() int {
 		return 1
 	}
 	defer c.Close()
-	repo, err := remote.NewRepository(cfg.Host + "/" + cfg.Repo)
+	repo, _, err := remote.NewRepository(cfg.Host+"/"+cfg.Repo, remote.Options{PlainHTTP: true, RegistryConfig: filepath.Join(cfg.Root, "no-config.json")})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	repo.PlainHTTP = true
 	m, err := c.Pull(context.Background(), repo, cfg.Desc, nil)
 	if err == nil {
 		_, err = c.Acquire("crash", m.Digest, Selector{})

@@ -27,7 +27,7 @@
 //	    the manifest descriptor chosen. Every digest and size is verified, tar layers are extracted, hostile
 //	    content is refused. Concurrent Pulls of one digest share one transfer; a Pull whose ctx ends returns, and
 //	    the transfer goes on for Options.PullLinger so that a retry joins it (the CSI deadline pattern). A partial
-//	    blob resumes with an HTTP Range (a *remote.Repository, a RangeFetcher, or a seekable reader).
+//	    blob resumes with an HTTP Range (a RangeFetcher such as artifact/remote's Repository) or a seek.
 //	    Progress{Total, Done int64}; callbacks are serialised and never run after their Pull returned.
 //	func (c *Cache) Has(d digest.Digest) bool                            // a complete manifest, or index -> manifest
 //	func (c *Cache) Resolve(d digest.Digest) (ocispec.Descriptor, error) // manifest or index digest -> manifest
@@ -61,6 +61,9 @@
 // that Open recovers, and a pull that resumes where it stopped. Blobs are named as soon as they are verified and
 // flushed to disk in the background (cas): a process crash loses nothing (the page cache holds them), and after a
 // restart of the machine Open re-hashes every blob whose flush had not completed before anything can use it.
+// Extracted layers are flushed the same way, those extracted close together by one syncfs, and marked durable in
+// bucketDurableLayers only after a syncfs that began once their extraction was complete; after a restart of the
+// machine an unmarked layer is deleted and extracted again.
 //
 // Integrity (integrity.go): a complete manifest whose blobs are not all present with their sizes is not complete
 // (checked by a stat per blob on every Has, Resolve, Pull and Acquire); every blob is re-hashed in the background

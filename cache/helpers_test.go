@@ -27,9 +27,9 @@ import (
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/errdef"
-	"oras.land/oras-go/v2/registry/remote"
 
 	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/internal/testenv"
 )
 
@@ -40,6 +40,7 @@ type proxy struct {
 
 	mu       sync.Mutex
 	gets     map[string]int
+	ranges   map[string][]string // Range headers of GETs, per path
 	bytes    map[string]int64
 	rate     atomic.Int64 // bytes per second per response; 0 = unthrottled
 	blobGets atomic.Int64
@@ -47,7 +48,7 @@ type proxy struct {
 
 func newProxy(t testing.TB, upstream string) *proxy {
 	t.Helper()
-	p := &proxy{gets: map[string]int{}, bytes: map[string]int64{}}
+	p := &proxy{gets: map[string]int{}, ranges: map[string][]string{}, bytes: map[string]int64{}}
 	target, _ := url.Parse("http://" + upstream)
 	rp := httputil.NewSingleHostReverseProxy(target)
 	rp.ModifyResponse = func(resp *http.Response) error {
@@ -59,6 +60,9 @@ func newProxy(t testing.TB, upstream string) *proxy {
 		p.mu.Lock()
 		if r.Method == http.MethodGet {
 			p.gets[r.URL.Path]++
+			if rg := r.Header.Get("Range"); rg != "" {
+				p.ranges[r.URL.Path] = append(p.ranges[r.URL.Path], rg)
+			}
 			if strings.Contains(r.URL.Path, "/blobs/") {
 				p.blobGets.Add(1)
 			}
@@ -94,7 +98,7 @@ func (b *countBody) Read(buf []byte) (int, error) {
 func (p *proxy) reset() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.gets, p.bytes = map[string]int{}, map[string]int64{}
+	p.gets, p.ranges, p.bytes = map[string]int{}, map[string][]string{}, map[string]int64{}
 	p.blobGets.Store(0)
 }
 
@@ -121,13 +125,14 @@ func (p *proxy) getCounts() map[string]int {
 	return out
 }
 
+// newRepo is the plain-HTTP test registry's repository name, read as the driver reads (artifact/remote), with no
+// credentials.
 func newRepo(t testing.TB, host, name string) *remote.Repository {
 	t.Helper()
-	r, err := remote.NewRepository(host + "/" + name)
+	r, _, err := remote.NewRepository(host+"/"+name, remote.Options{PlainHTTP: true, RegistryConfig: filepath.Join(t.TempDir(), "config.json")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.PlainHTTP = true
 	return r
 }
 

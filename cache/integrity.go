@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	digest "github.com/opencontainers/go-digest"
@@ -163,27 +164,42 @@ func (c *Cache) Repair(ctx context.Context) (VerifyReport, error) {
 	return r, nil
 }
 
-// flushLayerLater makes an extracted layer durable in the background, once the pull that extracted it has had the
-// time to finish (cas.FlushDelay, or at once when the cache closes), and then marks it so.
-func (c *Cache) flushLayerLater(d digest.Digest) {
-	c.flushing.Add(1)
-	go func() {
-		defer c.flushing.Done()
-		select {
-		case <-time.After(cas.FlushDelay):
-		case <-c.ctx.Done():
-		}
-		dir := c.layerDir(d)
-		if err := diskio.SyncFS(dir); err != nil {
-			return // gone (GC) or failing: unmarked, so deleted and extracted again after a restart of the machine
-		}
-		c.db.Update(func(tx *bolt.Tx) error {
-			if _, err := os.Lstat(dir); err != nil {
-				return nil
+// extraction is one extraction of a layer into its directory: deleted (GC, a repair) and extracted again, it is
+// another, which the flush of the earlier one does not vouch for.
+type extraction = cas.Version[digest.Digest]
+
+// flushLayerLater makes an extracted layer durable in the background, together with the layers extracted close
+// to it: one syncfs per batch, once the pulls have had the time to finish (cas.Flusher; at once when the cache
+// closes).
+func (c *Cache) flushLayerLater(e extraction) { c.layerFlusher.Add(e) }
+
+// syncFSHook, if set (tests), runs after each syncfs of the layers' file system, before the marks it allows, with
+// the cache's root.
+var syncFSHook atomic.Pointer[func(root string)]
+
+// flushLayers is the layer flusher's work. The batch was taken before the syncfs began, and an extraction joins a
+// batch only once complete, so the syncfs covers every file of every layer it marks.
+func (c *Cache) flushLayers(batch []extraction) {
+	if err := diskio.SyncFS(filepath.Join(c.root, "layers")); err != nil {
+		return // failing: unmarked, so deleted and extracted again after a restart of the machine
+	}
+	if hook := syncFSHook.Load(); hook != nil {
+		(*hook)(c.root)
+	}
+	c.db.Update(func(tx *bolt.Tx) error {
+		durable := tx.Bucket(bucketDurableLayers)
+		for _, e := range batch {
+			if err := c.extractions.Mark(e, func() error {
+				if _, err := os.Lstat(c.layerDir(e.Key)); err != nil {
+					return nil // gone (GC)
+				}
+				return durable.Put([]byte(e.Key), []byte{1})
+			}); err != nil {
+				return err
 			}
-			return tx.Bucket(bucketDurableLayers).Put([]byte(d), []byte{1})
-		})
-	}()
+		}
+		return nil
+	})
 }
 
 // maintain runs in the background while the cache is open: a full verification after an unclean start and every

@@ -292,7 +292,7 @@ func TestRestartOfTheMachineDropsWhatWasNotFlushed(t *testing.T) {
 	}
 	// Stage the power loss: the shard's and the layer's flushes had not completed (no marks), and the shard's
 	// bytes never reached the disk.
-	c.flushing.Wait()
+	c.layerFlusher.Flush()
 	dw, dc := digest.FromBytes(weights), digest.FromBytes(code)
 	if err := c.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketDurableLayers).Delete([]byte(dc)) }); err != nil {
 		t.Fatal(err)

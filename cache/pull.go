@@ -552,6 +552,21 @@ func (c *Cache) extractLayer(ctx context.Context, l artifact.Layer, dst string) 
 			removeAll(tmp)
 			return ctx, fmt.Errorf("extract layer %s (%s): %w", l.Digest, l.MediaType, err)
 		}
+		// Recorded before it appears under its name (recover drops a record whose directory never appeared), and
+		// with the durable mark of any earlier extraction of this digest dropped: only this extraction's own flush
+		// may vouch for these files.
+		var e extraction
+		if err := c.db.Update(func(tx *bolt.Tx) error {
+			var err error
+			e, err = c.extractions.Begin(l.Digest, func() error { return tx.Bucket(bucketDurableLayers).Delete([]byte(l.Digest)) })
+			if err != nil {
+				return err
+			}
+			return putJSON(tx.Bucket(bucketLayers), string(l.Digest), st)
+		}); err != nil {
+			removeAll(tmp)
+			return ctx, err
+		}
 		// The extracted files are used at once from the page cache and made durable in the background (one syncfs),
 		// like blobs: a restart of the machine before that completed deletes the layer (recover).
 		if err := os.Rename(tmp, dst); err != nil {
@@ -560,12 +575,7 @@ func (c *Cache) extractLayer(ctx context.Context, l artifact.Layer, dst string) 
 		}
 		c.m.extractions.Inc()
 		c.m.extractSeconds.Observe(time.Since(start).Seconds())
-		if err := c.db.Update(func(tx *bolt.Tx) error {
-			return putJSON(tx.Bucket(bucketLayers), string(l.Digest), st)
-		}); err != nil {
-			return ctx, err
-		}
-		c.flushLayerLater(l.Digest)
+		c.flushLayerLater(e)
 		return ctx, nil
 	})
 	if layerFlightHook != nil {

@@ -44,12 +44,10 @@ type Store struct {
 	root   string
 	flight singleflight.Group
 
-	flushing  sync.WaitGroup // background flushes (durable.go)
-	flushErrs atomic.Value   // the first flush error
-	flushMu   sync.Mutex
-	pending   []digest.Digest // committed, waiting for the flusher
-	flushAt   *time.Timer
-	ingesting atomic.Int32 // ingests under way: the flusher waits for them
+	flusher   *Flusher[commit]        // makes committed blobs durable (durable.go)
+	flushErr  atomic.Pointer[error]   // the first flush error
+	ingesting atomic.Int32            // ingests under way: the flusher waits for them
+	commits   Versions[digest.Digest] // commits not yet marked durable
 	recovery  Recovery
 }
 
@@ -65,6 +63,7 @@ func Open(root string) (*Store, error) {
 		}
 	}
 	s := &Store{root: abs}
+	s.flusher = NewFlusher(s, s.flushBatch)
 	if err := s.recoverDurability(); err != nil {
 		return nil, fmt.Errorf("recover blob store %s: %w", abs, err)
 	}
@@ -426,14 +425,15 @@ func (s *Store) commit(tmp string, d digest.Digest) error {
 	if err := os.Chmod(tmp, 0o444); err != nil {
 		return err
 	}
-	// A stale mark (a crash between Delete's two removals) must not vouch for these bytes.
-	if err := os.Remove(s.markPath(d)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	// A stale mark (a crash between Delete's two removals, a flush of earlier bytes of d) must not vouch for these.
+	c, err := s.unmark(d)
+	if err != nil {
 		return err
 	}
 	if err := os.Rename(tmp, dst); err != nil {
 		return err
 	}
-	s.flushLater(d)
+	s.flushLater(c)
 	return nil
 }
 

@@ -50,6 +50,8 @@ func open(t *testing.T) *Store {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Flushed before its directory is removed, not by a timer while it is (or after).
+	t.Cleanup(func() { s.Close() })
 	return s
 }
 

@@ -18,9 +18,10 @@ import (
 
 // Durability. A blob is committed (renamed under its name) as soon as its bytes are verified, without waiting for
 // the disk: a reader in this boot reads them from the page cache, which a process crash does not lose. A flusher
-// then makes each committed blob durable in the background (fdatasync of the blob, fsync of its directory) and
-// only after that creates its durable mark, ingest/durable/<alg>-<hex>. The mark is written after the flush, so
-// if the mark survived a power loss, so did the bytes.
+// then makes the blobs committed close together durable in the background, as one batch (fdatasync of each blob,
+// then one fsync of each directory naming them), and only after that creates their durable marks,
+// ingest/durable/<alg>-<hex>. A mark is written after the flush of the very bytes it names (a blob deleted and
+// committed again meanwhile waits for its own flush), so if the mark survived a power loss, so did the bytes.
 //
 // ingest/boot-id names the boot in which the unmarked blobs were committed. When Open finds another boot id
 // (the machine restarted: maybe a power loss), every unmarked blob is re-hashed before anything can use it; a
@@ -31,8 +32,8 @@ import (
 // bootIDFile is where the kernel publishes this boot's random id; tests point it elsewhere to fake a reboot.
 var bootIDFile = "/proc/sys/kernel/random/boot_id"
 
-// flushHook, if set (tests), runs in the flusher before a blob is flushed: a gate to hold a blob unmarked. Atomic:
-// a store's delayed flush may run while a later test sets it.
+// flushHook, if set (tests), runs in the flusher for each blob of a batch before the batch is flushed: a gate to
+// hold blobs unmarked. Atomic: a store's delayed flush may run while a later test sets it.
 var flushHook atomic.Pointer[func(digest.Digest)]
 
 // Recovery is what Open did about blobs that were not yet durable.
@@ -62,83 +63,110 @@ func (s *Store) Durable(d digest.Digest) bool {
 // 2 GiB cold publish). A pull commits its last blob, records, builds its view and mounts within milliseconds.
 var FlushDelay = 2 * time.Second
 
-// flushLater makes d durable in the background, once no ingest has run for FlushDelay; Sync does it at once.
-func (s *Store) flushLater(d digest.Digest) {
-	s.flushing.Add(1)
-	s.flushMu.Lock()
-	defer s.flushMu.Unlock()
-	s.pending = append(s.pending, d)
-	if s.flushAt == nil {
-		s.flushAt = time.AfterFunc(FlushDelay, s.flushWhenIdle)
-	} else {
-		s.flushAt.Reset(FlushDelay)
+// syncHook, if set (tests), is told of each flush the protocol completes: "data" (a blob's fdatasync) or "dir" (a
+// directory's fsync), with its path.
+var syncHook atomic.Pointer[func(kind, path string)]
+
+// commit is one commit of a blob's bytes under its name: deleted and committed again, it is another.
+type commit = Version[digest.Digest]
+
+// unmark begins a commit of d about to be renamed into place and drops d's mark, so that neither a stale mark nor
+// the flush of an earlier commit of d (still under way) vouches for the new bytes.
+func (s *Store) unmark(d digest.Digest) (commit, error) {
+	return s.commits.Begin(d, func() error {
+		if err := os.Remove(s.markPath(d)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		return nil
+	})
+}
+
+// mark records that c's bytes and name are on disk, unless its blob was committed again since.
+func (s *Store) mark(c commit) error {
+	return s.commits.Mark(c, func() error {
+		// Not synced itself: a mark lost to a power loss only costs a re-hash.
+		mf, err := os.OpenFile(s.markPath(c.Key), os.O_WRONLY|os.O_CREATE, 0o444)
+		if err != nil {
+			return err
+		}
+		return mf.Close()
+	})
+}
+
+// flushLater makes a commit durable in the background, with the blobs committed close to it (see Flusher); Sync
+// does it at once.
+func (s *Store) flushLater(c commit) { s.flusher.Add(c) }
+
+// flushBatch is the flusher's work: one batch of committed blobs made durable.
+func (s *Store) flushBatch(batch []commit) {
+	if hook := flushHook.Load(); hook != nil {
+		for _, c := range batch {
+			(*hook)(c.Key)
+		}
+	}
+	if err := s.makeDurable(batch); err != nil {
+		s.flushErr.CompareAndSwap(nil, &err)
 	}
 }
 
-// flushWhenIdle is the flusher's timer: with a download under way (whose later blobs' fsyncs a flush would slow
-// down), it waits another FlushDelay.
-func (s *Store) flushWhenIdle() {
-	if s.ingesting.Load() > 0 {
-		s.flushMu.Lock()
-		if s.flushAt != nil {
-			s.flushAt.Reset(FlushDelay)
+// makeDurable flushes committed blobs — each one's bytes, then once each directory naming them — and only then
+// marks them durable: a mark vouches for both the bytes and the name. A blob deleted meanwhile is skipped.
+func (s *Store) makeDurable(batch []commit) error {
+	var errs []error
+	byDir := map[string][]commit{}
+	var dirs []string
+	for _, c := range batch {
+		if err := fdatasync(s.Path(c.Key)); err != nil {
+			if !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("flush %s: %w", c.Key, err))
+			}
+			continue
 		}
-		s.flushMu.Unlock()
-		return
+		dir := filepath.Dir(s.Path(c.Key))
+		if byDir[dir] == nil {
+			dirs = append(dirs, dir)
+		}
+		byDir[dir] = append(byDir[dir], c)
 	}
-	s.flushPending()
+	for _, dir := range dirs {
+		if err := syncDir(dir); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, c := range byDir[dir] {
+			errs = append(errs, s.mark(c))
+		}
+	}
+	return errors.Join(errs...)
 }
 
-// flushPending flushes every blob committed so far.
-func (s *Store) flushPending() {
-	s.flushMu.Lock()
-	todo := s.pending
-	s.pending = nil
-	if s.flushAt != nil {
-		s.flushAt.Stop()
-		s.flushAt = nil
-	}
-	s.flushMu.Unlock()
-	for _, d := range todo {
-		if hook := flushHook.Load(); hook != nil {
-			(*hook)(d)
-		}
-		if err := s.makeDurable(d); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			s.flushErrs.Store(err)
-		}
-		s.flushing.Done()
-	}
-}
-
-// makeDurable flushes a committed blob and its directory entry, then marks it durable.
-func (s *Store) makeDurable(d digest.Digest) error {
-	f, err := os.Open(s.Path(d))
+func fdatasync(path string) error {
+	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}
 	err = diskio.Fdatasync(f)
 	f.Close()
-	if err != nil {
-		return fmt.Errorf("flush %s: %w", d, err)
+	if hook := syncHook.Load(); hook != nil && err == nil {
+		(*hook)("data", path)
 	}
-	if err := diskio.SyncDir(filepath.Dir(s.Path(d))); err != nil {
-		return err
+	return err
+}
+
+func syncDir(dir string) error {
+	err := diskio.SyncDir(dir)
+	if hook := syncHook.Load(); hook != nil && err == nil {
+		(*hook)("dir", dir)
 	}
-	// Not synced itself: a mark lost to a power loss only costs a re-hash.
-	mf, err := os.OpenFile(s.markPath(d), os.O_WRONLY|os.O_CREATE, 0o444)
-	if err != nil {
-		return err
-	}
-	return mf.Close()
+	return err
 }
 
 // Sync makes every blob committed so far by this Store durable now, waits for flushes under way, and reports the
 // first flush error.
 func (s *Store) Sync() error {
-	s.flushPending()
-	s.flushing.Wait()
-	if err, _ := s.flushErrs.Load().(error); err != nil {
-		return err
+	s.flusher.Flush()
+	if err := s.flushErr.Load(); err != nil {
+		return *err
 	}
 	return nil
 }
@@ -213,7 +241,9 @@ func (s *Store) recoverDurability() error {
 	}); err != nil {
 		return err
 	}
+	var flush []commit
 	for _, d := range unmarked {
+		c, _ := s.commits.Begin(d, nil) // unmarked already
 		switch {
 		case legacy:
 		case s.recovery.BootChanged:
@@ -232,12 +262,13 @@ func (s *Store) recoverDurability() error {
 		default:
 			// Correct in the page cache; the flush need not hold up this process.
 			s.recovery.Flushed++
-			s.flushLater(d)
+			s.flushLater(c)
 			continue
 		}
-		if err := s.makeDurable(d); err != nil {
-			return err
-		}
+		flush = append(flush, c)
+	}
+	if err := s.makeDurable(flush); err != nil {
+		return err
 	}
 	// Marks of blobs that are gone (a crash between a mark's and a blob's removal) would vouch for a future blob.
 	marks, err := os.ReadDir(filepath.Join(s.root, "ingest", "durable"))

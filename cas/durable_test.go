@@ -4,13 +4,18 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	_ "crypto/sha512"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -112,6 +117,7 @@ func TestOpenAfterRebootRehashesUnmarkedBlobs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { s.Close() }) // after the held flushes are released
 	durable := ingest(t, s, blob(1<<20))
 	if err := s.Sync(); err != nil {
 		t.Fatal(err)
@@ -230,7 +236,8 @@ func TestIngestRemovesItsLockAndLockersNoticeIt(t *testing.T) {
 }
 
 // crashHelper (a re-executed test binary) ingests one blob and stops at a hook point, waiting to be killed:
-// "committed" (named, flush not done) or "writing" (half the bytes in the partial).
+// "committed" (named, flush not done), "flushed" (its bytes flushed, its directory not) or "writing" (half the
+// bytes in the partial).
 func crashHelper() int {
 	bootIDFile = os.Getenv("CRASH_BOOT")
 	s, err := Open(os.Getenv("CRASH_ROOT"))
@@ -248,6 +255,18 @@ func crashHelper() int {
 		err = s.Ingest(context.Background(), d, int64(len(b)), (&source{blob: b}).open)
 		if err == nil {
 			err = s.Sync() // the flush, at once, held by the hook
+		}
+	case "flushed":
+		hook := func(kind, _ string) {
+			if kind == "data" {
+				fmt.Println("flushed")
+				<-block
+			}
+		}
+		syncHook.Store(&hook)
+		err = s.Ingest(context.Background(), d, int64(len(b)), (&source{blob: b}).open)
+		if err == nil {
+			err = s.Sync() // the blob's bytes flushed, its directory not yet: held by the hook
 		}
 	case "writing":
 		err = s.Ingest(context.Background(), d, int64(len(b)), func(context.Context, int64) (io.ReadCloser, int64, error) {
@@ -268,7 +287,7 @@ func (h hookReader) Read([]byte) (int, error) { h.at(); return 0, io.EOF }
 func TestKilledIngest(t *testing.T) {
 	b := blob(4 << 20)
 	d := digest.FromBytes(b)
-	for _, at := range []string{"committed", "writing"} {
+	for _, at := range []string{"committed", "flushed", "writing"} {
 		for _, powerLoss := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/powerloss=%v", at, powerLoss), func(t *testing.T) {
 				reboot := fakeBoot(t)
@@ -289,6 +308,15 @@ func TestKilledIngest(t *testing.T) {
 				cmd.Wait()
 				if strings.TrimSpace(line) != at {
 					t.Fatalf("helper said %q: %s", line, stderr.String())
+				}
+				if _, err := os.Lstat(filepath.Join(root, "ingest", "durable", "sha256-"+d.Encoded())); !errors.Is(err, fs.ErrNotExist) {
+					t.Fatalf("durable mark present before the blob's directory was flushed (%v)", err)
+				}
+				if at == "flushed" && powerLoss {
+					// The bytes reached the disk, the name did not.
+					if err := os.Remove(filepath.Join(root, "blobs", "sha256", d.Encoded())); err != nil {
+						t.Fatal(err)
+					}
 				}
 				if powerLoss {
 					// What a power loss may leave of bytes that were never flushed: the right size, zeros.
@@ -317,7 +345,7 @@ func TestKilledIngest(t *testing.T) {
 						t.Fatalf("serving unverified bytes after the kill: %v", err)
 					}
 				}
-				if at == "committed" && !powerLoss && (rec.Flushed != 1 || !s.Durable(d)) {
+				if at != "writing" && !powerLoss && (rec.Flushed != 1 || !s.Durable(d)) {
 					t.Fatalf("a process crash lost a committed blob or left it unmarked: %+v", rec)
 				}
 				if at == "committed" && powerLoss && len(rec.Quarantined) != 1 {
@@ -332,5 +360,179 @@ func TestKilledIngest(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// recordSyncs records the flushes the durability protocol completes under root (not those of other tests' stores
+// flushing late), as "data <path>" and "dir <path>", calling at for each first.
+func recordSyncs(t *testing.T, root string, at func(kind, path string)) func() []string {
+	t.Helper()
+	var mu sync.Mutex
+	var got []string
+	hook := func(kind, path string) {
+		if !strings.HasPrefix(path, root+string(filepath.Separator)) {
+			return
+		}
+		at(kind, path)
+		mu.Lock()
+		got = append(got, kind+" "+path)
+		mu.Unlock()
+	}
+	syncHook.Store(&hook)
+	t.Cleanup(func() { syncHook.Store(nil) })
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(got)
+	}
+}
+
+// Blobs committed close together are flushed as one batch: the bytes of each, then one fsync per directory (not one
+// per blob), and only then their marks.
+func TestFlushBatchSyncsEachDirectoryOnce(t *testing.T) {
+	fakeBoot(t)
+	s := open(t)
+	var batch []digest.Digest
+	for i := range 5 {
+		batch = append(batch, digest.FromBytes(blob(4096+i)))
+	}
+	for i := range 2 {
+		batch = append(batch, digest.SHA512.FromBytes(blob(8192+i)))
+	}
+	marked := func(dir string) []digest.Digest {
+		var m []digest.Digest
+		for _, d := range batch {
+			if (dir == "" || filepath.Dir(s.Path(d)) == dir) && s.Durable(d) {
+				m = append(m, d)
+			}
+		}
+		return m
+	}
+	syncs := recordSyncs(t, s.Root(), func(kind, path string) {
+		switch kind {
+		case "data":
+			if m := marked(""); len(m) > 0 {
+				t.Errorf("marks %v written before every blob of the batch was flushed", m)
+			}
+		case "dir":
+			if m := marked(path); len(m) > 0 {
+				t.Errorf("marks %v written before their directory %s was flushed", m, path)
+			}
+		}
+	})
+	// An ingest under way holds the flusher back, so that every commit joins one batch whatever the clock says.
+	s.ingesting.Add(1)
+	for i, d := range batch {
+		b := blob(4096 + i)
+		if i >= 5 {
+			b = blob(8192 + i - 5)
+		}
+		if err := s.Ingest(context.Background(), d, int64(len(b)), (&source{blob: b}).open); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m := marked(""); len(m) > 0 || len(syncs()) > 0 {
+		t.Fatalf("flushed while an ingest ran: %v, marks %v", syncs(), m)
+	}
+	s.ingesting.Add(-1)
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	var data, dirs []string
+	for _, e := range syncs() {
+		kind, path, _ := strings.Cut(e, " ")
+		if kind == "data" {
+			data = append(data, path)
+		} else {
+			dirs = append(dirs, path)
+		}
+	}
+	wantDirs := []string{filepath.Join(s.Root(), "blobs", "sha256"), filepath.Join(s.Root(), "blobs", "sha512")}
+	if len(data) != len(batch) || !slices.Equal(dirs, wantDirs) {
+		t.Fatalf("a batch of %d blobs in 2 directories made %d data flushes and directory flushes %v, want %d and %v",
+			len(batch), len(data), dirs, len(batch), wantDirs)
+	}
+	if m := marked(""); len(m) != len(batch) {
+		t.Fatalf("%d of %d blobs marked durable after Sync", len(m), len(batch))
+	}
+}
+
+// After a restart of the machine, the unmarked blobs that re-hash correctly are flushed together too: one fsync of
+// their directory, not one per blob.
+func TestRecoveryFlushesRehashedBlobsAsOneBatch(t *testing.T) {
+	reboot := fakeBoot(t)
+	root := t.TempDir()
+	s, err := Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ds []digest.Digest
+	s.ingesting.Add(1) // holds the first store's flusher back: the blobs stay unmarked
+	for i := range 4 {
+		ds = append(ds, ingest(t, s, blob(4096+i)))
+	}
+	reboot()
+	syncs := recordSyncs(t, root, func(kind, path string) {})
+	s2, err := Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec := s2.Recovered(); rec.Rehashed != len(ds) {
+		t.Fatalf("recovery %+v, want %d re-hashed", rec, len(ds))
+	}
+	var dirs int
+	for _, e := range syncs() {
+		if strings.HasPrefix(e, "dir "+filepath.Join(root, "blobs")) {
+			dirs++
+		}
+	}
+	if dirs != 1 {
+		t.Fatalf("recovery flushed the blob directory %d times for %d blobs, want once: %v", dirs, len(ds), syncs())
+	}
+	for _, d := range ds {
+		if !s2.Durable(d) {
+			t.Fatalf("%s not marked durable after recovery", d)
+		}
+	}
+	s.ingesting.Add(-1)
+	s.Sync()
+}
+
+// A blob deleted and committed again while the flush of its first commit runs is not marked by that flush (its
+// new bytes were written after the flush began), but by its own.
+func TestBlobCommittedAgainIsNotVouchedForByTheEarlierFlush(t *testing.T) {
+	fakeBoot(t)
+	s := open(t)
+	s.ingesting.Add(1) // only the Syncs below flush
+	defer s.ingesting.Add(-1)
+	b := blob(1 << 20)
+	d := ingest(t, s, b)
+	held, gate := make(chan struct{}), make(chan struct{})
+	var dirs atomic.Int32
+	recordSyncs(t, s.Root(), func(kind, _ string) {
+		if kind == "dir" && dirs.Add(1) == 1 {
+			close(held)
+			<-gate // the first commit's bytes and name are flushed, its mark not yet written
+		}
+	})
+	first := make(chan error, 1)
+	go func() { first <- s.Sync() }()
+	<-held
+	if err := s.Delete(d); err != nil {
+		t.Fatal(err)
+	}
+	ingest(t, s, b)
+	close(gate)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if s.Durable(d) {
+		t.Fatal("the flush of the first commit marked the second, whose bytes it never flushed")
+	}
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if !s.Durable(d) || dirs.Load() != 2 {
+		t.Fatalf("second commit: durable=%v after %d directory flushes, want marked after 2", s.Durable(d), dirs.Load())
 	}
 }
