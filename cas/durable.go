@@ -260,8 +260,15 @@ func (s *Store) recoverDurability() error {
 				return err
 			}
 		default:
-			// Correct in the page cache; the flush need not hold up this process.
+			// Correct in the page cache. A blob written long enough ago has been written back by the kernel, so
+			// its flush costs no more than a check and this Open marks it itself: a short-lived process (every
+			// CLI command) exits before a background flush runs, and without this every model the CLI pulled
+			// since the last long-lived process would be re-hashed after the next restart. A recent blob is left
+			// to the background flush, so a command right after a pull does not wait for the pull's flush.
 			s.recovery.Flushed++
+			if settled(s.Path(d)) {
+				break
+			}
 			s.flushLater(c)
 			continue
 		}
@@ -286,6 +293,16 @@ func (s *Store) recoverDurability() error {
 		return nil
 	}
 	return writeBootID(bootFile, boot)
+}
+
+// SettleTime is how long after its last write a blob is taken to have been written back by the kernel (which does
+// it within vm.dirty_expire_centisecs, 30 s by default, plus a writeback interval of 5 s). A wrong guess only costs
+// time: the flush is done either way.
+var SettleTime = time.Minute
+
+func settled(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && time.Since(fi.ModTime()) > SettleTime
 }
 
 // writeBootID records the boot id durably. It is not replaced atomically: a torn id reads as another boot, which

@@ -536,3 +536,47 @@ func TestBlobCommittedAgainIsNotVouchedForByTheEarlierFlush(t *testing.T) {
 		t.Fatalf("second commit: durable=%v after %d directory flushes, want marked after 2", s.Durable(d), dirs.Load())
 	}
 }
+
+// Short-lived processes (CLI commands) exit before their background flush runs. The next Open in the same boot
+// marks the blobs the kernel has long written back, so a restart does not re-hash every model the CLI ever pulled,
+// and leaves recent ones to its own background flush, so it does not wait for a pull that just ended.
+func TestOpenMarksSettledBlobsAndLeavesRecentOnesToTheFlusher(t *testing.T) {
+	reboot := fakeBoot(t)
+	root := t.TempDir()
+	first, err := Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, recent := blob(1<<20), blob(1<<20+1)
+	release := holdFlushes(t, digest.FromBytes(old), digest.FromBytes(recent))
+	dOld, dRecent := ingest(t, first, old), ingest(t, first, recent)
+	// The first process "exits" here with both flushes still held: neither blob is marked.
+	past := time.Now().Add(-2 * SettleTime)
+	if err := os.Chtimes(first.Path(dOld), past, past); err != nil {
+		t.Fatal(err)
+	}
+	next, err := Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { release(); first.Close(); next.Close() })
+	if !next.Durable(dOld) {
+		t.Fatal("a blob written back long ago was not marked by Open")
+	}
+	if next.Durable(dRecent) {
+		t.Fatal("a blob written just now was marked by Open without waiting for the held flush")
+	}
+	if rec := next.Recovered(); rec.Flushed != 2 || rec.Rehashed != 0 {
+		t.Fatalf("recovery %+v, want 2 flushed and none re-hashed", rec)
+	}
+	// After a restart only the recent, unmarked blob is re-hashed.
+	reboot()
+	after, err := Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { after.Close() })
+	if rec := after.Recovered(); rec.Rehashed != 1 {
+		t.Fatalf("recovery after a restart %+v, want exactly the recent blob re-hashed", rec)
+	}
+}
