@@ -58,4 +58,23 @@ func TestVerifyNeverWaitsOnAHungOrigin(t *testing.T) {
 	if strings.Contains(out, mirror.Host) {
 		t.Fatalf("verify names the mirror, not the reference asked for: %s", out)
 	}
+
+	// The sibling reads behave alike: inspect of the registry reference, and copy from it (to the mirror's host,
+	// which is no mirror of itself), read through the mirror alone. (tags lists the origin's tags, and sign writes
+	// to the origin: both must reach it.)
+	for _, args := range [][]string{
+		{"inspect", "--remote", ref},
+		{"copy", ref, mirror.Host + "/hung/copied:v1"},
+	} {
+		code, out, errOut := run(append(args, "--plain-http", "--hosts-dir", hosts, "-o", "json")...)
+		if code != 0 || errOut != "" {
+			t.Fatalf("%s through the mirror, origin hung: exit %d, stderr %s", args[0], code, errOut)
+		}
+		if got := decodeOne(t, args[0], out)["descriptor"].(map[string]any)["digest"]; got != dgst {
+			t.Fatalf("%s -o json: digest %v, want %s", args[0], got, dgst)
+		}
+	}
+	if n := hung.Accepted(); n != 0 {
+		t.Fatalf("the hung origin received %d connection(s) from inspect and copy; want none", n)
+	}
 }
