@@ -193,6 +193,13 @@ func TestEveryCommandPrintsOneJSONDocument(t *testing.T) {
 	if msg, _ := field(field(oneJSON(t, "prepull cancel (stderr)", errOut), "error"), "message").(string); code != 1 || out != "" || !strings.Contains(msg, ref) {
 		t.Fatalf("prepull cancel of a reference not listed: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
+	run("prepull", ref, "--socket", sock)
+	unlisted := reg.Host + "/every/unlisted:v1"
+	code, out, errOut = runJSON(t, "prepull", "cancel", ref, unlisted, "--socket", sock, "-o", "json")
+	msg, _ := field(field(oneJSON(t, "prepull cancel (stderr)", errOut), "error"), "message").(string)
+	if code != 1 || out != "" || !strings.HasPrefix(msg, "cancelled "+ref+"; "+unlisted+": ") {
+		t.Fatalf("prepull cancel of a listed and an unlisted reference: exit %d, stdout %q, message %q; want the first named as cancelled", code, out, msg)
+	}
 
 	for _, path := range runnableCommands() {
 		if _, ok := notJSONCommands[path]; !ok && !ran[path] {
