@@ -98,7 +98,7 @@ Prometheus metrics on --metrics-addr. It needs no Kubernetes API access.`,
 		l.DurationVar(&f.resync, "resync", time.Minute, "with --watch: how often the list is sent again unchanged, restoring a restarted driver")
 		l.StringVar(&f.logFormat, "log-format", "json", "with --watch: log format, json or text")
 		l.StringVar(&f.logLevel, "log-level", "info", "with --watch: log level")
-		cmd.AddCommand(prepullStatusCmd(g, f), prepullCancelCmd(f), prepullCacheCmd(g, f))
+		cmd.AddCommand(prepullStatusCmd(g, f), prepullCancelCmd(g, f), prepullCacheCmd(g, f))
 		return cmd
 	})
 }
@@ -311,23 +311,37 @@ func prepullStatusCmd(g *Globals, f *prepullFlags) *cobra.Command {
 	}
 }
 
-func prepullCancelCmd(f *prepullFlags) *cobra.Command {
+func prepullCancelCmd(g *Globals, f *prepullFlags) *cobra.Command {
 	return &cobra.Command{
 		Use:     "cancel REF...",
-		Example: `  modelpack prepull cancel registry.example.com/models/llama3:8b`,
+		Example: `  modelpack prepull cancel registry.example.com/models/llama3:8b -o json`,
 		Short:   "Stop prepulling references and unpin them (the cache may then evict them)",
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c := prepull.NewClient(f.socket)
 			list := f.listOr(prepull.DefaultList)
+			var cancelled []string
 			for _, r := range args {
 				if err := c.Remove(cmd.Context(), list, r); err != nil {
+					if len(cancelled) > 0 {
+						return fmt.Errorf("cancelled %s; %s: %w", strings.Join(cancelled, ", "), r, err)
+					}
 					return err
 				}
+				cancelled = append(cancelled, r)
+			}
+			if g.IsJSON() {
+				return PrintJSON(cmd.OutOrStdout(), prepullCancelJSON{List: list, Cancelled: cancelled})
 			}
 			return nil
 		},
 	}
+}
+
+// prepullCancelJSON is prepull cancel's result: the references taken off list, in the order given.
+type prepullCancelJSON struct {
+	List      string   `json:"list"`
+	Cancelled []string `json:"cancelled"`
 }
 
 // prepullCacheCmd lists the cache through the running driver, which holds the cache's lock: `modelpack cache ls`

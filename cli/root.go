@@ -30,10 +30,17 @@ type Globals struct {
 	Home   string // local store root ($MODELPACK_HOME)
 	Output string // table or json
 	Quiet  bool
+
+	warned *warnings // what the command said beside its result (newWarnings), for the error document too
 }
 
 // NewRoot builds the command tree.
 func NewRoot() *cobra.Command {
+	root, _ := newRoot()
+	return root
+}
+
+func newRoot() (*cobra.Command, *Globals) {
 	g := &Globals{}
 	root := &cobra.Command{
 		Use:           "modelpack",
@@ -51,7 +58,7 @@ func NewRoot() *cobra.Command {
 	for _, c := range commands {
 		root.AddCommand(c(g))
 	}
-	return root
+	return root, g
 }
 
 // Main runs the CLI and returns the process exit code.
@@ -66,9 +73,10 @@ func Main() int {
 }
 
 // Run executes the command line args and returns the exit code: 0, 1 for an error, 130 when ctx was cancelled
-// (SIGINT or SIGTERM). Under -o json an error is printed as {"error": {"message": …}} on stderr.
+// (SIGINT or SIGTERM). Under -o json an error is printed as {"error": {"message": …, "warnings": […]}} on stderr,
+// with the warnings the command gave before it failed.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	root := NewRoot()
+	root, g := newRoot()
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -83,7 +91,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		code, msg = 130, "interrupted; run again to resume"
 	}
 	if f := root.PersistentFlags().Lookup("output"); f != nil && f.Value.String() == "json" {
-		_ = PrintJSON(stderr, errorJSON{Error: errorBody{Message: msg}})
+		_ = PrintJSON(stderr, errorJSON{Error: errorBody{Message: msg, Warnings: g.warned.all()}})
 		return code
 	}
 	fmt.Fprintln(stderr, "Error:", msg)
@@ -96,7 +104,8 @@ type errorJSON struct {
 }
 
 type errorBody struct {
-	Message string `json:"message"`
+	Message  string   `json:"message"`
+	Warnings []string `json:"warnings,omitempty"` // said before the failure; printed on stderr as they came without -o json
 }
 
 func validateOutput(o string) error {

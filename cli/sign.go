@@ -15,28 +15,6 @@ import (
 	"github.com/modelpack/modelpack/signing"
 )
 
-// signRegistryFlags are the registry flags of sign and verify, named as the transport commands name them.
-type signRegistryFlags struct {
-	plainHTTP, insecure    bool
-	caFile, registryConfig string
-	username, password     string
-}
-
-func (f *signRegistryFlags) add(fl *pflag.FlagSet) {
-	fl.BoolVar(&f.plainHTTP, "plain-http", false, "talk HTTP instead of HTTPS to the registry")
-	fl.BoolVar(&f.insecure, "insecure", false, "skip TLS verification of the registry")
-	fl.StringVar(&f.caFile, "ca-file", "", "PEM CA bundle for the registry's TLS certificate")
-	fl.StringVar(&f.registryConfig, "registry-config", "", "docker config.json with registry credentials (default: docker's)")
-	registerCredentials(fl, &f.username, &f.password)
-}
-
-func (f *signRegistryFlags) options() (signing.RegistryOptions, error) {
-	return signingRegistryOptions(remote.Options{
-		PlainHTTP: f.plainHTTP, Insecure: f.insecure, CAFile: f.caFile, RegistryConfig: f.registryConfig,
-		Credential: explicitCredential(f.username, f.password),
-	})
-}
-
 // signingRegistryOptions reaches registries for signing as the transport options o do: same TLS settings and the
 // same docker config and credential helpers. push --sign and pack --push --sign pass their remote.Options here.
 func signingRegistryOptions(o remote.Options) (signing.RegistryOptions, error) {
@@ -122,7 +100,7 @@ func (s *signFlags) signPushed(ctx context.Context, digestRef string, o remote.O
 
 func init() {
 	register(func(g *Globals) *cobra.Command {
-		var reg signRegistryFlags
+		var rf remoteFlags
 		var sf signFlags
 		var tlogUpload bool
 		cmd := &cobra.Command{
@@ -150,7 +128,7 @@ Nothing is uploaded to a transparency log (this is cosign sign --tlog-upload=fal
 				if _, err := registryRef(args[0]); err != nil {
 					return err
 				}
-				ro, err := reg.options()
+				ro, err := signingRegistryOptions(rf.options())
 				if err != nil {
 					return err
 				}
@@ -177,7 +155,7 @@ Nothing is uploaded to a transparency log (this is cosign sign --tlog-upload=fal
 		fl.StringVar(&sf.key, "key", "", "cosign private key: file, env://VAR or k8s://NAMESPACE/NAME")
 		fl.StringArrayVarP(&sf.annotations, "annotations", "a", nil, "KEY=VALUE signed into the payload (repeatable)")
 		fl.BoolVar(&tlogUpload, "tlog-upload", false, "upload to a transparency log (not supported: always false here)")
-		reg.add(fl)
+		rf.registerConnection(fl)
 		return cmd
 	})
 }

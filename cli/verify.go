@@ -1,13 +1,16 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 
 	"github.com/spf13/cobra"
+	"oras.land/oras-go/v2/registry"
 
+	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/signing"
 )
 
@@ -46,7 +49,7 @@ func (f *verifyFlags) rule() (signing.Rule, error) {
 
 func init() {
 	register(func(g *Globals) *cobra.Command {
-		var reg signRegistryFlags
+		var rf remoteFlags
 		f := &verifyFlags{}
 		cmd := &cobra.Command{
 			Use:   "verify REF (--key PUB | --certificate-identity ID --certificate-oidc-issuer URL | --policy FILE)",
@@ -65,11 +68,11 @@ modelpack sign have none. With --policy, REF is checked as the node driver check
   modelpack verify REF --policy /etc/modelpack/policy.yaml`,
 			Args: cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				if _, err := registryRef(args[0]); err != nil {
+				parsed, err := registryRef(args[0])
+				if err != nil {
 					return err
 				}
 				var p *signing.Policy
-				var err error
 				if f.policy != "" {
 					p, err = signing.LoadPolicy(f.policy)
 				} else {
@@ -82,11 +85,12 @@ modelpack sign have none. With --policy, REF is checked as the node driver check
 				if err != nil {
 					return err
 				}
-				ro, err := reg.options()
+				o := rf.options()
+				ref, err := resolveDigest(cmd.Context(), parsed, o)
 				if err != nil {
 					return err
 				}
-				ref, err := signing.ResolveDigest(cmd.Context(), args[0], ro)
+				ro, err := signingRegistryOptions(o)
 				if err != nil {
 					return err
 				}
@@ -128,9 +132,28 @@ modelpack sign have none. With --policy, REF is checked as the node driver check
 		for _, fl := range []string{"key", "certificate-identity", "certificate-identity-regexp", "certificate-oidc-issuer", "certificate-oidc-issuer-regexp"} {
 			cmd.MarkFlagsMutuallyExclusive("policy", fl)
 		}
-		reg.add(fl)
+		rf.registerConnection(fl)
 		return cmd
 	})
+}
+
+// resolveDigest names ref by digest, resolving a tag once as the node driver does: through the hosts.toml mirrors
+// allowed to resolve, then the origin, with no API ping first, so an origin that hangs costs nothing when a mirror
+// answers. A digest reference is taken as it is.
+func resolveDigest(ctx context.Context, ref registry.Reference, o remote.Options) (string, error) {
+	if _, err := ref.Digest(); err == nil {
+		return ref.String(), nil
+	}
+	repo, _, err := remote.NewRepository(ref.String(), o)
+	if err != nil {
+		return "", err
+	}
+	desc, err := repo.Resolve(ctx, ref.Reference)
+	if err != nil {
+		return "", err
+	}
+	ref.Reference = desc.Digest.String()
+	return ref.String(), nil
 }
 
 // verifyJSON is verify's result: signing.Decision with "reference" named as every other command names it.

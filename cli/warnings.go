@@ -21,11 +21,16 @@ type warnings struct {
 	list []string
 }
 
+// newWarnings returns the command's warnings, one per run: Run puts what they kept in the error document when the
+// command fails.
 func newWarnings(cmd *cobra.Command, g *Globals) *warnings {
-	if g.IsJSON() {
-		return &warnings{}
+	if g.warned == nil {
+		g.warned = &warnings{}
+		if !g.IsJSON() {
+			g.warned.w = cmd.ErrOrStderr()
+		}
 	}
-	return &warnings{w: cmd.ErrOrStderr()}
+	return g.warned
 }
 
 // add prints msg as "warning: msg" on stderr, or keeps it for the JSON result.
@@ -41,6 +46,9 @@ func (ws *warnings) add(msg string) {
 
 // all is what was kept for the JSON result; nil (the field omitted) when nothing was said or without -o json.
 func (ws *warnings) all() []string {
+	if ws == nil {
+		return nil
+	}
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	return ws.list

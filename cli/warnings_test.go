@@ -105,3 +105,38 @@ func TestWarningsUnderJSON(t *testing.T) {
 		})
 	}
 }
+
+// Item: a command that warned and then failed keeps its warnings under -o json: they are in the error document's
+// "warnings" (omitted when there are none), beside the message; stdout stays empty.
+func TestWarningsBeforeAFailureUnderJSON(t *testing.T) {
+	run := binaryRunner(t, "DOCKER_CONFIG="+t.TempDir(), "MODELPACK_HOME="+t.TempDir())
+	noWeights := t.TempDir()
+	os.WriteFile(filepath.Join(noWeights, "README.md"), []byte("no weights here\n"), 0o644)
+	refused := testenv.FreeAddr(t) // nothing listens there
+
+	for _, c := range []struct {
+		name, dir, warning string
+	}{
+		{"warned, then refused", noWeights, "holds no weight files"},
+		{"refused without a warning", smallModel(t), ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			code, out, errOut := run("pack", c.dir, "-t", refused+"/warn/failed:v1", "--push", "--plain-http", "-o", "json")
+			if code != 1 || out != "" {
+				t.Fatalf("exit %d, stdout %q; want 1 and nothing", code, out)
+			}
+			doc := decodeOne(t, "pack --push (stderr)", errOut)
+			e, _ := doc["error"].(map[string]any)
+			if msg, _ := e["message"].(string); !strings.Contains(msg, "connection refused") {
+				t.Fatalf("error document %v: want the refusal as its message", doc)
+			}
+			list, _ := e["warnings"].([]any)
+			switch {
+			case c.warning == "" && e["warnings"] != nil:
+				t.Fatalf("error document has warnings where there are none: %v", e["warnings"])
+			case c.warning != "" && (len(list) != 1 || !strings.Contains(list[0].(string), c.warning)):
+				t.Fatalf("error document's warnings %v, want one saying %q", e["warnings"], c.warning)
+			}
+		})
+	}
+}

@@ -83,19 +83,6 @@ func SignDigest(ctx context.Context, ref, keyRef string, opts SignOptions) (stri
 	return d.String(), nil
 }
 
-// ResolveDigest returns ref as a digest reference, asking the registry (HEAD) when ref is a tag.
-func ResolveDigest(ctx context.Context, ref string, opts RegistryOptions) (string, error) {
-	t, err := opts.transport()
-	if err != nil {
-		return "", err
-	}
-	d, err := resolve(ref, opts.client(ctx, t, ref))
-	if err != nil {
-		return "", err
-	}
-	return d.String(), nil
-}
-
 func resolve(ref string, c client) (name.Digest, error) {
 	r, err := name.ParseReference(ref, c.name...)
 	if err != nil {

@@ -167,11 +167,10 @@ func TestVerifyKeySignatures(t *testing.T) {
 		m1, _ := pushModel(t, host, "models/moving", "prod", "m1")
 		sign(t, host+"/models/moving:prod", key)
 		m2, _ := pushModel(t, host, "models/moving", "prod", "m2")
-		now, err := ResolveDigest(ctx, host+"/models/moving:prod", RegistryOptions{})
-		if err != nil || now != m2 || m1 == m2 {
-			t.Fatalf("tag resolves to %s (%v), want %s", now, err, m2)
+		if m1 == m2 {
+			t.Fatalf("both pushes made %s", m1)
 		}
-		dec, err := v.Verify(ctx, now)
+		dec, err := v.Verify(ctx, m2)
 		wantDenied(t, dec, err, ReasonNoSignature)
 		if dec, err := v.Verify(ctx, m1); err != nil || !dec.Verified {
 			t.Fatal("the signed digest stays verified", dec, err)
