@@ -9,8 +9,8 @@ import (
 )
 
 // Preallocate reserves the blocks of the first size bytes of f without changing its size, so that a download
-// learns at once that the disk cannot hold it, and its writes skip the file system's per-page block reservation
-// (on ext4 that reservation, delayed allocation, was most of the kernel time of writing a 2 GiB pull; perf).
+// learns at once that the disk cannot hold it, and its writes skip ext4's per-page delayed-allocation work (the
+// kernel time of a 2 GiB pull fell from 2.1 to 1.65 CPU-s, interleaved runs; wall time about 4%).
 // Only a full disk or quota is an error: a file system that cannot preallocate is written as before.
 func Preallocate(f *os.File, size int64) error {
 	if size <= 0 {
