@@ -13,10 +13,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"oras.land/oras-go/v2/registry/remote"
-	"oras.land/oras-go/v2/registry/remote/auth"
-	"oras.land/oras-go/v2/registry/remote/retry"
 
+	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/cache"
 )
 
@@ -43,17 +41,16 @@ func cacheBenchCmd(f *cacheFlags) *cobra.Command {
 		Args:   cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			repo, err := remote.NewRepository(args[0])
+			// The driver's transport (artifact/remote), counting the blob bytes that cross the wire.
+			var blobBytes atomic.Int64
+			repo, ref, err := remote.NewRepository(args[0], remote.Options{
+				PlainHTTP:     plainHTTP,
+				WrapTransport: func(rt http.RoundTripper) http.RoundTripper { return countingTransport{rt, &blobBytes} },
+			})
 			if err != nil {
 				return err
 			}
-			repo.PlainHTTP = plainHTTP
-			var blobBytes atomic.Int64
-			repo.Client = &auth.Client{
-				Client: &http.Client{Transport: countingTransport{retry.NewTransport(http.DefaultTransport), &blobBytes}},
-				Cache:  auth.NewCache(),
-			}
-			desc, err := repo.Resolve(ctx, repo.Reference.Reference)
+			desc, err := repo.Resolve(ctx, ref.Reference)
 			if err != nil {
 				return err
 			}

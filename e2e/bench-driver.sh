@@ -90,20 +90,19 @@ cold_publish() {
   sync # let the deletion and its discards settle before the next measurement
   echo "$t"
 }
-# Interleave the paths round by round so drift on a shared machine hits them alike.
+# Interleave the paths round by round so drift on a shared machine hits them alike, rotating their order (see
+# rotate in lib.sh).
 curl_runs=() cold_runs=() oras_runs=() base_runs=() rss_max=0
-for i in $(seq "$RUNS"); do
-  sync
-  curl_runs+=("$(timed curl_pull)")
-  rm -rf "$D/curl"
-  sync
+run_curl() { sync; curl_runs+=("$(timed curl_pull)"); rm -rf "$D/curl"; sync; }
+run_cold() {
   cold_runs+=("$(cold_publish "$(command -v modelpack)" "$i")")
   rss_max=$(( $(cat "$D/rss-$i") > rss_max ? $(cat "$D/rss-$i") : rss_max ))
-  oras_runs+=("$(timed oras_pull)")
-  rm -rf "$D/oras"
-  sync
-  if [ -n "$BASELINE" ]; then base_runs+=("$(cold_publish "$BASELINE" "base-$i")"); fi
-done
+}
+run_oras() { oras_runs+=("$(timed oras_pull)"); rm -rf "$D/oras"; sync; }
+run_base() { base_runs+=("$(cold_publish "$BASELINE" "base-$i")"); }
+paths=(run_curl run_cold run_oras)
+if [ -n "$BASELINE" ]; then paths+=(run_base); fi
+for i in $(seq "$RUNS"); do rotate "$i" "${paths[@]}"; done
 t_curl=$(median "${curl_runs[@]}")
 t_cold=$(median "${cold_runs[@]}")
 t_oras=$(median "${oras_runs[@]}")

@@ -34,19 +34,19 @@ curl_sync_pull() { curl_pull; sync "$T"/curl/*; }
 
 declare -A times
 
-# Interleave the tools run by run so drift on a shared machine hits them alike.
+# Interleave the tools run by run so drift on a shared machine hits them alike, rotating their order (see rotate in
+# lib.sh).
 pull_runs=() fetch_runs=() oras_runs=() curl_runs=() curls_runs=() bpull_runs=() bfetch_runs=()
-for _ in $(seq "$RUNS"); do
-  if [ -n "$BASELINE" ]; then
-    fresh; bpull_runs+=("$(timed mp_pull "$BASELINE")")
-    fresh; bfetch_runs+=("$(timed mp_fetch "$BASELINE")")
-  fi
-  fresh; pull_runs+=("$(timed mp_pull)")
-  fresh; fetch_runs+=("$(timed mp_fetch)")
-  fresh; oras_runs+=("$(timed oras_pull)")
-  fresh; curl_runs+=("$(timed curl_pull)")
-  fresh; curls_runs+=("$(timed curl_sync_pull)")
-done
+run_pull() { fresh; pull_runs+=("$(timed mp_pull)"); }
+run_fetch() { fresh; fetch_runs+=("$(timed mp_fetch)"); }
+run_oras() { fresh; oras_runs+=("$(timed oras_pull)"); }
+run_curl() { fresh; curl_runs+=("$(timed curl_pull)"); }
+run_curls() { fresh; curls_runs+=("$(timed curl_sync_pull)"); }
+run_bpull() { fresh; bpull_runs+=("$(timed mp_pull "$BASELINE")"); }
+run_bfetch() { fresh; bfetch_runs+=("$(timed mp_fetch "$BASELINE")"); }
+tools=(run_pull run_fetch run_oras run_curl run_curls)
+if [ -n "$BASELINE" ]; then tools+=(run_bpull run_bfetch); fi
+for i in $(seq "$RUNS"); do rotate "$i" "${tools[@]}"; done
 times[pull]=$(median "${pull_runs[@]}")
 times[fetch]=$(median "${fetch_runs[@]}")
 times[oras]=$(median "${oras_runs[@]}")

@@ -85,3 +85,15 @@ bench_model() {
   blobs=$(curl -fsS -H "$accept" "http://$REGISTRY/v2/$repo/manifests/$tag" |
     python3 -c 'import json,sys; m=json.load(sys.stdin); print("\n".join([m["config"]["digest"]]+[l["digest"] for l in m["layers"]]))')
 }
+
+# rotate ROUND FN...: runs the functions in turn, starting with the one at ROUND modulo their count. Benchmarks
+# rotate their tools round by round: on this kind of virtual machine what runs right after gigabytes were deleted
+# can be much slower (the freed memory goes back to the host and is faulted in again), and a fixed order would
+# always hand that to the same tool.
+# Its locals are prefixed: bash scoping is dynamic, and the functions it runs read their caller's variables (i).
+rotate() {
+  local _rot_round=$1 _rot_k
+  shift
+  local _rot_fns=("$@")
+  for ((_rot_k = 0; _rot_k < ${#_rot_fns[@]}; _rot_k++)); do "${_rot_fns[(_rot_round + _rot_k) % ${#_rot_fns[@]}]}"; done
+}

@@ -50,7 +50,7 @@ func newRegistry(host string, opts Options) (*remote.Registry, error) {
 		return nil, err
 	}
 	origin := eps[len(eps)-1]
-	hc, err := httpClient(origin, host, 1, opts.Timeouts.orDefault())
+	hc, err := httpClient(origin, host, 1, opts.Timeouts.orDefault(), opts.WrapTransport)
 	if err != nil {
 		return nil, err
 	}

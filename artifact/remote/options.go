@@ -50,6 +50,9 @@ type Options struct {
 	// Hints name, in errors, the settings that fix a TLS failure, in the words of the program using this package;
 	// the zero value names the CLI's flags.
 	Hints Hints
+	// WrapTransport, if set, wraps the HTTP transport of each of a Repository's endpoints, under authentication
+	// and retries: instrumentation (byte counts, tracing) sees every request as it goes on the wire.
+	WrapTransport func(http.RoundTripper) http.RoundTripper
 }
 
 // Timeouts bound the waits on a registry. A registry that accepts a request and then says nothing would otherwise
@@ -201,7 +204,7 @@ const ioBufferSize = 256 << 10
 
 // httpClient builds the HTTP client of one endpoint. Requests are retried by oras-go's retry transport (5xx, 429,
 // resets, with exponential backoff); whole-blob retries and resumption are layered above it.
-func httpClient(ep endpoint, origin string, conns int, tm Timeouts) (*http.Client, error) {
+func httpClient(ep endpoint, origin string, conns int, tm Timeouts, wrap func(http.RoundTripper) http.RoundTripper) (*http.Client, error) {
 	tc, err := tlsConfig(ep)
 	if err != nil {
 		return nil, err
@@ -226,12 +229,15 @@ func httpClient(ep endpoint, origin string, conns int, tm Timeouts) (*http.Clien
 		WriteBufferSize:    ioBufferSize,
 	}
 	var rt http.RoundTripper = base
+	if wrap != nil {
+		rt = wrap(rt)
+	}
 	ns := ""
 	if ep.mirror {
 		ns = origin
 	}
 	if ep.path != "" || ep.overridePath || ns != "" || len(ep.header) > 0 {
-		rt = &rewriteTransport{base: base, ep: ep, ns: ns}
+		rt = &rewriteTransport{base: rt, ep: ep, ns: ns}
 	}
 	return &http.Client{Transport: &retry.Transport{Base: rt, Policy: func() retry.Policy { return requestPolicy }}}, nil
 }

@@ -57,7 +57,7 @@ func NewRepository(ref string, opts Options) (*Repository, registry.Reference, e
 	r := &Repository{Reference: parsed, opts: opts}
 	cache := auth.NewCache()
 	for _, ep := range eps {
-		hc, err := httpClient(ep, parsed.Registry, opts.concurrency(), opts.Timeouts.orDefault())
+		hc, err := httpClient(ep, parsed.Registry, opts.concurrency(), opts.Timeouts.orDefault(), opts.WrapTransport)
 		if err != nil {
 			return nil, registry.Reference{}, fmt.Errorf("%s: %w", ep.host, err)
 		}

@@ -243,7 +243,7 @@ func discard(resp *http.Response) {
 // pull bounds its own (see stallBound).
 func boundedClient(o Options, ep endpoint, host string) (*http.Client, error) {
 	tm := o.Timeouts.orDefault()
-	hc, err := httpClient(ep, host, o.concurrency(), tm)
+	hc, err := httpClient(ep, host, o.concurrency(), tm, o.WrapTransport)
 	if err != nil {
 		return nil, err
 	}
