@@ -280,7 +280,7 @@ func (f *fetcher) rawFile(v *verifiedStream, l artifact.Layer) ([]string, error)
 	defer os.Remove(tmp.Name())
 	err = diskio.Preallocate(tmp, l.Size)
 	if err == nil {
-		_, err = io.CopyBuffer(onlyWriter{tmp}, v, make([]byte, ioBufferSize))
+		_, err = io.CopyBuffer(onlyWriter{tmp}, v, make([]byte, fileBufferSize))
 	}
 	if err == nil {
 		err = v.finish()
