@@ -219,8 +219,8 @@ type extractor struct {
 	buf   []byte // for file contents, allocated with the first file
 }
 
-// copyBufferSize: a multi-GB file costs few reads and writes (larger writes are cheaper in the kernel; see cas).
-const copyBufferSize = 1 << 20
+// copyBufferSize: a multi-GB file costs few reads and writes; the size the node's blob ingests use (see cas).
+const copyBufferSize = 256 << 10
 
 func (x *extractor) run(tr *tar.Reader) error {
 	for {
