@@ -93,6 +93,10 @@ func (s *Store) mark(c commit) error {
 	})
 }
 
+// forget drops a commit whose blob is gone (deleted, quarantined) before its mark: nothing is left to mark, and a
+// long-running store must not keep every such commit.
+func (s *Store) forget(c commit) { s.commits.Mark(c, func() error { return nil }) }
+
 // flushLater makes a commit durable in the background, with the blobs committed close to it (see Flusher); Sync
 // does it at once.
 func (s *Store) flushLater(c commit) { s.flusher.Add(c) }
@@ -117,7 +121,9 @@ func (s *Store) makeDurable(batch []commit) error {
 	var dirs []string
 	for _, c := range batch {
 		if err := fdatasync(s.Path(c.Key)); err != nil {
-			if !errors.Is(err, fs.ErrNotExist) {
+			if errors.Is(err, fs.ErrNotExist) {
+				s.forget(c)
+			} else {
 				errs = append(errs, fmt.Errorf("flush %s: %w", c.Key, err))
 			}
 			continue
@@ -253,6 +259,7 @@ func (s *Store) recoverDurability() error {
 				if err := s.Quarantine(d); err != nil {
 					return err
 				}
+				s.forget(c)
 				s.recovery.Quarantined = append(s.recovery.Quarantined, d)
 				continue
 			}
