@@ -95,11 +95,53 @@ func (c *Cache) Pull(ctx context.Context, src oras.ReadOnlyTarget, desc ocispec.
 		c.touch(m.Digest)
 		return m, nil
 	}
+	for round := 0; ; round++ {
+		f, own, id := c.joinFlight(desc, src, progress)
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			f.leave(id, c.opts.PullLinger)
+			return ocispec.Descriptor{}, fmt.Errorf("pull %s: %w (the transfer continues for %s; a retry joins it)", desc.Digest, ctx.Err(), c.opts.PullLinger)
+		}
+		if f.err == nil {
+			if progress != nil {
+				p := f.progress()
+				progress(Progress{Total: p.Total, Done: p.Total})
+			}
+			return f.result, nil
+		}
+		// A pull that every source failed is reported to each caller with its own source's failure: one registry's
+		// error (a stall, a refusal) is never another's caller's answer. A caller whose source did not fail (it
+		// joined too late to be asked, or the set was full) tries again with it.
+		var se *sourcesError
+		if !errors.As(f.err, &se) {
+			return ocispec.Descriptor{}, f.err
+		}
+		var mine error
+		if own >= 0 {
+			mine = f.src.errOf(own)
+		}
+		switch {
+		case mine != nil && errors.Is(se.last, mine):
+			return ocispec.Descriptor{}, f.err
+		case mine != nil:
+			return ocispec.Descriptor{}, fmt.Errorf("pull %s: %w", desc.Digest, mine)
+		case round >= 2 || ctx.Err() != nil:
+			return ocispec.Descriptor{}, f.err
+		}
+	}
+}
+
+// joinFlight joins the pull of desc under way, offering src to it, or starts one from src. It returns the flight,
+// the index of src among its sources (-1 if the set was full) and the caller's subscription.
+func (c *Cache) joinFlight(desc ocispec.Descriptor, src oras.ReadOnlyTarget, progress func(Progress)) (*flight, int, int) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	f := c.flights[desc.Digest]
 	if f != nil && f.ctx.Err() != nil && c.ctx.Err() == nil {
 		f = nil // abandoned (its linger ran out) and winding down: start afresh rather than inherit its cancellation
 	}
+	own := 0
 	if f == nil {
 		ctx, cancel := context.WithCancel(c.ctx)
 		f = &flight{ctx: ctx, done: make(chan struct{}), cancel: cancel, subs: map[int]func(Progress){}, src: newSourceSet(src)}
@@ -128,22 +170,9 @@ func (c *Cache) Pull(ctx context.Context, src oras.ReadOnlyTarget, desc ocispec.
 		}()
 	} else {
 		c.m.pulls.WithLabelValues("joined").Inc()
-		f.src.add(src)
+		own = f.src.add(src)
 	}
-	id := f.join(progress)
-	c.mu.Unlock()
-
-	select {
-	case <-f.done:
-		if progress != nil && f.err == nil {
-			p := f.progress()
-			progress(Progress{Total: p.Total, Done: p.Total})
-		}
-		return f.result, f.err
-	case <-ctx.Done():
-		f.leave(id, c.opts.PullLinger)
-		return ocispec.Descriptor{}, fmt.Errorf("pull %s: %w (the transfer continues for %s; a retry joins it)", desc.Digest, ctx.Err(), c.opts.PullLinger)
-	}
+	return f, own, f.join(progress)
 }
 
 func (f *flight) join(progress func(Progress)) int {

@@ -1,0 +1,202 @@
+package cache
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	digest "github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	mpremote "github.com/modelpack/modelpack/artifact/remote"
+	"github.com/modelpack/modelpack/internal/testenv"
+)
+
+// neverGiveUp are a stalled source's limits in these tests: an hour for headers and for each silence, so only a
+// pull that stops waiting on a source nobody else needs can pass.
+var neverGiveUp = mpremote.Timeouts{ResponseHeader: time.Hour, Idle: time.Hour, Attempts: 8}
+
+// stallCase is one model served by a healthy real registry and by a StallServer in some mode.
+type stallCase struct {
+	healthy *testenv.Registry
+	stalled *testenv.StallServer
+	desc    ocispec.Descriptor
+	weights digest.Digest
+}
+
+func newStallCase(t *testing.T, mode testenv.StallMode) *stallCase {
+	reg := startRegistry(t)
+	files := []modelFile{{Path: "model.safetensors", Data: shard(3, 512<<10)}, {Path: "config.json", Data: []byte(`{"a":1}`)}}
+	desc := pushModel(t, newRepo(t, reg.Host, "m/model"), "v1", files)
+	b, err := newRepo(t, reg.Host, "m/model").Fetch(context.Background(), desc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	var raw json.RawMessage
+	if err := json.NewDecoder(b).Decode(&raw); err != nil {
+		t.Fatal(err)
+	}
+	s := &stallCase{healthy: reg, stalled: testenv.StartStallServer(t, mode), desc: desc, weights: digest.FromBytes(files[0].Data)}
+	s.stalled.Serve("v1", desc.MediaType, raw)
+	return s
+}
+
+// stalledRepo reads the StallServer as the driver would, with limits that never run out during the test.
+func (s *stallCase) stalledRepo(t *testing.T) *mpremote.Repository {
+	t.Helper()
+	r, _, err := mpremote.NewRepository(s.stalled.Host+"/m/model", mpremote.Options{PlainHTTP: true,
+		RegistryConfig: filepath.Join(t.TempDir(), "config.json"), Timeouts: neverGiveUp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// stalledOn is the request of the StallServer's mode that gets no answer.
+func (s *stallCase) stalledOn() string {
+	if s.stalled.Mode == testenv.StallAll {
+		return "GET /v2/m/model/manifests/" + s.desc.Digest.String()
+	}
+	return "GET /v2/m/model/blobs/" // the config's, the first blob a pull reads
+}
+
+// waitRequest waits for the StallServer to read a request starting with want.
+func waitRequest(t *testing.T, s *testenv.StallServer, want string) {
+	t.Helper()
+	for {
+		select {
+		case got := <-s.Requests():
+			if strings.HasPrefix(got, want) {
+				return
+			}
+		case <-time.After(time.Minute): // a failure guard, never the condition
+			t.Fatalf("the stalled source never received %q", want)
+		}
+	}
+}
+
+// gatedSource holds the healthy source's read of one blob until the test opens the gate, so a pull from it is
+// under way when another caller joins.
+type gatedSource struct {
+	*mpremote.Repository
+	blob    digest.Digest
+	arrived chan struct{}
+	gate    chan struct{}
+	once    sync.Once
+}
+
+func (g *gatedSource) wait(desc ocispec.Descriptor) {
+	if desc.Digest == g.blob {
+		g.once.Do(func() { close(g.arrived) })
+		<-g.gate
+	}
+}
+
+func (g *gatedSource) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
+	g.wait(desc)
+	return g.Repository.Fetch(ctx, desc)
+}
+
+func (g *gatedSource) FetchRange(ctx context.Context, desc ocispec.Descriptor, offset int64) (io.ReadCloser, int64, error) {
+	g.wait(desc)
+	return g.Repository.FetchRange(ctx, desc, offset)
+}
+
+// A pull of a digest from a source that stalls (accepting the connection and never answering, or sending a blob's
+// headers and then nothing) never holds a pull of the same digest from a healthy registry, in either order: the
+// healthy caller's source is raced at once, the pull completes from it while the stalled source still has its
+// connection open with nothing sent past the request, both callers get the content, and the stalled transfer is
+// then abandoned (the client hangs up).
+func TestStalledSourceNeverHoldsAHealthyOne(t *testing.T) {
+	for _, mode := range []struct {
+		name string
+		mode testenv.StallMode
+	}{{"never answers", testenv.StallAll}, {"blob never answered", testenv.StallBlobs}, {"blob headers then nothing", testenv.StallBlobBodies}} {
+		t.Run(mode.name+"/stalled first", func(t *testing.T) {
+			s := newStallCase(t, mode.mode)
+			c := openCache(t, t.TempDir(), Options{})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			first := make(chan error, 1)
+			go func() {
+				_, err := c.Pull(ctx, s.stalledRepo(t), s.desc, nil)
+				first <- err
+			}()
+			waitRequest(t, s.stalled, s.stalledOn())
+			healthy := make(chan error, 1)
+			go func() {
+				_, err := c.Pull(ctx, newRepo(t, s.healthy.Host, "m/model"), s.desc, nil)
+				healthy <- err
+			}()
+			s.expectServed(t, c, healthy, first, s.stalledOn())
+		})
+		t.Run(mode.name+"/healthy first", func(t *testing.T) {
+			s := newStallCase(t, mode.mode)
+			c := openCache(t, t.TempDir(), Options{})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			g := &gatedSource{Repository: newRepo(t, s.healthy.Host, "m/model"), blob: s.weights,
+				arrived: make(chan struct{}), gate: make(chan struct{})}
+			healthy := make(chan error, 1)
+			go func() {
+				_, err := c.Pull(ctx, g, s.desc, nil)
+				healthy <- err
+			}()
+			<-g.arrived
+			second := make(chan error, 1)
+			go func() {
+				_, err := c.Pull(ctx, s.stalledRepo(t), s.desc, nil)
+				second <- err
+			}()
+			// The joiner's source is raced at once against the read still waiting for its first byte.
+			blob := "GET /v2/m/model/blobs/" + s.weights.String()
+			waitRequest(t, s.stalled, blob)
+			close(g.gate)
+			s.expectServed(t, c, healthy, second, blob)
+		})
+	}
+}
+
+// expectServed checks that the healthy caller gets the content while the stalled source has been sent nothing past
+// the request (and, its limits being an hour, cannot have been given up on for silence), that the other caller gets
+// it too, and that the stalled transfer is abandoned: the client hangs up rather than keep a connection it does not
+// need.
+func (s *stallCase) expectServed(t *testing.T, c *Cache, healthy, other <-chan error, stalledOn string) {
+	t.Helper()
+	select {
+	case err := <-healthy:
+		if err != nil {
+			t.Fatalf("the pull from the healthy registry failed: %v", err)
+		}
+	case <-time.After(time.Minute): // a failure guard, never the condition
+		t.Fatal("the pull from the healthy registry is held by the stalled source")
+	}
+	if n := s.stalled.ExtraBytes(); n != 0 {
+		t.Fatalf("the stalled source received %d bytes past its request", n)
+	}
+	if err := c.blobs.Verify(s.weights); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-other:
+		if err != nil {
+			t.Fatalf("the other caller failed although the content arrived: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the stalled caller's pull never ended although the content arrived")
+	}
+	select {
+	case line := <-s.stalled.Hangups():
+		if !strings.HasPrefix(line, stalledOn) {
+			t.Fatalf("hung up %q, want %q", line, stalledOn)
+		}
+	case <-time.After(time.Minute):
+		t.Fatalf("the stalled request %q was never abandoned", stalledOn)
+	}
+}
