@@ -437,7 +437,7 @@ func (d *Driver) recordImage(ref, platform string, img image) error {
 
 func (d *Driver) recordPullStarted(j *pullJob) {
 	err := d.state.Update(func(st *state.State) error {
-		st.Pulls[j.key] = state.Pull{Reference: j.ref, Platform: j.platform, Digest: j.digest.String(), StartedAt: j.started.UTC()}
+		st.Pulls[j.stateKey()] = state.Pull{Reference: j.ref, Platform: j.platform, Digest: j.digest.String(), StartedAt: j.started.UTC()}
 		return nil
 	})
 	if err != nil {
@@ -447,7 +447,12 @@ func (d *Driver) recordPullStarted(j *pullJob) {
 
 func (d *Driver) recordPullFinished(j *pullJob) {
 	err := d.state.Update(func(st *state.State) error {
-		delete(st.Pulls, j.key)
+		// By what it records, not its key: a record of an earlier version's key goes too.
+		for k, rec := range st.Pulls {
+			if rec.Reference == j.ref && rec.Platform == j.platform && rec.Digest == j.digest.String() {
+				delete(st.Pulls, k)
+			}
+		}
 		if j.err == nil {
 			st.Images[imageKey(j.ref, j.platform)] = state.Image{
 				Reference: j.ref, Platform: j.platform, Digest: j.digest.String(), Manifest: j.manifest.String(), ResolvedAt: time.Now().UTC(),

@@ -2,6 +2,8 @@ package csidriver
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,8 +18,10 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// pullJob is one pull running under the driver's lifetime. Every publish that needs the same content waits on
-// the same job, so a kubelet retry after ABORTED joins the pull instead of starting over.
+// pullJob is one pull running under the driver's lifetime. Every publish that needs the same content from the same
+// source (repository and credentials) waits on the same job, so a kubelet retry after ABORTED joins the pull
+// instead of starting over. Publishes of one digest from different sources run their own jobs, which the cache
+// joins into one download fed by every source (cache.Pull): a job never waits on a source its caller did not name.
 type pullJob struct {
 	key      string
 	ref      string
@@ -30,6 +34,10 @@ type pullJob struct {
 	manifest digest.Digest
 	err      error
 }
+
+// stateKey is the job's record in the persisted state: its key without the credentials' hash, which stays in
+// memory.
+func (j *pullJob) stateKey() string { return j.digest.String() + "|" + j.platform + "|" + j.ref }
 
 func (j *pullJob) describe() string {
 	p := j.progress.Load()
@@ -60,11 +68,21 @@ type puller struct {
 	wg   sync.WaitGroup
 }
 
-func pullKey(dgst digest.Digest, platform string) string { return dgst.String() + "|" + platform }
+// pullKey names the pull of dgst for platform from ref's repository with creds. The credentials are hashed so a
+// caller with other (or no) credentials never waits on, or is answered by, a pull it could not have made.
+func pullKey(ref string, dgst digest.Digest, platform string, creds Credentials) string {
+	repo := ref
+	if r, err := ParseReference(ref); err == nil {
+		repo = r.Registry + "/" + r.Repository
+	}
+	sum := sha256.Sum256(creds.DockerConfigJSON)
+	return dgst.String() + "|" + platform + "|" + repo + "|" + hex.EncodeToString(sum[:8])
+}
 
-// start returns the running pull of dgst for platform, starting one if there is none; joined tells which.
+// start returns the running pull of dgst for platform from ref's source, starting one if there is none; joined
+// tells which.
 func (p *puller) start(ref string, dgst digest.Digest, platform string, creds Credentials) (job *pullJob, joined bool) {
-	key := pullKey(dgst, platform)
+	key := pullKey(ref, dgst, platform, creds)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if j, ok := p.jobs[key]; ok {

@@ -4,6 +4,8 @@ package cachebackend
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -177,7 +179,8 @@ func (b *Backend) Pull(ctx context.Context, ref string, dgst digest.Digest, plat
 			return "", err
 		}
 	}
-	got, err := b.cache.Pull(ctx, repo, desc, func(p cache.Progress) {
+	sum := sha256.Sum256(creds.DockerConfigJSON)
+	got, err := b.cache.Pull(ctx, source{repo, hex.EncodeToString(sum[:8])}, desc, func(p cache.Progress) {
 		progress(csidriver.Progress{DoneBytes: p.Done, TotalBytes: p.Total})
 	})
 	if err != nil {
@@ -185,6 +188,16 @@ func (b *Backend) Pull(ctx context.Context, ref string, dgst digest.Digest, plat
 	}
 	return got.Digest, nil
 }
+
+// source is a repository read with one caller's credentials. The cache tells the sources of a shared pull apart by
+// String, so callers of one repository with different credentials are different sources: each is asked, and
+// fails, on its own.
+type source struct {
+	*remote.Repository
+	creds string // a hash of the credentials
+}
+
+func (s source) String() string { return s.Repository.String() + "#" + s.creds }
 
 // Acquire holds the view of a manifest for owner.
 func (b *Backend) Acquire(owner string, manifest digest.Digest, sel csidriver.Selector) (string, error) {
