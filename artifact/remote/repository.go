@@ -118,10 +118,20 @@ func firstOf[T any](ctx context.Context, eps []*endpointRepo, fn func(*endpointR
 	return zero, last
 }
 
-// Resolve resolves a tag or digest to the manifest descriptor.
+// Resolve resolves a tag or digest to the manifest descriptor. Each endpoint must answer within the idle limit, as
+// a blob read must start within it: a registry that stalls a tag does not hold its caller, or the callers that
+// share its pull, for the longer response-header limit of uploads.
 func (r *Repository) Resolve(ctx context.Context, reference string) (ocispec.Descriptor, error) {
+	tm := r.opts.Timeouts.orDefault()
 	d, err := firstOf(ctx, r.readers(true), func(ep *endpointRepo) (ocispec.Descriptor, error) {
-		return ep.repo.Resolve(ctx, reference)
+		stalled := fmt.Errorf("%w: manifest %s: no answer within %s", ErrUnavailable, reference, tm.Idle)
+		rctx, cancel := context.WithTimeoutCause(ctx, tm.Idle, stalled)
+		defer cancel()
+		d, err := ep.repo.Resolve(rctx, reference)
+		if err != nil && ctx.Err() == nil && context.Cause(rctx) == stalled {
+			err = stalled
+		}
+		return d, err
 	})
 	return d, r.manifestErr(ctx, reference, err)
 }
@@ -141,15 +151,19 @@ func (r *Repository) FetchReference(ctx context.Context, reference string) (ocis
 	return f.desc, f.rc, r.manifestErr(ctx, reference, err)
 }
 
-// readManifest reads a whole manifest (at most maxManifestBytes, checked against its descriptor) within the
-// response-header and idle timeouts, so a registry that sends the headers and then nothing cannot hold the caller.
+// readManifest reads a whole manifest (at most maxManifestBytes, checked against its descriptor) within twice the
+// idle limit (its answer within one, as a blob read's, and its few megabytes at most within another), so a registry
+// that stalls, before or after the headers, holds neither the caller nor the callers sharing its pull for long.
 func (r *Repository) readManifest(ctx context.Context, fetch func(context.Context) (ocispec.Descriptor, io.ReadCloser, error)) (fetched, error) {
 	tm := r.opts.Timeouts.orDefault()
-	mctx, cancel := context.WithTimeoutCause(ctx, tm.ResponseHeader+tm.Idle,
-		fmt.Errorf("%w: the manifest did not arrive within %s", ErrUnavailable, tm.ResponseHeader+tm.Idle))
+	stalled := fmt.Errorf("%w: the manifest did not arrive within %s", ErrUnavailable, 2*tm.Idle)
+	mctx, cancel := context.WithTimeoutCause(ctx, 2*tm.Idle, stalled)
 	defer cancel()
 	d, rc, err := fetch(mctx)
 	if err != nil {
+		if ctx.Err() == nil && context.Cause(mctx) == stalled {
+			err = stalled
+		}
 		return fetched{}, err
 	}
 	b, err := readManifest(rc, d)

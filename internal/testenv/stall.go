@@ -27,6 +27,9 @@ const (
 	// StallBlobBodies answers the API ping and manifests, and answers a blob GET with the headers of a 200 and
 	// the blob's Content-Length, then sends nothing.
 	StallBlobBodies
+	// StallManifestBodies answers the API ping, and a manifest request with the headers of a 200 and the
+	// manifest's Content-Length, then sends nothing.
+	StallManifestBodies
 )
 
 // StallServer is the registry an attacker (or a wedged proxy) runs: a raw TCP server speaking HTTP/1.1 by hand,
@@ -163,9 +166,13 @@ func (s *StallServer) answer(c net.Conn, req *http.Request) bool {
 	case strings.Contains(p, "/manifests/") && isManifest:
 		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: %s\r\nDocker-Content-Digest: %s\r\nContent-Length: %d\r\n\r\n",
 			m.mediaType, digest.FromBytes(m.body), len(m.body))
-		if req.Method == http.MethodGet {
-			c.Write(m.body)
+		if req.Method != http.MethodGet {
+			return true
 		}
+		if s.Mode == StallManifestBodies {
+			return false
+		}
+		c.Write(m.body)
 		return true
 	case strings.Contains(p, "/blobs/") && isBlob && req.Method == http.MethodGet:
 		if s.Mode == StallBlobBodies {
