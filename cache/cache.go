@@ -130,6 +130,8 @@ type Cache struct {
 
 	layerFlight singleflight.Group
 	viewFlight  singleflight.Group
+	// fetching is a blob being fetched → the source sets of the pulls fetching it (see wantBlob).
+	fetching sync.Map
 }
 
 // Open opens the cache at opts.Root, creating it, and recovers from a crash: half-built views and layers are

@@ -482,6 +482,9 @@ func (c *Cache) fetchLayers(ctx context.Context, f *flight, src oras.ReadOnlyTar
 // fetchBlob ingests one blob, retrying twice (resuming) when a transfer breaks off: a dropped connection, or an
 // abandoned pull of the same blob whose cancellation the ingest's coalescing handed to us.
 func (c *Cache) fetchBlob(ctx context.Context, f *flight, i int, src oras.ReadOnlyTarget, desc ocispec.Descriptor) error {
+	if s, ok := src.(*sourceSet); ok {
+		defer c.wantBlob(desc.Digest, s)()
+	}
 	var err error
 	for attempt := 0; attempt < 3; attempt++ {
 		if ok, serr := c.blobs.Exists(desc.Digest, desc.Size); serr != nil || ok {

@@ -579,10 +579,69 @@ func (r *raceReader) Close() error {
 // fetchSmall is fetchSmallOnce, with wrong bytes from one source of a joined pull handed over to the next as a
 // blob's are (see handOver); each round drops a source, so it ends.
 func (c *Cache) fetchSmall(ctx context.Context, src oras.ReadOnlyTarget, desc ocispec.Descriptor, what string) ([]byte, error) {
+	if s, ok := src.(*sourceSet); ok {
+		defer c.wantBlob(desc.Digest, s)()
+	}
 	for {
 		b, err := c.fetchSmallOnce(ctx, src, desc, what)
 		if again, dropped := handOver(src, desc.Digest, err); !again || !dropped || ctx.Err() != nil {
 			return b, err
 		}
+	}
+}
+
+// wantBlob records that the pull of s fetches blob d until done is called. Pulls of different manifests (an index
+// and its manifest, two models sharing a shard or a config) that fetch one blob at once share its download (cas
+// coalesces ingests of a digest), whichever pull's read serves it: so they offer each other their sources, and the
+// read is raced with them as with a caller's that joins (see raceReader). A stalling source of one pull then never
+// holds the other.
+func (c *Cache) wantBlob(d digest.Digest, s *sourceSet) (done func()) {
+	v, _ := c.fetching.LoadOrStore(d, &blobWants{})
+	w := v.(*blobWants)
+	w.mu.Lock()
+	others := append([]*sourceSet(nil), w.sets...)
+	w.sets = append(w.sets, s)
+	w.mu.Unlock()
+	for _, t := range others {
+		if t != s {
+			t.offer(s)
+			s.offer(t)
+		}
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			for i, t := range w.sets {
+				if t == s {
+					w.sets = append(w.sets[:i], w.sets[i+1:]...)
+					break
+				}
+			}
+			if len(w.sets) == 0 {
+				c.fetching.CompareAndDelete(d, w)
+			}
+		})
+	}
+}
+
+type blobWants struct {
+	mu   sync.Mutex
+	sets []*sourceSet
+}
+
+// offer adds the sources of o that did not send wrong bytes to s.
+func (s *sourceSet) offer(o *sourceSet) {
+	o.mu.Lock()
+	var srcs []oras.ReadOnlyTarget
+	for i, src := range o.list {
+		if !o.liars[i] {
+			srcs = append(srcs, src)
+		}
+	}
+	o.mu.Unlock()
+	for _, src := range srcs {
+		s.add(src)
 	}
 }

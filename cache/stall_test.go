@@ -200,3 +200,50 @@ func (s *stallCase) expectServed(t *testing.T, c *Cache, healthy, other <-chan e
 		t.Fatalf("the stalled request %q was never abandoned", stalledOn)
 	}
 }
+
+// Two pulls of different manifests sharing a blob share its download (cas coalesces the ingest): a pull from a
+// healthy registry whose blob is being fetched by another manifest's pull from a stalled source must not wait on
+// that source. Here the stalled source serves its manifest and config and stalls the shared weights; the healthy
+// manifest differs by an annotation.
+func TestStalledSourceOfAnotherManifestNeverHoldsASharedBlob(t *testing.T) {
+	for _, mode := range []testenv.StallMode{testenv.StallBlobs, testenv.StallBlobBodies} {
+		reg := startRegistry(t)
+		weights := shard(5, 512<<10)
+		files := []modelFile{{Path: "model.safetensors", Data: weights}}
+		healthyRepo := newRepo(t, reg.Host, "m/model")
+		mb := modelManifest(t, healthyRepo, files)
+		var m ocispec.Manifest
+		if err := json.Unmarshal(mb, &m); err != nil {
+			t.Fatal(err)
+		}
+		m.Annotations = map[string]string{"org.example.copy": "2"}
+		mb2, _ := json.Marshal(m)
+		healthyDesc := pushManifest(t, healthyRepo, "v2", ocispec.MediaTypeImageManifest, mb2)
+		stalled := testenv.StartStallServer(t, mode)
+		stalledDesc := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: stalled.Serve("v1", ocispec.MediaTypeImageManifest, mb), Size: int64(len(mb))}
+		cfg, err := healthyRepo.Fetch(context.Background(), m.Config)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cb, _ := io.ReadAll(cfg)
+		cfg.Close()
+		stalled.Give(cb)
+		s := &stallCase{stalled: stalled, desc: stalledDesc, weights: digest.FromBytes(weights)}
+
+		c := openCache(t, t.TempDir(), Options{})
+		ctx, cancel := context.WithCancel(context.Background())
+		first := make(chan error, 1)
+		go func() {
+			_, err := c.Pull(ctx, s.stalledRepo(t), stalledDesc, nil)
+			first <- err
+		}()
+		waitRequest(t, stalled, "GET /v2/m/model/blobs/"+s.weights.String())
+		healthy := make(chan error, 1)
+		go func() {
+			_, err := c.Pull(ctx, healthyRepo, healthyDesc, nil)
+			healthy <- err
+		}()
+		s.expectServed(t, c, healthy, first, "GET /v2/m/model/blobs/"+s.weights.String())
+		cancel()
+	}
+}

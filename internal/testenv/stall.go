@@ -47,6 +47,7 @@ type StallServer struct {
 	mu        sync.Mutex
 	manifests map[string]stallManifest // by tag and by digest
 	sizes     map[digest.Digest]int64
+	given     map[digest.Digest][]byte
 	conns     []net.Conn
 }
 
@@ -64,7 +65,8 @@ func StartStallServer(t testing.TB, mode StallMode) *StallServer {
 		t.Fatal(err)
 	}
 	s := &StallServer{Host: ln.Addr().String(), Mode: mode, ln: ln, requests: make(chan string, 1024),
-		hangups: make(chan string, 1024), manifests: map[string]stallManifest{}, sizes: map[digest.Digest]int64{}}
+		hangups: make(chan string, 1024), manifests: map[string]stallManifest{}, sizes: map[digest.Digest]int64{},
+		given: map[digest.Digest][]byte{}}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -109,6 +111,13 @@ func (s *StallServer) Serve(tag, mediaType string, body []byte) digest.Digest {
 		s.sizes[b.Digest] = b.Size
 	}
 	return d
+}
+
+// Give makes the server answer a GET of blob b in full, in any mode but StallAll: the pull stalls on another blob.
+func (s *StallServer) Give(b []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.given[digest.FromBytes(b)] = b
 }
 
 // Requests delivers "METHOD path" of every request the server read, in order.
@@ -161,8 +170,13 @@ func (s *StallServer) answer(c net.Conn, req *http.Request) bool {
 	s.mu.Lock()
 	m, isManifest := s.manifests[ref]
 	size, isBlob := s.sizes[digest.Digest(ref)]
+	given, isGiven := s.given[digest.Digest(ref)]
 	s.mu.Unlock()
 	switch {
+	case strings.Contains(p, "/blobs/") && isGiven && req.Method == http.MethodGet:
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", len(given))
+		c.Write(given)
+		return true
 	case strings.Contains(p, "/manifests/") && isManifest:
 		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: %s\r\nDocker-Content-Digest: %s\r\nContent-Length: %d\r\n\r\n",
 			m.mediaType, digest.FromBytes(m.body), len(m.body))
