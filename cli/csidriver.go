@@ -91,10 +91,10 @@ with the semantics of Kubernetes image volumes:
 Pulls outlive kubelet's deadline: a publish that runs out of time returns ABORTED with the progress and the
 retry joins the pull under way. State under --root survives restarts, SIGKILL included.
 
-A registry that stalls cannot hold a pull: --registry-response-timeout bounds the wait for headers,
---registry-idle-timeout a download without a byte, and --registry-attempts the attempts in a row without
-progress before the pull fails with UNAVAILABLE; a volume of the same digest from another registry takes the
-pull over. A tar layer may expand to --max-extract-ratio times its declared size and --max-extract-bytes in
+A registry that stalls cannot hold a pull: --registry-response-timeout bounds the wait for an upload's headers,
+--registry-idle-timeout a download without a byte (and the answer to a manifest read), and --registry-attempts
+the attempts in a row without progress before the pull fails with UNAVAILABLE; a volume of the same digest from
+another registry is served from whichever registry delivers, never held by a stalled one. A tar layer may expand to --max-extract-ratio times its declared size and --max-extract-bytes in
 all (sparse files at their apparent size), checked before a byte is written; over either, FAILED_PRECONDITION.
 
 Errors: INVALID_ARGUMENT bad attributes; ABORTED pull continues, retry joins it; FAILED_PRECONDITION
@@ -117,7 +117,7 @@ UNAUTHENTICATED; PERMISSION_DENIED registry or signature policy; RESOURCE_EXHAUS
 		fl.StringVar(&f.cacheMax, "cache-max-size", "0", "evict least recently used models above this size (e.g. 200GiB; 0 = no limit)")
 		fl.StringVar(&f.maxExtract, "max-extract-bytes", "1TiB", "largest a tar layer may expand to (decompression and sparse-file bombs)")
 		fl.Float64Var(&f.maxExtractRatio, "max-extract-ratio", archive.DefaultLimits.MaxRatio, "largest a tar layer may expand to, as a multiple of its declared size (never below 64MiB)")
-		fl.DurationVar(&f.registryTimeouts.ResponseHeader, "registry-response-timeout", remote.DefaultTimeouts.ResponseHeader, "how long a registry request waits for the response headers")
+		fl.DurationVar(&f.registryTimeouts.ResponseHeader, "registry-response-timeout", remote.DefaultTimeouts.ResponseHeader, "how long a registry request waits for the response headers (manifest reads get --registry-idle-timeout)")
 		fl.DurationVar(&f.registryTimeouts.Idle, "registry-idle-timeout", remote.DefaultTimeouts.Idle, "how long a blob download may go without a byte before it reconnects")
 		fl.IntVar(&f.registryTimeouts.Attempts, "registry-attempts", remote.DefaultTimeouts.Attempts, "attempts in a row without a byte of progress before a download fails")
 		fl.DurationVar(&f.gcInterval, "gc-interval", 5*time.Minute, "how often orphaned volumes and the cache are collected")

@@ -29,7 +29,9 @@
 // the node has nothing for the reference (content prepulled under it counts: see Driver.RecordImage); Always
 // resolves the reference every time, fails if the registry cannot be asked, and downloads only what the node
 // lacks. Pulls run under the driver's lifetime: when the caller's deadline draws near NodePublishVolume returns
-// ABORTED with the progress, and the retry joins the same pull.
+// ABORTED with the progress, and the retry joins the same pull. A pull is one per digest, platform, repository and
+// credentials: publishes of the same digest from other sources run their own, which share one download in the cache
+// served by whichever source delivers, so none waits on a registry its volume did not name.
 //
 // # Errors
 //
