@@ -202,3 +202,48 @@ func TestWrongBytesHandTheJoinedPullToAHealthyOne(t *testing.T) {
 		})
 	}
 }
+
+// A pull every source failed answers each caller with its own source's failure: the caller of a registry that
+// refuses (403) is not told another registry's "not found", nor the other way round.
+func TestEachCallerGetsItsOwnSourcesError(t *testing.T) {
+	s := newTwoSources(t)
+	arrived, release := make(chan struct{}), make(chan struct{})
+	var once, once2 sync.Once
+	s.bad.OnBlob = func(w http.ResponseWriter, r *http.Request, d digest.Digest, _ []byte) bool {
+		if d != s.weights {
+			return false
+		}
+		once.Do(func() { close(arrived) })
+		select { // fail once the other caller's source has failed
+		case <-release:
+		case <-r.Context().Done():
+			return true
+		}
+		w.WriteHeader(http.StatusNotFound)
+		return true
+	}
+	s.healthy.OnBlob = func(w http.ResponseWriter, r *http.Request, d digest.Digest, _ []byte) bool {
+		if d != s.weights {
+			return false
+		}
+		w.WriteHeader(http.StatusForbidden)
+		once2.Do(func() { close(release) })
+		return true
+	}
+	c := openCache(t, t.TempDir(), Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	first := make(chan error, 1)
+	go func() {
+		_, err := c.Pull(ctx, s.repo(t, s.bad), s.desc, nil)
+		first <- err
+	}()
+	<-arrived
+	_, err := c.Pull(ctx, s.repo(t, s.healthy), s.desc, nil)
+	if got := mpremote.Classify(err); got != mpremote.ErrForbidden {
+		t.Fatalf("the refused caller got %v (%v), want its own registry's refusal", err, got)
+	}
+	if err := <-first; mpremote.Classify(err) != mpremote.ErrNotFound {
+		t.Fatalf("the other caller got %v, want its own registry's not found", err)
+	}
+}
