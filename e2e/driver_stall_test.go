@@ -161,3 +161,25 @@ func TestDriverStalledRegistryNeverHoldsAHealthyPublish(t *testing.T) {
 		})
 	}
 }
+
+// A tag whose registry answers the resolution and then stalls the manifest (headers, then nothing) is answered
+// UNAVAILABLE within the idle limit, however long the response-header limit: it does not stay "in progress" (ABORTED)
+// for the callers that share its pull. The response-header limit here is an hour, the idle limit a second.
+func TestDriverStalledTagIsUnavailableWithinTheIdleLimit(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	drvCleanupMounts(t, dir)
+	stalled := testenv.StartStallServer(t, testenv.StallManifestBodies)
+	stalled.Serve("v1", ocispec.MediaTypeImageManifest, []byte(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json"}`))
+	d := drvStartWith(t, filepath.Join(dir, "node"), []string{"--registry-idle-timeout", "1s", "--registry-response-timeout", "1h"}, stalled.Host)
+	for _, vol := range []string{"first", "second"} {
+		target := drvKubelet(t, dir, "pod-"+vol)
+		err := drvPublish(d.node(), drvPublishReq(vol, target, map[string]string{"reference": stalled.Host + "/m/model:v1"}), time.Minute)
+		if status.Code(err) != codes.Unavailable {
+			t.Fatalf("publish %s of the stalled tag: %v, want UNAVAILABLE", vol, err)
+		}
+	}
+	if n := stalled.ExtraBytes(); n != 0 {
+		t.Fatalf("the stalled registry was sent %d bytes past its requests", n)
+	}
+}
