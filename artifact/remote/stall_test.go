@@ -3,6 +3,7 @@ package remote
 import (
 	"context"
 	"errors"
+	"net/http"
 	"path/filepath"
 	"testing"
 	"time"
@@ -32,5 +33,26 @@ func TestStalledManifestIsBoundedByTheIdleLimit(t *testing.T) {
 			t.Errorf("mode %d: fetch: %v, want ErrUnavailable before the guard", mode, err)
 		}
 		cancel()
+	}
+}
+
+// The signature client's reads (TransportsFor) give up a manifest whose answer does not start within the idle
+// limit, as the pull's do, however long the response-header limit is.
+func TestTransportsForBoundsAStalledManifest(t *testing.T) {
+	s := testenv.StartStallServer(t, testenv.StallAll)
+	rt, err := TransportsFor(Options{Timeouts: Timeouts{ResponseHeader: time.Hour, Idle: 200 * time.Millisecond}}, []string{s.Host})(s.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a failure guard
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+s.Host+"/v2/r/model/manifests/sha256-0.sig", nil)
+	req.Header.Set("Authorization", "Basic b3JpZ2luOnNlY3JldA==")
+	resp, err := rt.RoundTrip(req)
+	if err == nil {
+		resp.Body.Close()
+	}
+	if !errors.Is(err, ErrUnavailable) || ctx.Err() != nil {
+		t.Fatalf("a stalled signature manifest: %v, want ErrUnavailable before the guard", err)
 	}
 }

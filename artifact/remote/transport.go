@@ -251,9 +251,9 @@ func boundedClient(o Options, ep endpoint, host string) (*http.Client, error) {
 	return hc, nil
 }
 
-// stallBound gives up a read (GET of a manifest or blob) that goes silent for idle, as the pull's reads do: a
-// blob's response must start within idle (the response-header timeout is for manifests and uploads), and no
-// response body may pause for longer. The request fails with ErrUnavailable, so a mirror that hangs is passed
+// stallBound gives up a read (GET of a manifest or blob) that goes silent for idle, as the pull's reads do: its
+// response must start within idle (the response-header timeout is for uploads), and no response body may pause
+// for longer. The request fails with ErrUnavailable, so a mirror that hangs is passed
 // for the next endpoint, and a stalled body ends the read instead of holding its caller to its own deadline.
 type stallBound struct {
 	next http.RoundTripper
@@ -261,16 +261,12 @@ type stallBound struct {
 }
 
 func (t stallBound) RoundTrip(req *http.Request) (*http.Response, error) {
-	_, kind, _, ok := parseReadPath(req.URL.Path)
-	if !ok || req.Method != http.MethodGet {
+	if _, _, _, ok := parseReadPath(req.URL.Path); !ok || req.Method != http.MethodGet {
 		return t.next.RoundTrip(req)
 	}
 	ctx, cancel := context.WithCancelCause(req.Context())
 	stalled := fmt.Errorf("%w: %s: no byte for %s", ErrUnavailable, req.URL.Redacted(), t.idle)
 	watchdog := time.AfterFunc(t.idle, func() { cancel(stalled) })
-	if kind != "blobs" {
-		watchdog.Stop()
-	}
 	resp, err := t.next.RoundTrip(req.WithContext(ctx))
 	if err != nil {
 		watchdog.Stop()
