@@ -251,3 +251,61 @@ func TestStalledSourceOfAnotherManifestNeverHoldsASharedBlob(t *testing.T) {
 		cancel()
 	}
 }
+
+// Two healthy registries: a caller of the second joining a pull from the first while its weights stream takes
+// nothing from the second. Every blob crosses the network once; racing is for sources that are silent.
+func TestHealthyJoinerDownloadsNothingTwice(t *testing.T) {
+	reg := startRegistry(t)
+	files := []modelFile{{Path: "model.safetensors", Data: shard(9, 1<<20)}, {Path: "config.json", Data: []byte(`{"b":2}`)}}
+	desc := pushModel(t, newRepo(t, reg.Host, "m/model"), "v1", files)
+	a, b := newProxy(t, reg.Host), newProxy(t, reg.Host)
+	a.rate.Store(512 << 10) // about 2 s for the weights: under way when the second caller joins
+	c := openCache(t, t.TempDir(), Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	first := make(chan error, 1)
+	streaming := make(chan struct{})
+	var once sync.Once
+	go func() {
+		_, err := c.Pull(ctx, newRepo(t, a.Host, "m/model"), desc, func(p Progress) {
+			if p.Done >= 128<<10 { // the weights have reached the cache: their read delivers
+				once.Do(func() { close(streaming) })
+			}
+		})
+		first <- err
+	}()
+	select {
+	case <-streaming:
+	case err := <-first:
+		t.Fatalf("the first pull ended before its weights streamed: %v", err)
+	}
+	if _, err := c.Pull(ctx, newRepo(t, b.Host, "m/model"), desc, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	var want int64
+	for _, f := range files {
+		want += int64(len(f.Data))
+	}
+	if got := a.blobBytes() + b.blobBytes(); got != want+configSize(t, c, desc) {
+		t.Fatalf("%d blob bytes crossed the network (%d from the first source, %d from the second), want %d",
+			got, a.blobBytes(), b.blobBytes(), want+configSize(t, c, desc))
+	}
+}
+
+// configSize is the size of desc's config, read from the cache.
+func configSize(t *testing.T, c *Cache, desc ocispec.Descriptor) int64 {
+	t.Helper()
+	rc, err := c.blobs.Open(desc.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	var m ocispec.Manifest
+	if err := json.NewDecoder(rc).Decode(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.Config.Size
+}
