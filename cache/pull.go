@@ -80,7 +80,9 @@ func (f *flight) publish(force bool) {
 
 // Pull brings the manifest or index desc from src into the cache and returns the manifest descriptor chosen for this
 // node. Every blob's size and digest is checked; tar layers are extracted; nothing is fetched twice. A Pull of a
-// digest already being pulled joins that pull. When ctx ends, Pull returns but the transfer goes on for
+// digest already being pulled joins that pull and offers it src: each read of the pull is then served by whichever
+// source delivers (see raceReader), so a caller never waits on a stalled source it did not name, and a pull every
+// source failed returns src's own failure. When ctx ends, Pull returns but the transfer goes on for
 // Options.PullLinger so that a retry can join it. progress (may be nil) is called from the transfer, one call at a
 // time and never after Pull returned; it must not block.
 func (c *Cache) Pull(ctx context.Context, src oras.ReadOnlyTarget, desc ocispec.Descriptor, progress func(Progress)) (ocispec.Descriptor, error) {
