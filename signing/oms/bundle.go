@@ -39,15 +39,15 @@ const maxSignatureSize = 64 << 20
 
 // Signature is a parsed OMS signature. Nothing in it is trusted until Verify returns its statement.
 type Signature struct {
-	raw        []byte
-	MediaType  string
-	payload    []byte
-	sigs       [][]byte
-	KeyHint    string   // hex SHA-256 of the signer's PEM public key, when the bundle names it
-	PublicKey  []byte   // PEM public key carried in the bundle (v1.0.0 signatures): informational only
-	Chain      [][]byte // DER certificates, leaf first: x509CertificateChain, or the single keyless certificate
-	Keyless    bool     // the material is a single certificate (Sigstore/Fulcio), checked by a Sigstore verifier
-	statement  *Statement
+	raw       []byte
+	MediaType string
+	payload   []byte
+	sigs      [][]byte
+	KeyHint   string   // hex SHA-256 of the signer's PEM public key, when the bundle names it
+	PublicKey []byte   // PEM public key carried in the bundle (v1.0.0 signatures): informational only
+	Chain     [][]byte // DER certificates, leaf first: x509CertificateChain, or the single keyless certificate
+	Keyless   bool     // the material is a single certificate (Sigstore/Fulcio), checked by a Sigstore verifier
+	statement *Statement
 }
 
 // Raw is the signature as it was read.
