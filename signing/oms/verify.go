@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	sgbundle "github.com/sigstore/sigstore-go/pkg/bundle"
 	"github.com/sigstore/sigstore-go/pkg/root"
@@ -277,4 +278,25 @@ func (k *KeylessVerifier) VerifyEnvelope(s *Signature) error {
 		return refuse(ErrUntrusted, "wrong identity: %v", err)
 	}
 	return refuse(ErrUntrusted, "%v", err)
+}
+
+// AnyOf accepts a signature any one of its verifiers accepts; its refusal is the last one's.
+type AnyOf []Verifier
+
+func (a AnyOf) VerifyEnvelope(s *Signature) error {
+	err := error(refuse(ErrUntrusted, "no signer configured"))
+	for _, v := range a {
+		if err = v.VerifyEnvelope(s); err == nil {
+			return nil
+		}
+	}
+	return err
+}
+
+func (a AnyOf) String() string {
+	names := make([]string, len(a))
+	for i, v := range a {
+		names[i] = v.String()
+	}
+	return strings.Join(names, ", ")
 }
