@@ -143,6 +143,24 @@ func TestVerifyOMSLayer(t *testing.T) {
 	dec, err := NewVerifier(omsPolicy(t, OMSRule{Keys: []string{otherPub}}), RegistryOptions{PlainHTTP: true}).Verify(ctx, ref)
 	wantDenied(t, dec, err, ReasonWrongKey)
 
+	// Keyless: the reference's Sigstore-signed vector, against Sigstore's public-good trust root as a file.
+	keyless := pushFiles(t, host, "oms/keyless", "v1", vectorFiles(t, "v1.0.0-sigstore"))
+	kp, err := NewPolicy(PolicyFile{Default: Rule{Name: "oms-keyless", TrustRoot: TrustRoot{TrustedRoot: "oms/testdata/public-good-trusted_root.json"},
+		OMS: &OMSRule{Keyless: []Identity{{Issuer: "https://sigstore.verify.ibm.com/oauth2", Subject: "stefanb@us.ibm.com"}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dec, err := NewVerifier(kp, RegistryOptions{PlainHTTP: true}).Verify(ctx, keyless); err != nil || !dec.Verified {
+		t.Fatalf("keyless vector: %+v, %v", dec, err)
+	}
+	kp, err = NewPolicy(PolicyFile{Default: Rule{Name: "oms-keyless", TrustRoot: TrustRoot{TrustedRoot: "oms/testdata/public-good-trusted_root.json"},
+		OMS: &OMSRule{Keyless: []Identity{{Issuer: "https://sigstore.verify.ibm.com/oauth2", Subject: "mallory@example.com"}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec, err = NewVerifier(kp, RegistryOptions{PlainHTTP: true}).Verify(ctx, keyless)
+	wantDenied(t, dec, err, ReasonIdentity)
+
 	unsigned := vectorFiles(t, "v1.0.0-certificate")
 	delete(unsigned, "model.sig")
 	dec, err = NewVerifier(keyPol, RegistryOptions{PlainHTTP: true}).Verify(ctx, pushFiles(t, host, "oms/unsigned", "v1", unsigned))
