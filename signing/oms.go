@@ -122,6 +122,9 @@ type omsSignature struct {
 	where string
 	data  []byte
 	err   error
+	// layer is the signature-file layer's path when the signature came from it: that layer alone is exempt
+	// from the statement. A referrer exempts nothing, so a model.sig layer beside it must be signed content.
+	layer string
 }
 
 // checkOMS finds the digest's OMS signatures (its signature-file layer, then its OMS referrers) and accepts the
@@ -144,7 +147,7 @@ func checkOMS(ctx context.Context, o *omsRule, d name.Digest, c client) (verdict
 	for _, l := range layers {
 		if l.Format == artifact.FormatRaw && !l.Image && path.Clean(l.Path) == o.sigFile {
 			data, err := readBlob(d.Context(), l.Descriptor, c)
-			sigs = append(sigs, omsSignature{where: fmt.Sprintf("layer %s (%s)", o.sigFile, l.Digest), data: data, err: err})
+			sigs = append(sigs, omsSignature{where: fmt.Sprintf("layer %s (%s)", o.sigFile, l.Digest), data: data, err: err, layer: o.sigFile})
 			break
 		}
 	}
@@ -173,7 +176,7 @@ func checkOMS(ctx context.Context, o *omsRule, d name.Digest, c client) (verdict
 				f.add(failure{omsReason(err), fmt.Sprintf("OMS signature %s: %v", s.where, err)})
 				continue
 			}
-			files, err := oms.ArtifactFiles(layers, st.Serialization, o.sigFile)
+			files, err := oms.ArtifactFiles(layers, st.Serialization, s.layer)
 			if err == nil {
 				err = st.Check(files)
 			}
@@ -302,11 +305,12 @@ func SignOMS(ctx context.Context, ref, keyRef string, opts SignOptions) (signed,
 	if err != nil {
 		return "", "", fmt.Errorf("sign: %w", err)
 	}
-	files, err := oms.ArtifactFiles(layers, oms.Serialization{Method: oms.MethodFiles, HashType: "sha256"}, oms.SignatureFile)
+	// Every layer is signed, a model.sig layer too: a referrer exempts nothing from the statement.
+	files, err := oms.ArtifactFiles(layers, oms.Serialization{Method: oms.MethodFiles, HashType: "sha256"}, "")
 	if err != nil {
 		return "", "", fmt.Errorf("sign: %w", err)
 	}
-	st, err := oms.NewStatement(path.Base(d.Context().RepositoryStr()), files, append([]string{oms.SignatureFile}, oms.DefaultIgnores...))
+	st, err := oms.NewStatement(path.Base(d.Context().RepositoryStr()), files, oms.DefaultIgnores)
 	if err != nil {
 		return "", "", fmt.Errorf("sign: %w", err)
 	}

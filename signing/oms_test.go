@@ -12,10 +12,14 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-containerregistry/pkg/name"
+	gcrremote "github.com/google/go-containerregistry/pkg/v1/remote"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2"
 	"oras.land/oras-go/v2/content/memory"
 	"oras.land/oras-go/v2/registry/remote"
+
+	"github.com/modelpack/modelpack/signing/oms"
 )
 
 const omsVectors = "oms/testdata/vectors"
@@ -221,5 +225,43 @@ func TestOMSPolicyErrors(t *testing.T) {
 	// OMS keys need no transparency log: the default (require) is not an error for them.
 	if _, err := NewPolicy(PolicyFile{Default: Rule{OMS: &OMSRule{Keys: []string{filepath.Join(omsVectors, "keys/signing-key-pub.pem")}}}}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A referrer exempts nothing: beside it, a model.sig layer its statement does not list is unsigned content and
+// is refused, naming it (only the signature-file layer that is itself the verifying signature is exempt).
+func TestOMSReferrerExemptsNoLayer(t *testing.T) {
+	host := startRegistry(t)
+	ctx := context.Background()
+	weights := []byte("weights")
+	ref := pushFiles(t, host, "oms/junk", "v1", map[string][]byte{"model.safetensors": weights, "model.sig": []byte("not a signature")})
+	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	st, err := oms.NewStatement("junk", oms.Files{"model.safetensors": digestOf(weights).Encoded()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bundle, err := oms.Sign(st, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := RegistryOptions{PlainHTTP: true}
+	tr, _ := opts.transport()
+	c := opts.client(ctx, tr, ref)
+	d, err := name.NewDigest(ref, name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	desc, err := gcrremote.Get(d, c.remote...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := putOMSReferrer(d, desc.Descriptor, bundle, c); err != nil {
+		t.Fatal(err)
+	}
+	pub := writePub(t, t.TempDir(), "k.pub", &k.PublicKey)
+	dec, err := NewVerifier(omsPolicy(t, OMSRule{Keys: []string{pub}}), opts).Verify(ctx, ref)
+	wantDenied(t, dec, err, ReasonModelMismatch)
+	if !strings.Contains(err.Error(), `file "model.sig" is not listed`) {
+		t.Fatalf("the unsigned model.sig layer is not named: %v", err)
 	}
 }

@@ -231,7 +231,7 @@ var ErrNeedsRehash = errors.New("OMS check needs the files re-read")
 
 // ArtifactFiles is the model an OCI artifact carries, from its manifest alone: a raw layer's digest is the
 // sha256 of its file, so nothing is downloaded or hashed again. The layer at sigPath (the signature travelling
-// inside the artifact) is left out; every other layer counts, so a file the statement does not list is refused
+// inside the artifact; "" for none) is left out; every other layer counts, so a file the statement does not list is refused
 // even where the statement's ignore_paths would skip it in a directory: nothing unsigned is mounted.
 //
 // What cannot be checked this way is refused (ErrNeedsRehash): a tar layer (its files' digests are known only

@@ -17,7 +17,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/sigstore/sigstore-go/pkg/root"
+
+	"github.com/modelpack/modelpack/artifact"
 )
 
 const vectors = "testdata/vectors"
@@ -408,5 +412,33 @@ func TestParseRefuses(t *testing.T) {
 				t.Fatalf("got %v, want an error naming %s", err, c.want)
 			}
 		})
+	}
+}
+
+// An artifact's manifest answers file serialization with sha256 only: tar layers, shards and BLAKE2 would need
+// the files read again, and are refused as such rather than passed.
+func TestArtifactFilesRefusesWhatNeedsRehash(t *testing.T) {
+	raw := artifact.Layer{Descriptor: ocispec.Descriptor{Digest: digest.FromString("w")}, Path: "w.bin", Format: artifact.FormatRaw}
+	sig := artifact.Layer{Descriptor: ocispec.Descriptor{Digest: digest.FromString("s")}, Path: "model.sig", Format: artifact.FormatRaw}
+	tar := artifact.Layer{Descriptor: ocispec.Descriptor{Digest: digest.FromString("t")}, Path: "tokenizer", Format: artifact.FormatTar}
+	files := Serialization{Method: MethodFiles, HashType: "sha256"}
+	got, err := ArtifactFiles([]artifact.Layer{raw, sig}, files, SignatureFile)
+	if err != nil || len(got) != 1 || got["w.bin"] != digest.FromString("w").Encoded() {
+		t.Fatalf("raw layers: %v %v", got, err)
+	}
+	if got, _ := ArtifactFiles([]artifact.Layer{raw, sig}, files, ""); len(got) != 2 {
+		t.Fatalf("no signature layer exempt: %v", got)
+	}
+	for name, c := range map[string]struct {
+		layers []artifact.Layer
+		ser    Serialization
+	}{
+		"tar layer": {[]artifact.Layer{raw, tar}, files},
+		"shards":    {[]artifact.Layer{raw}, Serialization{Method: MethodShards, HashType: "sha256", ShardSize: 1 << 30}},
+		"blake2":    {[]artifact.Layer{raw}, Serialization{Method: MethodFiles, HashType: "blake2"}},
+	} {
+		if _, err := ArtifactFiles(c.layers, c.ser, SignatureFile); !errors.Is(err, ErrNeedsRehash) {
+			t.Errorf("%s: got %v, want ErrNeedsRehash", name, err)
+		}
 	}
 }
