@@ -151,15 +151,32 @@ func checkOMS(ctx context.Context, o *omsRule, d name.Digest, c client) (verdict
 			break
 		}
 	}
+	// The signature the artifact carries is tried first; referrers are listed only when it is absent or fails.
+	var f failures
+	if by, ok := tryOMS(o, layers, sigs, &f); ok {
+		return verdict{authority: by}, nil
+	}
 	refs, err := omsReferrers(d, c)
 	if err != nil {
 		return verdict{}, err
 	}
-	sigs = append(sigs, refs...)
-	if len(sigs) == 0 {
+	if by, ok := tryOMS(o, layers, refs, &f); ok {
+		return verdict{authority: by}, nil
+	}
+	n := len(sigs) + len(refs)
+	if n == 0 {
 		return verdict{reason: fmt.Sprintf("%s: no OMS signature: neither a %s layer nor a referrer of type %s for %s", ReasonNoSignature, o.sigFile, OMSArtifactType, d.DigestStr())}, nil
 	}
-	var f failures
+	names := make([]string, len(o.verifiers))
+	for i, v := range o.verifiers {
+		names[i] = v.String()
+	}
+	best := *f.best
+	return verdict{reason: fmt.Sprintf("%s: %s (%d OMS signature(s) checked against %s)", best.reason, best.detail, n, strings.Join(names, ", "))}, nil
+}
+
+// tryOMS returns the first signer of sigs whose statement the layers match, recording every failure in f.
+func tryOMS(o *omsRule, layers []artifact.Layer, sigs []omsSignature, f *failures) (string, bool) {
 	for _, s := range sigs {
 		if s.err != nil {
 			f.add(failure{ReasonInvalid, fmt.Sprintf("OMS signature %s: %v", s.where, s.err)})
@@ -186,16 +203,11 @@ func checkOMS(ctx context.Context, o *omsRule, d name.Digest, c client) (verdict
 			case err != nil:
 				f.add(failure{ReasonModelMismatch, fmt.Sprintf("%v (OMS signature %s by %s)", err, s.where, v)})
 			default:
-				return verdict{authority: fmt.Sprintf("OMS %s (%s)", v, s.where)}, nil
+				return fmt.Sprintf("OMS %s (%s)", v, s.where), true
 			}
 		}
 	}
-	names := make([]string, len(o.verifiers))
-	for i, v := range o.verifiers {
-		names[i] = v.String()
-	}
-	best := *f.best
-	return verdict{reason: fmt.Sprintf("%s: %s (%d OMS signature(s) checked against %s)", best.reason, best.detail, len(sigs), strings.Join(names, ", "))}, nil
+	return "", false
 }
 
 func omsReason(err error) string {

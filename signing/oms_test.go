@@ -112,10 +112,22 @@ func TestVerifyOMSLayer(t *testing.T) {
 	good := vectorFiles(t, "v1.0.0-certificate")
 	ref := pushFiles(t, host, "oms/good", "v1", good)
 	for name, p := range map[string]*Policy{"key": keyPol, "chain": chainPol} {
-		dec, err := NewVerifier(p, RegistryOptions{PlainHTTP: true}).Verify(ctx, ref)
+		tr := &countingTransport{}
+		dec, err := NewVerifier(p, RegistryOptions{PlainHTTP: true, Transport: tr}).Verify(ctx, ref)
 		if err != nil || !dec.Verified || !strings.Contains(dec.Authority, "layer model.sig") {
 			t.Fatalf("%s: a reference-signed model: %+v, %v", name, dec, err)
 		}
+		// The check reads the manifest, the signature and the referrers, never a model file.
+		paths := tr.reset()
+		for _, f := range []string{"signme-1", "signme-2"} {
+			if tr.paths = paths; tr.contains(digestOf(good[f]).String()) {
+				t.Fatalf("%s: the OMS check read the model file %s: %v", name, f, paths)
+			}
+		}
+		if tr.paths = paths; !tr.contains("/blobs/" + digestOf(good["model.sig"]).String()) {
+			t.Fatalf("%s: the signature blob was not read: %v", name, paths)
+		}
+		t.Logf("%s: %d requests: %v", name, len(paths), paths)
 	}
 
 	tampered := vectorFiles(t, "v1.0.0-certificate")
