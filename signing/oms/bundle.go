@@ -50,9 +50,6 @@ type Signature struct {
 	statement *Statement
 }
 
-// Raw is the signature as it was read.
-func (s *Signature) Raw() []byte { return s.raw }
-
 // Payload is the DSSE payload (the in-toto statement's JSON).
 func (s *Signature) Payload() []byte { return s.payload }
 
@@ -94,8 +91,7 @@ type bundleJSON struct {
 	MediaType            string `json:"mediaType"`
 	VerificationMaterial *struct {
 		PublicKey *struct {
-			Hint     string `json:"hint"`
-			RawBytes []byte `json:"rawBytes"`
+			Hint string `json:"hint"`
 		} `json:"publicKey"`
 		X509CertificateChain *struct {
 			Certificates []struct {
@@ -149,7 +145,8 @@ func Parse(data []byte) (*Signature, error) {
 	}
 	switch {
 	case vm.PublicKey != nil:
-		s.KeyHint, s.PublicKey = vm.PublicKey.Hint, vm.PublicKey.RawBytes
+		// v1.0.0 signatures carry the PEM key itself (rawBytes); it proves nothing, the verifier's key decides.
+		s.KeyHint = vm.PublicKey.Hint
 	case vm.X509CertificateChain != nil:
 		for i, c := range vm.X509CertificateChain.Certificates {
 			if len(c.RawBytes) == 0 {

@@ -205,15 +205,6 @@ func (c *ChainVerifier) VerifyEnvelope(s *Signature) error {
 	return nil
 }
 
-// VerifierFunc adapts a function (the caller's Sigstore keyless check) to Verifier.
-type VerifierFunc struct {
-	Desc string
-	F    func(*Signature) error
-}
-
-func (f VerifierFunc) VerifyEnvelope(s *Signature) error { return f.F(s) }
-func (f VerifierFunc) String() string                    { return f.Desc }
-
 // KeylessVerifier trusts Sigstore keyless signatures (a Fulcio certificate for an OIDC identity) that verify
 // against an offline trust root, as `model_signing verify sigstore --trust_config` does.
 type KeylessVerifier struct {
