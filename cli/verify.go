@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 
 	"github.com/spf13/cobra"
 	"oras.land/oras-go/v2/registry"
 
 	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/signing"
+	"github.com/modelpack/modelpack/signing/oms"
 )
 
 type verifyFlags struct {
@@ -22,6 +24,38 @@ type verifyFlags struct {
 	ctlogKeys, rekorKeys     []string
 	ignoreTlog, ignoreSCT    bool
 	policy                   string
+	format                   string
+	omsDir, omsSignature     string
+	omsIgnore                []string
+}
+
+// omsRule turns the flags into a rule requiring an OMS signature: --key ECDSA public keys, --certificate-chain
+// PKI roots (model_signing verify certificate), or a keyless identity checked against --trusted-root
+// (model_signing verify sigstore --trust_config).
+func (f *verifyFlags) omsRule() (signing.Rule, error) {
+	o := &signing.OMSRule{Keys: f.keys}
+	if f.chain != "" {
+		o.CertificateChains = []string{f.chain}
+	}
+	r := signing.Rule{Name: "command line", Mode: signing.Enforce, OMS: o, TransparencyLog: signing.Waive, CertificateTransparency: signing.Waive}
+	keyless := f.identity != "" || f.identityRegexp != "" || f.issuer != "" || f.issuerRegexp != ""
+	if keyless {
+		o.Keyless = []signing.Identity{{Subject: f.identity, SubjectRegExp: f.identityRegexp, Issuer: f.issuer, IssuerRegExp: f.issuerRegexp}}
+		if f.trustedRoot == "" {
+			return r, errors.New("keyless OMS signatures need --trusted-root (a Sigstore trusted_root.json: Fulcio CAs, Rekor and CT logs)")
+		}
+		r.TrustRoot = signing.TrustRoot{TrustedRoot: f.trustedRoot}
+		if !f.ignoreTlog {
+			r.TransparencyLog = signing.Require
+		}
+		if !f.ignoreSCT {
+			r.CertificateTransparency = signing.Require
+		}
+	}
+	if len(f.keys) == 0 && f.chain == "" && !keyless {
+		return r, errors.New("--format oms: give --key (ECDSA public key), --certificate-chain (root CA PEM), or --certificate-identity and --certificate-oidc-issuer with --trusted-root, or --policy")
+	}
+	return r, nil
 }
 
 // rule turns the cosign-style flags into the one rule the command checks against.
@@ -61,13 +95,35 @@ checked. cosign signatures (the sha256-<hex>.sig tag) and Sigstore bundles attac
 cosign v3 default) are both accepted.
 
 Transparency-log entries are required unless --insecure-ignore-tlog, as with cosign; signatures made by
-modelpack sign have none. With --policy, REF is checked as the node driver checks it, against that policy.`,
+modelpack sign have none. With --policy, REF is checked as the node driver checks it, against that policy.
+
+With --format oms, REF must carry an OpenSSF Model Signing signature over its files: the model.sig layer that
+packing an OMS-signed directory keeps, or a referrer from modelpack sign --format oms. It must verify with a
+--key (ECDSA public key), chain to a --certificate-chain root CA, or be keyless for the identity, against
+--trusted-root. Every file it lists must be a raw layer with that digest, and every layer but model.sig must
+be listed; the check reads the manifest and the signature only (raw layers are named by their file's sha256).
+--oms DIR checks a model directory as model_signing verify does.`,
 			Example: `  modelpack verify registry.local/models/llama3:8b --key cosign.pub --insecure-ignore-tlog
   modelpack verify REF --certificate-identity alice@example.com --certificate-oidc-issuer https://accounts.example.com \
     --certificate-chain fulcio-chain.pem --insecure-ignore-tlog --insecure-ignore-sct
-  modelpack verify REF --policy /etc/modelpack/policy.yaml`,
-			Args: cobra.ExactArgs(1),
+  modelpack verify REF --policy /etc/modelpack/policy.yaml
+  modelpack verify REF --format oms --key oms.pub
+  modelpack verify --oms ./model --certificate-chain ca-cert.pem --ignore-paths ignore-me`,
+			Args: func(cmd *cobra.Command, args []string) error {
+				if f.omsDir != "" {
+					return cobra.NoArgs(cmd, args)
+				}
+				return cobra.ExactArgs(1)(cmd, args)
+			},
 			RunE: func(cmd *cobra.Command, args []string) error {
+				switch f.format {
+				case "cosign", "oms":
+				default:
+					return fmt.Errorf("--format %q is not valid (valid: cosign, oms)", f.format)
+				}
+				if f.omsDir != "" {
+					return verifyOMSDir(cmd, g, f)
+				}
 				parsed, err := registryRef(args[0])
 				if err != nil {
 					return err
@@ -77,7 +133,12 @@ modelpack sign have none. With --policy, REF is checked as the node driver check
 					p, err = signing.LoadPolicy(f.policy)
 				} else {
 					var r signing.Rule
-					if r, err = f.rule(); err != nil {
+					if f.format == "oms" {
+						r, err = f.omsRule()
+					} else {
+						r, err = f.rule()
+					}
+					if err != nil {
 						return err
 					}
 					p, err = signing.NewPolicy(signing.PolicyFile{Default: r})
@@ -126,9 +187,13 @@ modelpack sign have none. With --policy, REF is checked as the node driver check
 		fl.BoolVar(&f.ignoreTlog, "insecure-ignore-tlog", false, "do not require a transparency-log entry")
 		fl.BoolVar(&f.ignoreSCT, "insecure-ignore-sct", false, "keyless: do not require a certificate-transparency SCT")
 		fl.StringVar(&f.policy, "policy", "", "check against this node trust policy instead of the flags above")
+		fl.StringVar(&f.format, "format", "cosign", "signature to check: cosign (the manifest digest's) or oms (OpenSSF Model Signing over the model's files)")
+		fl.StringVar(&f.omsDir, "oms", "", "check the OMS signature of this local model directory (or single file) instead of REF")
+		fl.StringVar(&f.omsSignature, "signature", "", "with --oms: the signature file (default DIR/model.sig)")
+		fl.StringArrayVar(&f.omsIgnore, "ignore-paths", nil, "with --oms: a path of the model (relative to it) left out of the check, as model_signing's --ignore-paths (repeatable)")
 		cmd.MarkFlagsMutuallyExclusive("certificate-identity", "certificate-identity-regexp")
 		cmd.MarkFlagsMutuallyExclusive("certificate-oidc-issuer", "certificate-oidc-issuer-regexp")
-		cmd.MarkFlagsMutuallyExclusive("trusted-root", "certificate-chain")
+		cmd.MarkFlagsMutuallyExclusive("oms", "policy")
 		for _, fl := range []string{"key", "certificate-identity", "certificate-identity-regexp", "certificate-oidc-issuer", "certificate-oidc-issuer-regexp"} {
 			cmd.MarkFlagsMutuallyExclusive("policy", fl)
 		}
@@ -173,4 +238,38 @@ func envList(name string) []string {
 		return []string{v}
 	}
 	return nil
+}
+
+// verifyOMSDir checks a model directory against its OMS signature file, as `model_signing verify` does.
+func verifyOMSDir(cmd *cobra.Command, g *Globals, f *verifyFlags) error {
+	r, err := f.omsRule()
+	if err != nil {
+		return err
+	}
+	v, sigFile, err := signing.OMSVerifier(r)
+	if err != nil {
+		return err
+	}
+	sig := f.omsSignature
+	if sig == "" {
+		if fi, err := os.Stat(f.omsDir); err == nil && !fi.IsDir() {
+			return errors.New("--oms names a single file: give its --signature")
+		}
+		sig = filepath.Join(f.omsDir, sigFile)
+	}
+	st, err := oms.VerifyDir(f.omsDir, sig, v, f.omsIgnore)
+	if err != nil {
+		return fmt.Errorf("%s: %w", f.omsDir, err)
+	}
+	if g.IsJSON() {
+		return PrintJSON(cmd.OutOrStdout(), struct {
+			Model     string `json:"model"`
+			Signature string `json:"signature"`
+			Verified  bool   `json:"verified"`
+			Authority string `json:"authority"`
+			Files     int    `json:"files"`
+		}{f.omsDir, sig, true, v.String(), len(st.Resources)})
+	}
+	_, err = fmt.Fprintf(cmd.OutOrStdout(), "Verified %s: %d file(s) match the OMS signature %s by %s\n", f.omsDir, len(st.Resources), sig, v)
+	return err
 }

@@ -55,6 +55,9 @@ const (
 //	  keyless:
 //	  - {issuer: https://token.actions.githubusercontent.com, subjectRegExp: "^https://github.com/acme/"}
 //	  trustRoot: {trustedRoot: /etc/modelpack/trusted_root.json}
+//	- name: hub-models                   # OpenSSF Model Signing over the model's files (see OMSRule)
+//	  match: ["registry.example.com/hub/**"]
+//	  oms: {keys: [/etc/modelpack/keys/oms.pub], certificateChains: [/etc/modelpack/oms-ca.pem]}
 //
 // The first rule whose pattern matches the repository applies; Default applies when none does.
 type PolicyFile struct {
@@ -79,6 +82,8 @@ type Rule struct {
 	TransparencyLog Check `yaml:"transparencyLog" json:"transparencyLog,omitempty"`
 	// CertificateTransparency defaults to require for keyless identities: the certificate needs an SCT.
 	CertificateTransparency Check `yaml:"certificateTransparency" json:"certificateTransparency,omitempty"`
+	// OMS requires an OpenSSF Model Signing signature over the model's files as well (see OMSRule).
+	OMS *OMSRule `yaml:"oms" json:"oms,omitempty"`
 }
 
 // Identity is a keyless signer: the OIDC issuer recorded in the certificate and its subject (SAN email or URI).
@@ -210,6 +215,7 @@ type rule struct {
 	mode        Mode
 	none        bool
 	authorities []*authority
+	oms         *omsRule
 }
 
 func (l *loader) compileRule(r Rule, path string) (*rule, error) {
@@ -239,23 +245,25 @@ func (l *loader) compileRule(r Rule, path string) (*rule, error) {
 	if err != nil {
 		return nil, err
 	}
-	hasReq := len(r.Keys) > 0 || len(r.Keyless) > 0
+	hasReq := len(r.Keys) > 0 || len(r.Keyless) > 0 || r.OMS != nil
 	switch {
 	case r.None && hasReq:
-		return nil, fmt.Errorf("%s: none: true cannot be combined with keys or keyless", path)
+		return nil, fmt.Errorf("%s: none: true cannot be combined with keys, keyless or oms", path)
 	case r.None || cr.mode == Off && !hasReq:
 		if r.TrustRoot.TrustedRoot != "" || r.TrustRoot.CertificateChain != "" || len(r.TrustRoot.CTLogKeys)+len(r.TrustRoot.RekorKeys) > 0 || r.TransparencyLog != "" || r.CertificateTransparency != "" {
 			return nil, fmt.Errorf("%s: trustRoot, transparencyLog and certificateTransparency only apply to keys or keyless", path)
 		}
 		return cr, nil
 	case !hasReq:
-		return nil, fmt.Errorf("%s: no requirement: set keys, keyless, or none: true (or mode: off)", path)
+		return nil, fmt.Errorf("%s: no requirement: set keys, keyless, oms, or none: true (or mode: off)", path)
 	}
 	tr, err := l.trustRoot(r.TrustRoot, path+".trustRoot")
 	if err != nil {
 		return nil, err
 	}
-	if tlog == Require && !tr.hasRekor() {
+	// OMS key and certificate-chain signatures have no log entry: only Sigstore signatures are held to it.
+	sigstoreSigs := len(r.Keys) > 0 || len(r.Keyless) > 0 || r.OMS != nil && len(r.OMS.Keyless) > 0
+	if tlog == Require && sigstoreSigs && !tr.hasRekor() {
 		return nil, fmt.Errorf("%s.transparencyLog: require needs Rekor keys to check entries offline: set trustRoot.rekorKeys or a trustRoot.trustedRoot with Rekor logs, or waive it with transparencyLog: waive", path)
 	}
 	for i, k := range r.Keys {
@@ -265,7 +273,7 @@ func (l *loader) compileRule(r Rule, path string) (*rule, error) {
 		}
 		cr.authorities = append(cr.authorities, a)
 	}
-	if len(r.Keyless) > 0 {
+	if len(r.Keyless) > 0 || r.OMS != nil && len(r.OMS.Keyless) > 0 {
 		if !tr.hasCA() {
 			return nil, fmt.Errorf("%s.trustRoot: keyless identities need trustRoot.certificateChain (Fulcio root PEM) or trustRoot.trustedRoot", path)
 		}
@@ -279,6 +287,11 @@ func (l *loader) compileRule(r Rule, path string) (*rule, error) {
 			return nil, fmt.Errorf("%s.keyless[%d]: %v", path, i, err)
 		}
 		cr.authorities = append(cr.authorities, a)
+	}
+	if r.OMS != nil {
+		if cr.oms, err = l.compileOMS(*r.OMS, tr, tlog, sct, path+".oms"); err != nil {
+			return nil, err
+		}
 	}
 	return cr, nil
 }

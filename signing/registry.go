@@ -49,8 +49,9 @@ func WithCredentials(ctx context.Context, c auth.CredentialFunc) context.Context
 
 // client is what cosign's remote package needs for one call.
 type client struct {
-	name []name.Option
-	oci  []ociremote.Option
+	name   []name.Option
+	oci    []ociremote.Option
+	remote []remote.Option // the same, for go-containerregistry's own calls (OMS reads the manifest and blobs)
 }
 
 func (o RegistryOptions) transport() (http.RoundTripper, error) {
@@ -116,17 +117,16 @@ func (o RegistryOptions) newClient(ctx context.Context, base http.RoundTripper, 
 			}
 		}
 	}
+	ro := []remote.Option{
+		remote.WithContext(ctx),
+		remote.WithTransport(base),
+		remote.WithAuthFromKeychain(kc),
+		remote.WithUserAgent("modelpack"),
+	}
 	return client{
-		name: nameOpts,
-		oci: []ociremote.Option{
-			ociremote.WithNameOptions(nameOpts...),
-			ociremote.WithRemoteOptions(
-				remote.WithContext(ctx),
-				remote.WithTransport(base),
-				remote.WithAuthFromKeychain(kc),
-				remote.WithUserAgent("modelpack"),
-			),
-		},
+		name:   nameOpts,
+		oci:    []ociremote.Option{ociremote.WithNameOptions(nameOpts...), ociremote.WithRemoteOptions(ro...)},
+		remote: ro,
 	}
 }
 

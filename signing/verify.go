@@ -226,13 +226,34 @@ func (v *Verifier) verdict(ctx context.Context, p *Policy, r *rule, d name.Diges
 	}
 }
 
-// check fetches the digest's cosign signatures (the .sig tag) and, failing those, its Sigstore bundles
-// (referrers), and tries every authority of the rule on each. It never reads the artifact's own blobs.
+// check applies every requirement of the rule: cosign signatures when it names keys or keyless identities, and an
+// OMS signature over the model's files when it has an oms section.
 func (v *Verifier) check(ctx context.Context, r *rule, d name.Digest) (verdict, error) {
 	if v.transportErr != nil {
 		return verdict{}, v.transportErr
 	}
 	c := v.opts.readClient(ctx, v.transport, d.String())
+	var by []string
+	if len(r.authorities) > 0 {
+		vd, err := v.checkCosign(ctx, r, d, c)
+		if err != nil || vd.reason != "" {
+			return vd, err
+		}
+		by = append(by, vd.authority)
+	}
+	if r.oms != nil {
+		vd, err := checkOMS(ctx, r.oms, d, c)
+		if err != nil || vd.reason != "" {
+			return vd, err
+		}
+		by = append(by, vd.authority)
+	}
+	return verdict{authority: strings.Join(by, " and ")}, nil
+}
+
+// checkCosign fetches the digest's cosign signatures (the .sig tag) and, failing those, its Sigstore bundles
+// (referrers), and tries every authority of the rule on each. It never reads the artifact's own blobs.
+func (v *Verifier) checkCosign(ctx context.Context, r *rule, d name.Digest, c client) (verdict, error) {
 	h, err := v1.NewHash(d.DigestStr())
 	if err != nil {
 		return verdict{}, err
@@ -438,7 +459,7 @@ type failure struct {
 type failures struct{ best *failure }
 
 var precedence = map[string]int{
-	ReasonOtherDigest: 6, ReasonIdentity: 5, ReasonUntrusted: 4, ReasonTlog: 3, ReasonWrongKey: 2, ReasonInvalid: 1,
+	ReasonModelMismatch: 8, ReasonUncheckable: 7, ReasonOtherDigest: 6, ReasonIdentity: 5, ReasonUntrusted: 4, ReasonTlog: 3, ReasonWrongKey: 2, ReasonInvalid: 1,
 }
 
 func (f *failures) add(x failure) {
