@@ -58,6 +58,10 @@ func walk(dir string, skip map[string]bool) ([]node, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := refuseHubCacheRoot(dir, real); err != nil {
+		return nil, err
+	}
+	blobs := hubCacheBlobs(real)
 	var nodes []node
 	files := 0
 	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
@@ -88,7 +92,7 @@ func walk(dir string, skip map[string]bool) ([]node, error) {
 			if target, err = filepath.Abs(target); err != nil {
 				return err
 			}
-			if !within(real, target) {
+			if !within(real, target) && (blobs == "" || !within(blobs, target)) {
 				return badInput(p, "symlink points outside the model directory (to %s)", target)
 			}
 			if info, err = os.Stat(target); err != nil {
@@ -122,6 +126,57 @@ func walk(dir string, skip map[string]bool) ([]node, error) {
 		return nil, badInput(dir, "directory holds no files to pack")
 	}
 	return nodes, nil
+}
+
+// hubCacheBlobs is, for a snapshot of a Hugging Face Hub cache (CACHE/models--ORG--NAME/snapshots/COMMIT), the
+// blobs/ directory its files are symlinks into, which may then be followed; "" for any other directory. The
+// snapshot holds nothing but those links, so refusing them would make every cache unpackable, while following
+// links anywhere else would let a model directory pull in files its owner did not put there.
+func hubCacheBlobs(real string) string {
+	snapshots := filepath.Dir(real)
+	repo := filepath.Dir(snapshots)
+	if filepath.Base(snapshots) != "snapshots" || !isHubRepoDir(filepath.Base(repo)) {
+		return ""
+	}
+	blobs := filepath.Join(repo, "blobs")
+	if fi, err := os.Lstat(blobs); err != nil || !fi.IsDir() {
+		return ""
+	}
+	return blobs
+}
+
+func isHubRepoDir(name string) bool {
+	for _, prefix := range []string{"models--", "datasets--", "spaces--"} {
+		if strings.HasPrefix(name, prefix) && len(name) > len(prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// refuseHubCacheRoot refuses the cache directory of a whole Hub repository (models--ORG--NAME): packing it would
+// pack every snapshot, every blob a second time and the refs. It names the snapshot refs/main points at.
+func refuseHubCacheRoot(dir, real string) error {
+	name := filepath.Base(real)
+	if !isHubRepoDir(name) {
+		return nil
+	}
+	if fi, err := os.Stat(filepath.Join(real, "snapshots")); err != nil || !fi.IsDir() {
+		return nil
+	}
+	_, repo, _ := strings.Cut(name, "--")
+	repo = strings.ReplaceAll(repo, "--", "/")
+	snapshot := filepath.Join(dir, "snapshots", "COMMIT")
+	if b, err := os.ReadFile(filepath.Join(real, "refs", "main")); err == nil {
+		if commit := strings.TrimSpace(string(b)); commit != "" && filepath.IsLocal(commit) {
+			snapshot = filepath.Join(dir, "snapshots", commit)
+		}
+	}
+	hint := ""
+	if strings.HasPrefix(name, "models--") {
+		hint = fmt.Sprintf(", or the Hub's copy (modelpack pack hf://%s -t NAME:TAG)", repo)
+	}
+	return badInput(dir, "a Hugging Face Hub cache of %s, not a model directory: pack one snapshot (modelpack pack %s -t NAME:TAG)%s", repo, snapshot, hint)
 }
 
 // checkDir refuses a model directory that is missing or not a directory.
