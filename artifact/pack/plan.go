@@ -19,6 +19,8 @@ type node struct {
 	mode fs.FileMode // permission bits
 	size int64       // bytes; 0 for directories
 	dir  bool
+	// remote is set for a file read from elsewhere (Options.Remote); src is then its model-relative path.
+	remote *RemoteFile
 }
 
 // layerPlan is one layer to write.
@@ -46,7 +48,8 @@ func badInput(p, format string, args ...any) error {
 
 // walk lists what dir holds, refusing what cannot be packed: special files, symlinks leading out of dir or to
 // directories, unreadable files and directories. Hidden entries (".git", ".cache", …) and skip are left out.
-func walk(dir string, skip map[string]bool) ([]node, error) {
+// With more files to come (Options.Remote), an empty directory is no error.
+func walk(dir string, skip map[string]bool, more bool) ([]node, error) {
 	if err := checkDir(dir); err != nil {
 		return nil, err
 	}
@@ -122,7 +125,7 @@ func walk(dir string, skip map[string]bool) ([]node, error) {
 	if err != nil {
 		return nil, err
 	}
-	if files == 0 {
+	if files == 0 && !more {
 		return nil, badInput(dir, "directory holds no files to pack")
 	}
 	return nodes, nil
