@@ -202,3 +202,107 @@ func sortedStrings(s []string) []string {
 	}
 	return out
 }
+
+// A gated repository: without a token the error names HF_TOKEN; with one it packs, and the token appears in no
+// output and never reaches the download host.
+func TestPackHFGated(t *testing.T) {
+	repo, _ := hubRepo(t, "acme/gated")
+	const token = "hf_sEcReTtOkEn0123456789"
+	repo.Token = token
+	s := hubserver.Start(t, repo)
+	hubEnv(t, s)
+	home := t.TempDir()
+
+	_, stderr, err := run(t, home, "pack", "hf://acme/gated", "-t", "gated:v1")
+	if err == nil || !strings.Contains(err.Error(), "HF_TOKEN") || !strings.Contains(err.Error(), "401") {
+		t.Fatalf("without a token: %v\n%s", err, stderr)
+	}
+	t.Setenv("HF_TOKEN", "hf_wrong")
+	if _, _, err = run(t, home, "pack", "hf://acme/gated", "-t", "gated:v1"); err == nil || !strings.Contains(err.Error(), "403") || !strings.Contains(err.Error(), "HF_TOKEN") {
+		t.Fatalf("with a token lacking access: %v", err)
+	}
+
+	// The token file huggingface_hub's login writes, then HF_TOKEN.
+	t.Setenv("HF_TOKEN", "")
+	os.WriteFile(filepath.Join(os.Getenv("HF_HOME"), "token"), []byte(token+"\n"), 0o600)
+	out, stderr, err := run(t, home, "pack", "hf://acme/gated", "-t", "gated:v1", "-o", "json")
+	if err != nil {
+		t.Fatalf("with the token file: %v\n%s", err, stderr)
+	}
+	os.Remove(filepath.Join(os.Getenv("HF_HOME"), "token"))
+	t.Setenv("HF_TOKEN", token)
+	out2, stderr2, err := run(t, home, "pack", "hf://acme/gated", "-t", "gated:v2", "--push=false")
+	if err != nil {
+		t.Fatalf("with HF_TOKEN: %v\n%s", err, stderr2)
+	}
+	if all := out + stderr + out2 + stderr2; strings.Contains(all, token) {
+		t.Errorf("the token is in the output:\n%s", all)
+	}
+	for _, r := range s.Requests() {
+		if r.Host == "download" && r.Auth != "" {
+			t.Errorf("the download host received Authorization for %s", r.Path)
+		}
+	}
+}
+
+// Bytes that do not hash to what the Hub states are refused, naming the file, and nothing is tagged.
+func TestPackHFCorruptLFS(t *testing.T) {
+	repo, _ := hubRepo(t, "acme/tiny")
+	s := hubserver.Start(t, repo)
+	hubEnv(t, s)
+	home := t.TempDir()
+	s.Corrupt[s.SHA256("acme/tiny", hubShard)] = true
+	_, _, err := run(t, home, "pack", "hf://acme/tiny", "-t", "tiny:bad")
+	if err == nil || !strings.Contains(err.Error(), hubShard) || !strings.Contains(err.Error(), "digest mismatch") {
+		t.Fatalf("pack of corrupted bytes: %v", err)
+	}
+	if out, _, _ := run(t, home, "ls"); strings.Contains(out, "tiny") {
+		t.Fatalf("something was tagged:\n%s", out)
+	}
+	// A file outside LFS is checked against its git blob id.
+	s.Corrupt = map[string]bool{s.SHA256("acme/tiny", "config.json"): true}
+	_, _, err = run(t, home, "pack", "hf://acme/tiny", "-t", "tiny:bad")
+	if err == nil || !strings.Contains(err.Error(), "config.json") || !strings.Contains(err.Error(), "git blob id") {
+		t.Fatalf("pack of a corrupted config.json: %v", err)
+	}
+	if out, _, _ := run(t, home, "ls"); strings.Contains(out, "tiny") {
+		t.Fatalf("something was tagged:\n%s", out)
+	}
+}
+
+// A download cut part way resumes from the byte it stopped at (HTTP Range), and a rate-limited Hub is waited for
+// as its Retry-After says.
+func TestPackHFResumeAndRateLimit(t *testing.T) {
+	repo, src := hubRepo(t, "acme/tiny")
+	s := hubserver.Start(t, repo)
+	hubEnv(t, s)
+	home := t.TempDir()
+	// merges.txt is in LFS and not a weight: its first GET is its download (a shard's is its header read).
+	sha := s.SHA256("acme/tiny", "merges.txt")
+	const cut = 10_000
+	s.CutAfter[sha] = cut
+	s.RateLimit = 2
+	start := time.Now()
+	if _, stderr, err := run(t, home, "pack", "hf://acme/tiny", "-t", "tiny:v1"); err != nil {
+		t.Fatalf("pack: %v\n%s", err, stderr)
+	}
+	if waited := time.Since(start); waited < 2*time.Second {
+		t.Errorf("two 429 answers with Retry-After: 1 were waited out in %s", waited)
+	}
+	reqs := s.Requests()
+	if reqs[0].Host != "hub" || reqs[1].Path != reqs[0].Path || reqs[2].Path != reqs[0].Path {
+		t.Errorf("the rate-limited request was not repeated: %+v", reqs[:3])
+	}
+	resumed := false
+	for _, r := range reqs {
+		resumed = resumed || (r.Host == "download" && r.Path == "/lfs/"+sha && r.Range == "bytes=10000-")
+	}
+	if !resumed {
+		t.Errorf("no request resumed merges.txt at byte %d: %+v", cut, reqs)
+	}
+	_, m, _ := stored(t, home, "tiny:v1")
+	b, _ := os.ReadFile(filepath.Join(src, "merges.txt"))
+	if layerDigests(m)["merges.txt"] != digest.FromBytes(b) {
+		t.Error("the resumed shard's layer is not the file")
+	}
+}

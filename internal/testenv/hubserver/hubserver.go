@@ -62,7 +62,8 @@ type Server struct {
 	// RateLimit answers this many next requests of the Hub (not the download host) with 429 and Retry-After.
 	RateLimit  int
 	RetryAfter string
-	// Corrupt flips a byte in the middle of what the download host serves for the LFS file of this sha256.
+	// Corrupt flips a byte in the middle of the file of this sha256 as served (by the download host for an LFS
+	// file, by resolve for another).
 	Corrupt map[string]bool
 	// CutAfter makes the download host close the connection after this many bytes of the body of the next
 	// request for the LFS file of this sha256, once.
@@ -423,7 +424,14 @@ func (s *Server) serveResolve(w http.ResponseWriter, r *http.Request, name, rev,
 		return
 	}
 	w.Header().Set("ETag", `"`+f.oid+`"`)
-	http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(f.data))
+	data := f.data
+	s.mu.Lock()
+	if s.Corrupt[f.sha256] {
+		data = append([]byte(nil), data...)
+		data[len(data)/2] ^= 0xff
+	}
+	s.mu.Unlock()
+	http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(data))
 }
 
 func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request) {
