@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -304,5 +305,76 @@ func TestPackHFResumeAndRateLimit(t *testing.T) {
 	b, _ := os.ReadFile(filepath.Join(src, "merges.txt"))
 	if layerDigests(m)["merges.txt"] != digest.FromBytes(b) {
 		t.Error("the resumed shard's layer is not the file")
+	}
+}
+
+// The local Hub serves what the official client needs: @huggingface/hub's snapshotDownload (model info, the
+// recursive tree, paths-info, resolve with Range and the LFS redirect) writes a Hub cache from it, gated
+// repository included. modelpack packs that cache's snapshot; unpacked, it is the source tree, and pack hf:// of
+// the same repository gives the same file digests.
+func TestPackHFCacheOfTheOfficialClient(t *testing.T) {
+	repo, src := hubRepo(t, "acme/tiny")
+	const token = "hf_AnotherSecret42"
+	repo.Token = token
+	s := hubserver.Start(t, repo)
+	hubEnv(t, s)
+	cache := filepath.Join(t.TempDir(), "hub")
+	snap := s.SnapshotDownload(t, "acme/tiny", "main", cache, token)
+	commit := s.Commit("acme/tiny")
+	if want := filepath.Join(cache, "models--acme--tiny", "snapshots", commit); snap != want {
+		t.Fatalf("snapshot at %s, want %s", snap, want)
+	}
+	if b, _ := os.ReadFile(filepath.Join(cache, "models--acme--tiny", "refs", "main")); string(b) != commit {
+		t.Errorf("refs/main = %q, want %s", b, commit)
+	}
+	fi, err := os.Lstat(filepath.Join(snap, hubShard))
+	if err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Fatalf("the client's snapshot holds no symlink for %s: %v %v", hubShard, fi, err)
+	}
+	var used []string
+	for _, r := range s.Requests() {
+		if r.Host == "hub" {
+			used = append(used, r.Method+" "+r.Path+" "+r.Range)
+		}
+	}
+	for _, want := range []string{"GET /api/models/acme/tiny/revision/main", "GET /api/models/acme/tiny/tree/" + commit,
+		"POST /api/models/acme/tiny/paths-info/" + commit, "GET /acme/tiny/resolve/" + commit + "/" + hubShard + " bytes=0-0"} {
+		if !strings.Contains(strings.Join(used, "\n"), want) {
+			t.Errorf("the client made no request %q:\n%s", want, strings.Join(used, "\n"))
+		}
+	}
+
+	home := t.TempDir()
+	if _, stderr, err := run(t, home, "pack", snap, "-t", "cache:v1"); err != nil {
+		t.Fatalf("pack the client's snapshot: %v\n%s", err, stderr)
+	}
+	out := filepath.Join(t.TempDir(), "out")
+	if _, stderr, err := run(t, home, "unpack", "cache:v1", out); err != nil {
+		t.Fatalf("unpack: %v\n%s", err, stderr)
+	}
+	if diff, err := exec.Command("diff", "-r", src, out).CombinedOutput(); err != nil {
+		t.Fatalf("diff -r source unpacked: %v\n%s", err, diff)
+	}
+
+	t.Setenv("HF_TOKEN", token)
+	if _, stderr, err := run(t, home, "pack", "hf://acme/tiny", "-t", "hub:v1"); err != nil {
+		t.Fatalf("pack hf://: %v\n%s", err, stderr)
+	}
+	_, fromCache, _ := stored(t, home, "cache:v1")
+	_, fromHub, _ := stored(t, home, "hub:v1")
+	a, b := layerDigests(fromCache), layerDigests(fromHub)
+	if len(a) != len(b) {
+		t.Errorf("the cache packs %d files, the Hub %d", len(a), len(b))
+	}
+	for p, d := range b {
+		if a[p] != d {
+			t.Errorf("%s: %s from the cache, %s from the Hub", p, a[p], d)
+		}
+	}
+
+	// The whole repository's cache directory is refused, naming the snapshot to pack.
+	_, _, err = run(t, home, "pack", filepath.Join(cache, "models--acme--tiny"), "-t", "cache:root")
+	if err == nil || !strings.Contains(err.Error(), "modelpack pack "+filepath.Join(cache, "models--acme--tiny", "snapshots", commit)) {
+		t.Errorf("pack of the cache root: %v", err)
 	}
 }
