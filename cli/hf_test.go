@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/artifact/hf"
 	"github.com/modelpack/modelpack/artifact/layout"
+	"github.com/modelpack/modelpack/internal/testenv"
 	"github.com/modelpack/modelpack/internal/testenv/hubserver"
 	"github.com/modelpack/modelpack/internal/testmodel"
 )
@@ -376,5 +378,76 @@ func TestPackHFCacheOfTheOfficialClient(t *testing.T) {
 	_, _, err = run(t, home, "pack", filepath.Join(cache, "models--acme--tiny"), "-t", "cache:root")
 	if err == nil || !strings.Contains(err.Error(), "modelpack pack "+filepath.Join(cache, "models--acme--tiny", "snapshots", commit)) {
 		t.Errorf("pack of the cache root: %v", err)
+	}
+}
+
+// pack hf:// --push streams the LFS files from the Hub into the registry: no local copy, each weight read once for
+// its upload (and its header once for the config), memory bounded, the same digest as a pack into the store.
+// Corrupted bytes are refused before anything is tagged in the registry.
+func TestPackHFPush(t *testing.T) {
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	t.Setenv("DOCKER_CONFIG", t.TempDir())
+	repo, _ := hubRepo(t, "acme/tiny")
+	big := filepath.Join(t.TempDir(), "big.safetensors")
+	if err := testmodel.WriteShard(big, 48<<20, 99); err != nil {
+		t.Fatal(err)
+	}
+	repo.Files["big.safetensors"], _ = os.ReadFile(big)
+	s := hubserver.Start(t, repo)
+	hubEnv(t, s)
+	home := t.TempDir()
+	if _, stderr, err := run(t, home, "pack", "hf://acme/tiny", "-t", "tiny:v1"); err != nil {
+		t.Fatalf("pack: %v\n%s", err, stderr)
+	}
+	local, _, _ := stored(t, home, "tiny:v1")
+
+	pushHome := t.TempDir()
+	before := len(s.Requests())
+	ref := reg.Host + "/org/tiny:v1"
+	var ms0, ms1 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms0)
+	out, stderr, err := run(t, pushHome, "pack", "hf://acme/tiny", "-t", ref, "--push", "--plain-http", "-o", "json")
+	runtime.ReadMemStats(&ms1)
+	if err != nil {
+		t.Fatalf("pack --push: %v\n%s", err, stderr)
+	}
+	t.Logf("pack --push of %d MiB allocated %d MiB", (len(repo.Files["big.safetensors"])+512<<10)>>20, (ms1.TotalAlloc-ms0.TotalAlloc)>>20)
+	if alloc := ms1.TotalAlloc - ms0.TotalAlloc; alloc > 24<<20 {
+		t.Errorf("pack --push of a 48 MiB weight allocated %d MiB", alloc>>20)
+	}
+	var res struct {
+		Descriptor ocispec.Descriptor `json:"descriptor"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil || res.Descriptor.Digest != local.Digest {
+		t.Fatalf("pushed %s (%v), the store's pack is %s\n%s", res.Descriptor.Digest, err, local.Digest, out)
+	}
+	reads := map[string]int{}
+	for _, r := range s.Requests()[before:] {
+		if r.Host == "download" {
+			reads[strings.TrimPrefix(r.Path, "/lfs/")]++
+		}
+	}
+	for p, want := range map[string]int{"big.safetensors": 2, hubShard: 2, "merges.txt": 1} {
+		if n := reads[s.SHA256("acme/tiny", p)]; n != want {
+			t.Errorf("%s read %d times from the Hub, want %d (its header, then its upload)", p, n, want)
+		}
+	}
+	if entries, _ := os.ReadDir(filepath.Join(pushHome, "blobs", "sha256")); len(entries) > 0 {
+		t.Errorf("pack --push left %d blobs in the local store", len(entries))
+	}
+	if _, err := runRemoteCLI(t, "", "inspect", "--remote", "--plain-http", ref); err != nil {
+		t.Fatalf("inspect the pushed artifact: %v", err)
+	}
+
+	// Into another repository, which does not hold the blob already (a registry that does is not asked for it).
+	s.Corrupt[s.SHA256("acme/tiny", "big.safetensors")] = true
+	bad := reg.Host + "/other/tiny:bad"
+	_, _, err = run(t, pushHome, "pack", "hf://acme/tiny", "-t", bad, "--push", "--plain-http")
+	if err == nil || !strings.Contains(err.Error(), "big.safetensors") || !strings.Contains(err.Error(), "digest mismatch") {
+		t.Fatalf("pack --push of corrupted bytes: %v", err)
+	}
+	if _, err := runRemoteCLI(t, "", "inspect", "--remote", "--plain-http", bad); err == nil {
+		t.Fatal("the corrupted pack was tagged in the registry")
 	}
 }
