@@ -256,8 +256,11 @@ func TestPackHFCorruptLFS(t *testing.T) {
 	home := t.TempDir()
 	s.Corrupt[s.SHA256("acme/tiny", hubShard)] = true
 	_, _, err := run(t, home, "pack", "hf://acme/tiny", "-t", "tiny:bad")
-	if err == nil || !strings.Contains(err.Error(), hubShard) || !strings.Contains(err.Error(), "digest mismatch") {
+	if err == nil || !strings.Contains(err.Error(), hubShard) || !strings.Contains(err.Error(), "digest mismatch") || strings.Contains(err.Error(), "resume") {
 		t.Fatalf("pack of corrupted bytes: %v", err)
+	}
+	if partials, _ := filepath.Glob(filepath.Join(home, "ingest", "*.partial")); len(partials) > 0 {
+		t.Errorf("corrupted bytes kept for a resume: %v", partials)
 	}
 	if out, _, _ := run(t, home, "ls"); strings.Contains(out, "tiny") {
 		t.Fatalf("something was tagged:\n%s", out)

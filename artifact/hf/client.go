@@ -172,6 +172,8 @@ func (c *Client) statusError(resp *http.Response, what string) error {
 	switch {
 	case code == "RepoNotFound" && c.token == "":
 		return fmt.Errorf("%w: %s: no such repository, or a private one: set HF_TOKEN to a Hugging Face access token that can read it%s", errdef.ErrNotFound, what, msg)
+	case code == "RepoNotFound":
+		return fmt.Errorf("%w: %s: no such repository, or a private one the token in HF_TOKEN (or $HF_HOME/token) cannot read%s", errdef.ErrNotFound, what, msg)
 	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden || code == "GatedRepo":
 		kind, hint := errdef.ErrUnauthorized, "the repository is private or gated: set HF_TOKEN to a Hugging Face access token that can read it (or log in with `hf auth login`, which writes $HF_HOME/token)"
 		if resp.StatusCode == http.StatusForbidden {
