@@ -6,9 +6,17 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	digest "github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/modelpack/modelpack/artifact/layout"
+	"github.com/modelpack/modelpack/artifact/pack"
 	"github.com/modelpack/modelpack/internal/errdef"
 	"github.com/modelpack/modelpack/internal/testenv/hubserver"
 )
@@ -187,5 +195,79 @@ func writeFile(t *testing.T, p, s string) {
 	t.Helper()
 	if err := os.WriteFile(p, []byte(s), 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A pack interrupted part way through an LFS file resumes, on the next run, from the bytes the store kept: the
+// Hub is asked for the rest with a Range, and the layer is the file.
+func TestSnapshotResumesAcrossRuns(t *testing.T) {
+	data := make([]byte, 3<<20)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	s := hubserver.Start(t, hubserver.Repo{Name: "acme/tiny", Files: map[string][]byte{"w.bin": data, "config.json": []byte("{}")}})
+	c, err := NewClient(s.URL, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	store, err := layout.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	packOnce := func(ctx context.Context) error {
+		snap, err := c.Snapshot(ctx, Ref{Repo: "acme/tiny", Revision: "main"}, Options{})
+		if err != nil {
+			return err
+		}
+		defer snap.Close()
+		_, err = pack.Pack(ctx, snap.Dir, pack.Options{Tag: "tiny:v1", Remote: snap.Remote, Created: snap.Created}, store.Sink())
+		return err
+	}
+	sha := s.SHA256("acme/tiny", "w.bin")
+	const kept = 1 << 20
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// Interrupt once the store holds what was sent: the download is then waiting for bytes that do not come.
+	s.StallAfter[sha], s.OnStall = kept, func() {
+		go func() {
+			defer cancel()
+			for range 1000 {
+				partials, _ := filepath.Glob(filepath.Join(root, "ingest", "*.partial"))
+				if len(partials) == 1 {
+					if fi, err := os.Stat(partials[0]); err == nil && fi.Size() >= kept {
+						return
+					}
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}()
+	}
+	if err := packOnce(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("interrupted pack: %v", err)
+	}
+	if err := packOnce(context.Background()); err != nil {
+		t.Fatalf("second pack: %v", err)
+	}
+	var ranges []string
+	for _, r := range s.Requests() {
+		if r.Host == "download" {
+			ranges = append(ranges, r.Range)
+		}
+	}
+	if len(ranges) != 2 || ranges[0] != "" || !strings.HasPrefix(ranges[1], "bytes=") || ranges[1] == "bytes=0-" {
+		t.Fatalf("download requests' ranges %q: want the whole file, then the rest", ranges)
+	}
+	t.Logf("ranges %q", ranges)
+	if got, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimPrefix(ranges[1], "bytes="), "-"), 10, 64); got < kept/2 || got > kept {
+		t.Errorf("resumed at %d, %d bytes were sent before the interruption", got, kept)
+	}
+	desc, err := store.Resolve(context.Background(), "tiny:v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := store.Exists(context.Background(), ocispec.Descriptor{Digest: digest.FromBytes(data), Size: int64(len(data))}); !ok {
+		t.Errorf("%s: the store lacks w.bin's blob", desc.Digest)
 	}
 }

@@ -68,6 +68,10 @@ type Server struct {
 	// CutAfter makes the download host close the connection after this many bytes of the body of the next
 	// request for the LFS file of this sha256, once.
 	CutAfter map[string]int64
+	// StallAfter makes the download host send this many bytes of the body of the next request for the LFS file of
+	// this sha256, once, call OnStall, and then send nothing until the client goes away.
+	StallAfter map[string]int64
+	OnStall    func()
 
 	hub, dl *httptest.Server
 	secret  []byte
@@ -91,7 +95,7 @@ type file struct {
 // Start serves repos until the test ends.
 func Start(t testing.TB, repos ...Repo) *Server {
 	t.Helper()
-	s := &Server{repos: map[string]*repo{}, secret: []byte(t.Name()), Corrupt: map[string]bool{}, CutAfter: map[string]int64{}, RetryAfter: "1"}
+	s := &Server{repos: map[string]*repo{}, secret: []byte(t.Name()), Corrupt: map[string]bool{}, CutAfter: map[string]int64{}, StallAfter: map[string]int64{}, RetryAfter: "1"}
 	for _, r := range repos {
 		s.Add(r)
 	}
@@ -455,6 +459,11 @@ func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request) {
 	if cutting && r.Method == http.MethodGet {
 		delete(s.CutAfter, sha)
 	}
+	stall, stalling := s.StallAfter[sha]
+	if stalling && r.Method == http.MethodGet {
+		delete(s.StallAfter, sha)
+	}
+	onStall := s.OnStall
 	s.mu.Unlock()
 	if f == nil {
 		http.Error(w, "NoSuchKey", http.StatusNotFound)
@@ -479,6 +488,17 @@ func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request) {
 			}
 			conn.Close()
 		}
+		return
+	}
+	if stalling && r.Method == http.MethodGet {
+		w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+		w.WriteHeader(http.StatusOK)
+		w.Write(data[:min(stall, int64(len(data)))])
+		w.(http.Flusher).Flush()
+		if onStall != nil {
+			onStall()
+		}
+		<-r.Context().Done()
 		return
 	}
 	http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(data))
