@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -189,21 +190,9 @@ func TestPackHF(t *testing.T) {
 	for p := range layerDigests(m) {
 		paths = append(paths, p)
 	}
-	if strings.Join(sortedStrings(paths), " ") != "config.json generation_config.json" {
+	if strings.Join(slices.Sorted(slices.Values(paths)), " ") != "config.json generation_config.json" {
 		t.Errorf("--include '*.json' --exclude 'tokenizer*' packed %v", paths)
 	}
-}
-
-func sortedStrings(s []string) []string {
-	out := append([]string(nil), s...)
-	for i := range out {
-		for j := i + 1; j < len(out); j++ {
-			if out[j] < out[i] {
-				out[i], out[j] = out[j], out[i]
-			}
-		}
-	}
-	return out
 }
 
 // A gated repository: without a token the error names HF_TOKEN; with one it packs, and the token appears in no
