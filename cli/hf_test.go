@@ -443,3 +443,34 @@ func TestPackHFPush(t *testing.T) {
 		t.Fatal("the corrupted pack was tagged in the registry")
 	}
 }
+
+// With --layer-format tar the LFS files of a sub-directory go into its archive, read from the Hub and checked
+// there too; unpacked, the model is the source.
+func TestPackHFTarLayers(t *testing.T) {
+	repo, src := hubRepo(t, "acme/tiny")
+	big := bytes.Repeat([]byte("vocab\n"), 4<<10) // 24 KiB: LFS
+	repo.Files["docs/vocab.txt"] = big
+	os.WriteFile(filepath.Join(src, "docs", "vocab.txt"), big, 0o644)
+	s := hubserver.Start(t, repo)
+	hubEnv(t, s)
+	home := t.TempDir()
+	if _, stderr, err := run(t, home, "pack", "hf://acme/tiny", "-t", "tiny:tar", "--layer-format", "tar+zstd"); err != nil {
+		t.Fatalf("pack: %v\n%s", err, stderr)
+	}
+	_, m, _ := stored(t, home, "tiny:tar")
+	if _, ok := layerDigests(m)["docs"]; !ok {
+		t.Fatalf("no docs archive: %v", layerDigests(m))
+	}
+	out := filepath.Join(t.TempDir(), "out")
+	if _, stderr, err := run(t, home, "unpack", "tiny:tar", out); err != nil {
+		t.Fatalf("unpack: %v\n%s", err, stderr)
+	}
+	if diff, err := exec.Command("diff", "-r", src, out).CombinedOutput(); err != nil {
+		t.Fatalf("diff -r: %v\n%s", err, diff)
+	}
+	s.Corrupt[s.SHA256("acme/tiny", "docs/vocab.txt")] = true
+	_, _, err := run(t, home, "pack", "hf://acme/tiny", "-t", "tiny:bad", "--layer-format", "tar")
+	if err == nil || !strings.Contains(err.Error(), "docs/vocab.txt") || !strings.Contains(err.Error(), "digest mismatch") {
+		t.Fatalf("a corrupted file in an archive: %v", err)
+	}
+}

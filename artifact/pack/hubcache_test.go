@@ -56,7 +56,10 @@ func hubCache(t *testing.T) (repoDir, commit string) {
 func TestPackHubCacheSnapshot(t *testing.T) {
 	repoDir, commit := hubCache(t)
 	s := openStore(t)
-	m, _ := readManifest(t, s, packInto(t, s, filepath.Join(repoDir, "snapshots", commit), pack.Options{}))
+	m, cfg := readManifest(t, s, packInto(t, s, filepath.Join(repoDir, "snapshots", commit), pack.Options{}))
+	if !strings.Contains(string(cfg), `"revision":"`+commit+`"`) {
+		t.Errorf("the config does not record the snapshot's commit: %s", cfg)
+	}
 	var paths []string
 	for _, l := range m.Layers {
 		paths = append(paths, l.Annotations[artifact.AnnotationFilepath])

@@ -141,6 +141,7 @@ func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Des
 		}
 	}
 	model := inferModel(ctx, dir, layers, opts.Warn)
+	model.Descriptor.Revision = hubSnapshotCommit(dir)
 	applyModelfile(&model, mf)
 	applyOverrides(&model, opts)
 

@@ -148,6 +148,19 @@ func hubCacheBlobs(real string) string {
 	return blobs
 }
 
+// hubSnapshotCommit is the commit a Hub cache snapshot directory is named after, or "".
+func hubSnapshotCommit(dir string) string {
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil || hubCacheBlobs(real) == "" {
+		return ""
+	}
+	name := filepath.Base(real)
+	if len(name) != 40 || strings.Trim(name, "0123456789abcdef") != "" {
+		return ""
+	}
+	return name
+}
+
 func isHubRepoDir(name string) bool {
 	for _, prefix := range []string{"models--", "datasets--", "spaces--"} {
 		if strings.HasPrefix(name, prefix) && len(name) > len(prefix) {
