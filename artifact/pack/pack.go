@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -216,17 +217,14 @@ func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Des
 		Config:       configDesc,
 		Layers:       descs,
 	}
-	for k, v := range opts.Annotations {
+	if len(opts.Annotations) > 0 || opts.Created != nil {
+		manifest.Annotations = maps.Clone(opts.Annotations)
 		if manifest.Annotations == nil {
 			manifest.Annotations = map[string]string{}
 		}
-		manifest.Annotations[k] = v
-	}
-	if opts.Created != nil {
-		if manifest.Annotations == nil {
-			manifest.Annotations = map[string]string{}
+		if opts.Created != nil {
+			manifest.Annotations[ocispec.AnnotationCreated] = mtime.Format(time.RFC3339)
 		}
-		manifest.Annotations[ocispec.AnnotationCreated] = mtime.Format(time.RFC3339)
 	}
 	manifestBytes, err := json.Marshal(manifest)
 	if err != nil {
