@@ -125,14 +125,14 @@ func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Des
 	if err != nil {
 		return ocispec.Descriptor{}, err
 	}
-	if nodes, err = addRemote(dir, nodes, opts.Remote); err != nil {
-		return ocispec.Descriptor{}, err
-	}
 	shown, name := dir, func(rel string) string { return filepath.Join(dir, filepath.FromSlash(rel)) }
 	if opts.Source != "" {
 		shown, name = opts.Source, func(rel string) string { return opts.Source + "/" + rel }
 	}
-	layers, unused, err := plan(shown, nodes, opts.LayerFormat, opts.Rules, mf.Rules)
+	if nodes, err = addRemote(name, nodes, opts.Remote); err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	layers, unused, err := plan(name, nodes, opts.LayerFormat, opts.Rules, mf.Rules)
 	if err != nil {
 		return ocispec.Descriptor{}, err
 	}

@@ -247,7 +247,7 @@ func unwrapPathError(err error) error {
 // Flag rules override Modelfile rules; conflicting rules of one source, or a file claimed both on its own and as
 // part of a claimed directory, are duplicate layer paths. The rules that matched nothing are returned, since they
 // are usually typos.
-func plan(dir string, nodes []node, format artifact.Format, sources ...[]Rule) ([]layerPlan, []Rule, error) {
+func plan(name func(rel string) string, nodes []node, format artifact.Format, sources ...[]Rule) ([]layerPlan, []Rule, error) {
 	used := map[*Rule]bool{}
 	// match returns the rule of the first source that has one for rel. Every source is consulted, so a rule that
 	// is overridden is not reported as matching nothing, and a source that contradicts itself is an error.
@@ -262,7 +262,7 @@ func plan(dir string, nodes []node, format artifact.Format, sources ...[]Rule) (
 				}
 				used[r] = true
 				if hit != nil && hit.Kind != r.Kind {
-					return nil, badInput(filepath.Join(dir, rel), "duplicate layer path: %s makes it %s and %s makes it %s", hit.Source, hit.Kind, r.Source, r.Kind)
+					return nil, badInput(name(rel), "duplicate layer path: %s makes it %s and %s makes it %s", hit.Source, hit.Kind, r.Source, r.Kind)
 				}
 				if hit == nil {
 					hit = r
@@ -290,7 +290,7 @@ func plan(dir string, nodes []node, format artifact.Format, sources ...[]Rule) (
 				return nil, nil, err
 			}
 			if r != nil {
-				return nil, nil, badInput(filepath.Join(dir, n.rel), "duplicate layer path: it is inside %s, packed whole by %s, and also matched by %s", claimed.path, claimedBy.Source, r.Source)
+				return nil, nil, badInput(name(n.rel), "duplicate layer path: it is inside %s, packed whole by %s, and also matched by %s", claimed.path, claimedBy.Source, r.Source)
 			}
 			claimed.nodes = append(claimed.nodes, n)
 			claimed.size += n.size
@@ -377,7 +377,7 @@ func plan(dir string, nodes []node, format artifact.Format, sources ...[]Rule) (
 	seen := map[string]bool{}
 	for _, l := range layers {
 		if seen[l.path] {
-			return nil, nil, badInput(filepath.Join(dir, l.path), "duplicate layer path")
+			return nil, nil, badInput(name(l.path), "duplicate layer path")
 		}
 		seen[l.path] = true
 	}

@@ -37,7 +37,7 @@ type StatedSink interface {
 
 // addRemote merges remote files into the nodes walked from the directory, in the walk's order (parents first,
 // names in byte order component by component), adding the directories that lead to them.
-func addRemote(dir string, nodes []node, remote []RemoteFile) ([]node, error) {
+func addRemote(name func(rel string) string, nodes []node, remote []RemoteFile) ([]node, error) {
 	if len(remote) == 0 {
 		return nodes, nil
 	}
@@ -48,13 +48,13 @@ func addRemote(dir string, nodes []node, remote []RemoteFile) ([]node, error) {
 	for i := range remote {
 		r := &remote[i]
 		if !isCleanRel(r.Path) {
-			return nil, badInput(r.Path, "not a clean relative path inside the model")
+			return nil, badInput(name(r.Path), "not a clean relative path inside the model")
 		}
 		if err := r.Digest.Validate(); err != nil || r.Size < 0 {
-			return nil, badInput(r.Path, "invalid stated digest %q or size %d", r.Digest, r.Size)
+			return nil, badInput(name(r.Path), "invalid stated digest %q or size %d", r.Digest, r.Size)
 		}
 		if have[r.Path] {
-			return nil, badInput(path.Join(dir, r.Path), "duplicate layer path")
+			return nil, badInput(name(r.Path), "duplicate layer path")
 		}
 		have[r.Path] = true
 		for d := path.Dir(r.Path); d != "."; d = path.Dir(d) {
