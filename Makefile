@@ -17,6 +17,11 @@ HELM_VERSION       := v3.22.0
 
 TOOL_BINS := $(TOOLS)/registry $(TOOLS)/csi-sanity $(TOOLS)/oras $(TOOLS)/crane $(TOOLS)/cosign $(TOOLS)/kustomize $(TOOLS)/helm
 
+# The official Hugging Face Hub JS client (@huggingface/hub, version and dependencies pinned by the lockfile), which
+# the Hub import tests run against their local Hub; npm installs it into ./bin/npm.
+HUB_JS_DIR := internal/testenv/hubserver/npm
+HUB_JS := $(BIN)/npm/node_modules/@huggingface/hub/package.json
+
 .PHONY: all build tools test test-unit test-race fuzz demo bench manifests clean cluster-deps cluster-build cluster-up cluster-down e2e-cluster
 
 all: build
@@ -24,7 +29,13 @@ all: build
 build:
 	$(GO) build -trimpath -o $(BIN)/modelpack ./cli/modelpack
 
-tools: $(TOOL_BINS)
+tools: $(TOOL_BINS) $(HUB_JS)
+
+$(HUB_JS): $(HUB_JS_DIR)/package.json $(HUB_JS_DIR)/package-lock.json
+	mkdir -p $(BIN)/npm
+	cp $^ $(BIN)/npm/
+	cd $(BIN)/npm && npm ci --no-audit --no-fund --omit=dev
+	touch $@
 
 $(TOOLS)/registry:
 	GOBIN=$(TOOLS) $(GO) install github.com/distribution/distribution/v3/cmd/registry@$(REGISTRY_VERSION)

@@ -316,6 +316,11 @@ func (s *Store) ingest(ctx context.Context, d digest.Digest, size int64, open Op
 	defer copyBuffers.Put(buf)
 	n, err := io.CopyBuffer(io.MultiWriter(h, f), io.LimitReader(ctxReader{ctx, rc}, size-offset+1), *buf)
 	if err != nil {
+		if errors.Is(err, ErrDigestMismatch) {
+			// The source itself says its bytes are not the blob (it checks what it serves): nothing to resume.
+			os.Remove(partial)
+			return fmt.Errorf("fetch %s: %w", d, err)
+		}
 		if ctx.Err() == nil {
 			// The partial is kept: the next Ingest resumes it.
 			return fmt.Errorf("fetch %s: %w: %w", d, ErrIncomplete, err)

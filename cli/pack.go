@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/artifact/hf"
 	"github.com/modelpack/modelpack/artifact/layout"
 	"github.com/modelpack/modelpack/artifact/pack"
 )
@@ -24,6 +25,7 @@ var PackPush func(cmd *cobra.Command, g *Globals) func(ctx context.Context, ref 
 type packFlags struct {
 	tag, modelfile, layerFormat, created string
 	datasets, kinds, licenses, authors   []string
+	include, exclude                     []string
 	push                                 bool
 	concurrency                          int
 	desc                                 artifact.ModelDescriptor
@@ -34,9 +36,9 @@ func init() {
 	register(func(g *Globals) *cobra.Command {
 		f := &packFlags{}
 		cmd := &cobra.Command{
-			Use:     "pack DIR -t NAME[:TAG]",
+			Use:     "pack DIR|hf://ORG/NAME[@REVISION] -t NAME[:TAG]",
 			Aliases: []string{"build"},
-			Short:   "Pack a model directory into a ModelPack artifact in the local store",
+			Short:   "Pack a model directory or a Hugging Face model into a ModelPack artifact in the local store",
 			Long: `Pack a model directory into a CNCF ModelPack artifact in the local store.
 
 Each weight file (safetensors, gguf, bin, pt, onnx, …) becomes a raw layer of its own; config and tokenizer
@@ -45,8 +47,18 @@ files become weight.config layers, README/LICENSE/*.md doc layers, *.py and frie
 it as one tar layer. With --layer-format tar, tar+gzip or tar+zstd, each top-level sub-directory's non-weight
 files become one archive. The config is inferred from safetensors/GGUF headers and config.json; flags override.
 Hidden files and directories (.git, .cache, …) and the Modelfile are not packed. The same directory always
-gives the same digest unless --created is given.`,
+gives the same digest unless --created is given.
+
+hf://ORG/NAME[@REVISION] packs a model of the Hugging Face Hub (HF_ENDPOINT, default https://huggingface.co;
+a private or gated one needs HF_TOKEN or the token file of ` + "`hf auth login`" + `). The revision (default main) is
+resolved to its commit; every LFS file is checked against the sha256 the Hub states and every other file against
+its git blob id before it enters the artifact. Weights are streamed from the Hub into the store, or with --push
+straight into the registry, with no local copy. The config records the source URL, the commit and the card's
+license; createdAt is the commit's date, so the same revision always packs to the same digest. A snapshot
+directory of a Hub cache (models--ORG--NAME/snapshots/COMMIT) packs as a model directory, its symlinks into the
+cache's blobs/ followed.`,
 			Example: `  modelpack pack ./llama3-8b -t llama3:8b
+  modelpack pack hf://Qwen/Qwen2.5-0.5B-Instruct -t qwen2.5:0.5b --exclude '*.gguf'
   modelpack pack ./model -t registry.local/org/model:v1 --dataset data --layer-format tar+zstd`,
 			Args: cobra.ExactArgs(1),
 			ValidArgsFunction: func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
@@ -60,7 +72,9 @@ gives the same digest unless --created is given.`,
 		fl.StringArrayVar(&f.datasets, "dataset", nil, "pack files or directories matching this glob as dataset layers (repeatable)")
 		fl.StringArrayVar(&f.kinds, "kind", nil, "KIND=GLOB: pack matching files or directories as KIND (weight, weight.config, doc, code, dataset; repeatable)")
 		fl.StringVar(&f.created, "created", "", "record a creation time (RFC 3339, or \"now\"); without it the artifact has no timestamp")
-		fl.IntVar(&f.concurrency, "concurrency", 0, "files packed at once (default GOMAXPROCS)")
+		fl.IntVar(&f.concurrency, "concurrency", 0, "files packed at once (default GOMAXPROCS; 8 for hf://)")
+		fl.StringArrayVar(&f.include, "include", nil, "hf:// only: pack only files matching this glob (repeatable; a glob without / matches base names)")
+		fl.StringArrayVar(&f.exclude, "exclude", nil, "hf:// only: leave out files matching this glob (repeatable)")
 		fl.StringVar(&f.desc.Name, "name", "", "model name (descriptor.name)")
 		fl.StringVar(&f.desc.Family, "family", "", "model family, e.g. llama3 (descriptor.family)")
 		fl.StringVar(&f.desc.Version, "model-version", "", "model version (descriptor.version)")
@@ -110,6 +124,20 @@ func runPack(cmd *cobra.Command, g *Globals, f *packFlags, dir string, pushSink 
 		opts.Progress = bar
 	}
 	ctx := cmd.Context()
+	if hf.IsReference(dir) {
+		snap, err := hfSnapshot(ctx, f, dir)
+		if err != nil {
+			return err
+		}
+		defer snap.Close()
+		dir = snap.Dir
+		applySnapshot(&opts, snap, f.created == "")
+		if f.concurrency == 0 {
+			opts.Concurrency = 8 // network-bound: more than GOMAXPROCS files at once
+		}
+	} else if len(f.include)+len(f.exclude) > 0 {
+		return fmt.Errorf("--include and --exclude choose the files of an hf:// model; for a directory, move the files out or name their kind with --kind")
+	}
 	var sink pack.Sink
 	where := "local store"
 	if f.push {
@@ -134,6 +162,49 @@ func runPack(cmd *cobra.Command, g *Globals, f *packFlags, dir string, pushSink 
 		return p.printResult(ws.all()) // pack --push: what push prints
 	}
 	return printPacked(cmd, g, opts.Tag, where, desc, ws.all())
+}
+
+// hfSnapshot resolves an hf:// reference and stages the model's small files.
+func hfSnapshot(ctx context.Context, f *packFlags, s string) (*hf.Snapshot, error) {
+	ref, err := hf.ParseReference(s)
+	if err != nil {
+		return nil, err
+	}
+	client, err := hf.FromEnv()
+	if err != nil {
+		return nil, err
+	}
+	return client.Snapshot(ctx, ref, hf.Options{Include: f.include, Exclude: f.exclude})
+}
+
+// applySnapshot puts what the Hub says under what the flags say: a flag that is set wins.
+func applySnapshot(opts *pack.Options, snap *hf.Snapshot, created bool) {
+	d, flags := snap.Descriptor, opts.Descriptor
+	for _, p := range []struct {
+		dst *string
+		v   string
+	}{
+		{&d.Name, flags.Name}, {&d.Family, flags.Family}, {&d.Version, flags.Version}, {&d.Vendor, flags.Vendor},
+		{&d.Title, flags.Title}, {&d.Description, flags.Description}, {&d.SourceURL, flags.SourceURL},
+		{&d.DocURL, flags.DocURL}, {&d.Revision, flags.Revision},
+	} {
+		if p.v != "" {
+			*p.dst = p.v
+		}
+	}
+	if len(flags.Licenses) > 0 {
+		d.Licenses = flags.Licenses
+	}
+	if len(flags.Authors) > 0 {
+		d.Authors = flags.Authors
+	}
+	opts.Descriptor = d
+	opts.Remote = snap.Remote
+	opts.Annotations = snap.Annotations
+	opts.Source = hf.Scheme + snap.Ref.Repo + "@" + snap.Commit
+	if created {
+		opts.Created = snap.Created
+	}
 }
 
 func (f *packFlags) options() (pack.Options, error) {

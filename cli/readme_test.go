@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/modelpack/modelpack/internal/testenv"
+	"github.com/modelpack/modelpack/internal/testenv/hubserver"
 	"github.com/modelpack/modelpack/internal/testmodel"
 )
 
@@ -45,15 +46,26 @@ func TestReadmeTourRunsAsWritten(t *testing.T) {
 	if err := testmodel.Generate(filepath.Join(work, "llama-3-8b"), testmodel.Small); err != nil {
 		t.Fatal(err)
 	}
+	// The Hub the tour packs from: a local one serving the model it names.
+	hubModel := filepath.Join(t.TempDir(), "qwen")
+	if err := testmodel.Generate(hubModel, testmodel.Small); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{}
+	entries, _ := os.ReadDir(hubModel)
+	for _, e := range entries {
+		files[e.Name()], _ = os.ReadFile(filepath.Join(hubModel, e.Name()))
+	}
+	hub := hubserver.Start(t, hubserver.Repo{Name: "Qwen/Qwen2.5-0.5B-Instruct", Files: files, CardData: map[string]any{"license": "apache-2.0"}})
 	cmd := exec.Command("bash", "-euo", "pipefail", "-c", script)
 	cmd.Dir = work
 	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(bin)+":"+os.Getenv("PATH"), "MODELPACK_HOME="+filepath.Join(work, "home"),
-		"DOCKER_CONFIG="+filepath.Join(work, "docker"))
+		"DOCKER_CONFIG="+filepath.Join(work, "docker"), "HF_ENDPOINT="+hub.URL, "HF_TOKEN=", "HF_HOME="+filepath.Join(work, "hf"))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("the README tour failed: %v\n%s", err, out)
 	}
-	for _, want := range []string{"packed llama3:8b", "Pushed localhost" + port + "/models/llama3:8b", "Signed ", "\n8b\n", "Verified localhost" + port + "/models/llama3@sha256:"} {
+	for _, want := range []string{"packed llama3:8b", "packed qwen2.5:0.5b", "Pushed localhost" + port + "/models/qwen2.5:0.5b", "Pushed localhost" + port + "/models/llama3:8b", "Signed ", "\n8b\n", "Verified localhost" + port + "/models/llama3@sha256:"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("the tour's output lacks %q:\n%s", want, out)
 		}

@@ -17,6 +17,7 @@ type Sink struct{ s *Store }
 var (
 	_ pack.Sink       = (*Sink)(nil)
 	_ pack.TagChecker = (*Sink)(nil)
+	_ pack.StatedSink = (*Sink)(nil)
 )
 
 // Sink returns a pack.Sink that writes into the store. Each blob is hashed and written in one pass (cas.Write);
@@ -44,6 +45,19 @@ func (k *Sink) AddBlob(ctx context.Context, desc ocispec.Descriptor, open func()
 		return ocispec.Descriptor{}, err
 	}
 	desc.Digest, desc.Size = d, n
+	return desc, nil
+}
+
+// AddStatedBlob stores a blob whose digest and size are known before it is read (a file the Hugging Face Hub
+// states the sha256 of): one the store holds is not read at all, one an earlier run left partial resumes from its
+// last byte, and bytes that do not hash to desc.Digest are dropped.
+func (k *Sink) AddStatedBlob(ctx context.Context, desc ocispec.Descriptor, open func(ctx context.Context, offset int64) (io.ReadCloser, int64, error)) (ocispec.Descriptor, error) {
+	if err := k.s.holdWriterLock(ctx); err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	if err := k.s.blobs.Ingest(ctx, desc.Digest, desc.Size, open); err != nil {
+		return ocispec.Descriptor{}, err
+	}
 	return desc, nil
 }
 

@@ -1,6 +1,7 @@
 package pack
 
 import (
+	"context"
 	"os"
 	"path"
 	"path/filepath"
@@ -13,7 +14,7 @@ import (
 // inferModel fills what the files say about the model: config.format from the weight files (the format holding
 // most bytes), paramSize and precision from their safetensors or GGUF headers, architecture, family and
 // quantization from config.json or GGUF metadata.
-func inferModel(dir string, layers []layerPlan, warn func(string)) artifact.Model {
+func inferModel(ctx context.Context, dir string, layers []layerPlan, warn func(string)) artifact.Model {
 	var m artifact.Model
 	bytesByFormat := map[string]int64{}
 	for _, l := range layers {
@@ -45,11 +46,15 @@ func inferModel(dir string, layers []layerPlan, warn func(string)) artifact.Mode
 			continue
 		}
 		n := l.nodes[0]
-		if counted[n.src] {
+		key := n.src
+		if n.remote != nil {
+			key = n.remote.Digest.String()
+		}
+		if counted[key] {
 			continue
 		}
-		counted[n.src] = true
-		info, err := readWeightHeader(n.src, n.size)
+		counted[key] = true
+		info, err := readWeightHeader(ctx, n)
 		if err != nil || info == nil {
 			complete = false
 			if err != nil && warn != nil {

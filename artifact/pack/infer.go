@@ -1,11 +1,11 @@
 package pack
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"path"
 	"regexp"
 	"sort"
@@ -24,20 +24,22 @@ var weightFormats = map[string]string{
 }
 
 // readWeightHeader parses the header of a safetensors or GGUF file. Other formats have nothing to parse (nil, nil).
-func readWeightHeader(file string, size int64) (*weightInfo, error) {
+func readWeightHeader(ctx context.Context, n node) (*weightInfo, error) {
 	parse := map[string]func(io.Reader, int64) (*weightInfo, error){
 		".safetensors": parseSafetensors,
 		".gguf":        func(r io.Reader, _ int64) (*weightInfo, error) { return parseGGUF(r) },
-	}[strings.ToLower(path.Ext(file))]
+	}[strings.ToLower(path.Ext(n.rel))]
 	if parse == nil {
 		return nil, nil
 	}
-	f, err := os.Open(file)
+	// A remote file's header is read from its source and the stream dropped after it: a few KiB of a weight
+	// that is read whole, and checked, only when its layer is written.
+	f, err := n.open(ctx, nil)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	return parse(f, size)
+	return parse(f, n.size)
 }
 
 // hfConfig is the part of a Hugging Face config.json that says what the model is.

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -77,6 +78,13 @@ type Options struct {
 	// Concurrency bounds the layers written at once; 0 means GOMAXPROCS.
 	Concurrency int
 	Progress    Progress
+	// Remote are files added to those found in the directory, read from their source only when their layers are
+	// written (see RemoteFile). The directory holds the other files and may hold nothing else.
+	Remote []RemoteFile
+	// Annotations are added to the manifest's.
+	Annotations map[string]string
+	// Source, if set, names the model in messages instead of the directory (hf://ORG/NAME@COMMIT).
+	Source string
 	// Warn, if set, hears about things that do not stop the pack (a weight header that cannot be parsed).
 	Warn func(msg string)
 }
@@ -113,20 +121,28 @@ func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Des
 	if mfRel != "" {
 		skip[mfRel] = true
 	}
-	nodes, err := walk(dir, skip)
+	nodes, err := walk(dir, skip, len(opts.Remote) > 0)
 	if err != nil {
 		return ocispec.Descriptor{}, err
 	}
-	layers, unused, err := plan(dir, nodes, opts.LayerFormat, opts.Rules, mf.Rules)
+	shown, name := dir, func(rel string) string { return filepath.Join(dir, filepath.FromSlash(rel)) }
+	if opts.Source != "" {
+		shown, name = opts.Source, func(rel string) string { return opts.Source + "/" + rel }
+	}
+	if nodes, err = addRemote(name, nodes, opts.Remote); err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	layers, unused, err := plan(name, nodes, opts.LayerFormat, opts.Rules, mf.Rules)
 	if err != nil {
 		return ocispec.Descriptor{}, err
 	}
 	if opts.Warn != nil {
-		for _, msg := range planWarnings(dir, layers, unused, len(mf.Rules) > 0) {
+		for _, msg := range planWarnings(shown, layers, unused, len(mf.Rules) > 0) {
 			opts.Warn(msg)
 		}
 	}
-	model := inferModel(dir, layers, opts.Warn)
+	model := inferModel(ctx, dir, layers, opts.Warn)
+	model.Descriptor.Revision = hubSnapshotCommit(dir)
 	applyModelfile(&model, mf)
 	applyOverrides(&model, opts)
 
@@ -143,6 +159,7 @@ func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Des
 		opts.Progress.Start(total)
 	}
 
+	stated, _ := sink.(StatedSink)
 	descs := make([]ocispec.Descriptor, len(layers))
 	diffIDs := make([]digest.Digest, len(layers))
 	g, gctx := errgroup.WithContext(ctx)
@@ -154,11 +171,18 @@ func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Des
 	for i := range layers {
 		g.Go(func() error {
 			l := &layers[i]
-			w := &layerWriter{plan: l, mtime: mtime, progress: opts.Progress}
+			w := &layerWriter{ctx: gctx, plan: l, mtime: mtime, progress: opts.Progress}
 			named := ocispec.Descriptor{MediaType: artifact.LayerMediaType(l.kind, l.format), Annotations: map[string]string{artifact.AnnotationTitle: l.path}}
-			d, err := sink.AddBlob(gctx, named, w.open)
+			var d ocispec.Descriptor
+			var err error
+			if r := l.nodes[0].remote; l.format == artifact.FormatRaw && r != nil && stated != nil {
+				named.Digest, named.Size = r.Digest, r.Size
+				d, err = stated.AddStatedBlob(gctx, named, w.openAt)
+			} else {
+				d, err = sink.AddBlob(gctx, named, w.open)
+			}
 			if err != nil {
-				return fmt.Errorf("%s: %w", filepath.Join(dir, filepath.FromSlash(l.path)), err)
+				return fmt.Errorf("%s: %w", name(l.path), err)
 			}
 			diffIDs[i] = d.Digest
 			if l.format == artifact.FormatTarGzip || l.format == artifact.FormatTarZstd {
@@ -193,8 +217,14 @@ func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Des
 		Config:       configDesc,
 		Layers:       descs,
 	}
-	if opts.Created != nil {
-		manifest.Annotations = map[string]string{ocispec.AnnotationCreated: mtime.Format(time.RFC3339)}
+	if len(opts.Annotations) > 0 || opts.Created != nil {
+		manifest.Annotations = maps.Clone(opts.Annotations)
+		if manifest.Annotations == nil {
+			manifest.Annotations = map[string]string{}
+		}
+		if opts.Created != nil {
+			manifest.Annotations[ocispec.AnnotationCreated] = mtime.Format(time.RFC3339)
+		}
 	}
 	manifestBytes, err := json.Marshal(manifest)
 	if err != nil {
@@ -302,6 +332,7 @@ func annotations(l *layerPlan, mtime time.Time, diffID digest.Digest) (map[strin
 
 // layerWriter produces one layer's bytes each time the sink opens it.
 type layerWriter struct {
+	ctx      context.Context
 	plan     *layerPlan
 	mtime    time.Time
 	progress Progress
@@ -312,17 +343,48 @@ type layerWriter struct {
 
 func (w *layerWriter) open() (io.ReadCloser, error) {
 	if w.plan.format == artifact.FormatRaw {
-		n := w.plan.nodes[0]
-		f, err := os.Open(n.src)
-		if err != nil {
-			return nil, err
-		}
-		return &checkedFile{f: f, want: n.size, progress: w.progress}, nil
+		return w.plan.nodes[0].open(w.ctx, w.progress)
 	}
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(w.writeArchive(pw)) }()
 	return pr, nil
 }
+
+// openAt reads a remote raw layer for a StatedSink from offset. From the first byte its digest is checked here
+// too; a resumed read is checked by the sink, which holds the bytes before offset.
+func (w *layerWriter) openAt(ctx context.Context, offset int64) (io.ReadCloser, int64, error) {
+	n := w.plan.nodes[0]
+	if offset == 0 {
+		rc, err := n.open(ctx, w.progress)
+		return rc, 0, err
+	}
+	rc, start, err := n.remote.Open(ctx, offset)
+	if err != nil {
+		return nil, 0, err
+	}
+	if start == 0 {
+		rc.Close()
+		rc, err := n.open(ctx, w.progress)
+		return rc, 0, err
+	}
+	return &countingReader{rc: rc, progress: w.progress}, start, nil
+}
+
+// countingReader tells progress of the bytes read.
+type countingReader struct {
+	rc       io.ReadCloser
+	progress Progress
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.rc.Read(p)
+	if n > 0 && c.progress != nil {
+		c.progress.Add(int64(n))
+	}
+	return n, err
+}
+
+func (c *countingReader) Close() error { return c.rc.Close() }
 
 func (w *layerWriter) diffID() digest.Digest {
 	w.mu.Lock()

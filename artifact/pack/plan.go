@@ -19,6 +19,8 @@ type node struct {
 	mode fs.FileMode // permission bits
 	size int64       // bytes; 0 for directories
 	dir  bool
+	// remote is set for a file read from elsewhere (Options.Remote); src is then its model-relative path.
+	remote *RemoteFile
 }
 
 // layerPlan is one layer to write.
@@ -46,7 +48,8 @@ func badInput(p, format string, args ...any) error {
 
 // walk lists what dir holds, refusing what cannot be packed: special files, symlinks leading out of dir or to
 // directories, unreadable files and directories. Hidden entries (".git", ".cache", …) and skip are left out.
-func walk(dir string, skip map[string]bool) ([]node, error) {
+// With more files to come (Options.Remote), an empty directory is no error.
+func walk(dir string, skip map[string]bool, more bool) ([]node, error) {
 	if err := checkDir(dir); err != nil {
 		return nil, err
 	}
@@ -58,6 +61,10 @@ func walk(dir string, skip map[string]bool) ([]node, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := refuseHubCacheRoot(dir, real); err != nil {
+		return nil, err
+	}
+	blobs := hubCacheBlobs(real)
 	var nodes []node
 	files := 0
 	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
@@ -88,7 +95,7 @@ func walk(dir string, skip map[string]bool) ([]node, error) {
 			if target, err = filepath.Abs(target); err != nil {
 				return err
 			}
-			if !within(real, target) {
+			if !within(real, target) && (blobs == "" || !within(blobs, target)) {
 				return badInput(p, "symlink points outside the model directory (to %s)", target)
 			}
 			if info, err = os.Stat(target); err != nil {
@@ -118,10 +125,74 @@ func walk(dir string, skip map[string]bool) ([]node, error) {
 	if err != nil {
 		return nil, err
 	}
-	if files == 0 {
+	if files == 0 && !more {
 		return nil, badInput(dir, "directory holds no files to pack")
 	}
 	return nodes, nil
+}
+
+// hubCacheBlobs is, for a snapshot of a Hugging Face Hub cache (CACHE/models--ORG--NAME/snapshots/COMMIT), the
+// blobs/ directory its files are symlinks into, which may then be followed; "" for any other directory. The
+// snapshot holds nothing but those links, so refusing them would make every cache unpackable, while following
+// links anywhere else would let a model directory pull in files its owner did not put there.
+func hubCacheBlobs(real string) string {
+	snapshots := filepath.Dir(real)
+	repo := filepath.Dir(snapshots)
+	if filepath.Base(snapshots) != "snapshots" || !isHubRepoDir(filepath.Base(repo)) {
+		return ""
+	}
+	blobs := filepath.Join(repo, "blobs")
+	if fi, err := os.Lstat(blobs); err != nil || !fi.IsDir() {
+		return ""
+	}
+	return blobs
+}
+
+// hubSnapshotCommit is the commit a Hub cache snapshot directory is named after, or "".
+func hubSnapshotCommit(dir string) string {
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil || hubCacheBlobs(real) == "" {
+		return ""
+	}
+	name := filepath.Base(real)
+	if len(name) != 40 || strings.Trim(name, "0123456789abcdef") != "" {
+		return ""
+	}
+	return name
+}
+
+func isHubRepoDir(name string) bool {
+	for _, prefix := range []string{"models--", "datasets--", "spaces--"} {
+		if strings.HasPrefix(name, prefix) && len(name) > len(prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// refuseHubCacheRoot refuses the cache directory of a whole Hub repository (models--ORG--NAME): packing it would
+// pack every snapshot, every blob a second time and the refs. It names the snapshot refs/main points at.
+func refuseHubCacheRoot(dir, real string) error {
+	name := filepath.Base(real)
+	if !isHubRepoDir(name) {
+		return nil
+	}
+	if fi, err := os.Stat(filepath.Join(real, "snapshots")); err != nil || !fi.IsDir() {
+		return nil
+	}
+	_, repo, _ := strings.Cut(name, "--")
+	repo = strings.ReplaceAll(repo, "--", "/")
+	snapshot := filepath.Join(dir, "snapshots", "COMMIT")
+	if b, err := os.ReadFile(filepath.Join(real, "refs", "main")); err == nil {
+		if commit := strings.TrimSpace(string(b)); commit != "" && filepath.IsLocal(commit) {
+			snapshot = filepath.Join(dir, "snapshots", commit)
+		}
+	}
+	hint := ""
+	if strings.HasPrefix(name, "models--") {
+		hint = fmt.Sprintf(", or the Hub's copy (modelpack pack hf://%s -t NAME:TAG)", repo)
+	}
+	return badInput(dir, "a Hugging Face Hub cache of %s, not a model directory: pack one snapshot (modelpack pack %s -t NAME:TAG)%s", repo, snapshot, hint)
 }
 
 // checkDir refuses a model directory that is missing or not a directory.
@@ -176,7 +247,7 @@ func unwrapPathError(err error) error {
 // Flag rules override Modelfile rules; conflicting rules of one source, or a file claimed both on its own and as
 // part of a claimed directory, are duplicate layer paths. The rules that matched nothing are returned, since they
 // are usually typos.
-func plan(dir string, nodes []node, format artifact.Format, sources ...[]Rule) ([]layerPlan, []Rule, error) {
+func plan(name func(rel string) string, nodes []node, format artifact.Format, sources ...[]Rule) ([]layerPlan, []Rule, error) {
 	used := map[*Rule]bool{}
 	// match returns the rule of the first source that has one for rel. Every source is consulted, so a rule that
 	// is overridden is not reported as matching nothing, and a source that contradicts itself is an error.
@@ -191,7 +262,7 @@ func plan(dir string, nodes []node, format artifact.Format, sources ...[]Rule) (
 				}
 				used[r] = true
 				if hit != nil && hit.Kind != r.Kind {
-					return nil, badInput(filepath.Join(dir, rel), "duplicate layer path: %s makes it %s and %s makes it %s", hit.Source, hit.Kind, r.Source, r.Kind)
+					return nil, badInput(name(rel), "duplicate layer path: %s makes it %s and %s makes it %s", hit.Source, hit.Kind, r.Source, r.Kind)
 				}
 				if hit == nil {
 					hit = r
@@ -219,7 +290,7 @@ func plan(dir string, nodes []node, format artifact.Format, sources ...[]Rule) (
 				return nil, nil, err
 			}
 			if r != nil {
-				return nil, nil, badInput(filepath.Join(dir, n.rel), "duplicate layer path: it is inside %s, packed whole by %s, and also matched by %s", claimed.path, claimedBy.Source, r.Source)
+				return nil, nil, badInput(name(n.rel), "duplicate layer path: it is inside %s, packed whole by %s, and also matched by %s", claimed.path, claimedBy.Source, r.Source)
 			}
 			claimed.nodes = append(claimed.nodes, n)
 			claimed.size += n.size
@@ -306,7 +377,7 @@ func plan(dir string, nodes []node, format artifact.Format, sources ...[]Rule) (
 	seen := map[string]bool{}
 	for _, l := range layers {
 		if seen[l.path] {
-			return nil, nil, badInput(filepath.Join(dir, l.path), "duplicate layer path")
+			return nil, nil, badInput(name(l.path), "duplicate layer path")
 		}
 		seen[l.path] = true
 	}

@@ -4,7 +4,6 @@ import (
 	"archive/tar"
 	"fmt"
 	"io"
-	"os"
 
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
@@ -74,13 +73,12 @@ func (w *layerWriter) writeEntry(tw *tar.Writer, n node) error {
 	if err := tw.WriteHeader(hdr); err != nil {
 		return err
 	}
-	f, err := os.Open(n.src)
+	c, err := n.open(w.ctx, w.progress)
 	if err != nil {
 		return err
 	}
-	defer f.Close()
-	c := &checkedFile{f: f, want: n.size, progress: w.progress}
-	// Copy exactly the size announced in the header; checkedFile reports a file that shrank or grew.
+	defer c.Close()
+	// Copy exactly the size announced in the header; the reader reports a file that shrank or grew.
 	if _, err := io.Copy(tw, c); err != nil {
 		return fmt.Errorf("%s: %w", n.rel, err)
 	}

@@ -35,6 +35,26 @@ func (s *Sink) AddBlob(ctx context.Context, desc ocispec.Descriptor, open func()
 		return ocispec.Descriptor{}, err
 	}
 	desc.Digest, desc.Size = d, n
+	return s.upload(ctx, desc, func(context.Context) (io.ReadCloser, error) { return open() })
+}
+
+// AddStatedBlob uploads a blob whose digest and size are known before it is read (a file the Hugging Face Hub
+// states the sha256 of): it is read once, straight from its source into the upload, and not at all if the
+// registry has it. open's reader must fail rather than end on bytes that do not match desc (the registry checks
+// the digest as well).
+func (s *Sink) AddStatedBlob(ctx context.Context, desc ocispec.Descriptor, open func(ctx context.Context, offset int64) (io.ReadCloser, int64, error)) (ocispec.Descriptor, error) {
+	return s.upload(ctx, desc, func(ctx context.Context) (io.ReadCloser, error) {
+		rc, start, err := open(ctx, 0)
+		if err == nil && start != 0 {
+			rc.Close()
+			err = fmt.Errorf("source of %s started at byte %d, not 0", desc.Digest, start)
+		}
+		return rc, err
+	})
+}
+
+// upload sends desc's bytes from open unless the registry already has them.
+func (s *Sink) upload(ctx context.Context, desc ocispec.Descriptor, open func(context.Context) (io.ReadCloser, error)) (ocispec.Descriptor, error) {
 	ok, err := s.repo.Exists(ctx, desc)
 	if err != nil {
 		return ocispec.Descriptor{}, withOp("push", s.repo, err)
@@ -44,8 +64,7 @@ func (s *Sink) AddBlob(ctx context.Context, desc ocispec.Descriptor, open func()
 		return desc, nil
 	}
 	m := s.t.meter(desc, 0)
-	err = pushBlob(ctx, s.repo, desc, func(context.Context) (io.ReadCloser, error) { return open() }, m)
-	if err != nil {
+	if err := pushBlob(ctx, s.repo, desc, open, m); err != nil {
 		s.t.finish(desc, StatusFailed, err)
 		return ocispec.Descriptor{}, withOp("push", s.repo, err)
 	}

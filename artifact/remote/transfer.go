@@ -109,6 +109,15 @@ type resumableReader struct {
 	err      error
 }
 
+// NewResumableReader reads desc.Size bytes of a source other than a registry (a file on the Hugging Face Hub) from
+// offset, as blob reads are made: open is asked again from the byte a dropped or stalled stream stopped at, and
+// its errors are retried or final as a registry's are (wrap ErrUnauthorized, ErrNotFound, … to make them final).
+func NewResumableReader(ctx context.Context, desc ocispec.Descriptor, offset int64, open func(ctx context.Context, offset int64) (io.ReadCloser, int64, error), tm Timeouts) io.ReadCloser {
+	return newResumableReader(ctx, desc, offset, func(ctx context.Context, _ ocispec.Descriptor, offset int64) (io.ReadCloser, int64, error) {
+		return open(ctx, offset)
+	}, nil, tm)
+}
+
 func newResumableReader(ctx context.Context, desc ocispec.Descriptor, offset int64, open blobOpener, onRead func(int64), tm Timeouts) *resumableReader {
 	if onRead == nil {
 		onRead = func(int64) {}

@@ -1,0 +1,255 @@
+package hf
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	digest "github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/artifact/pack"
+	"github.com/modelpack/modelpack/artifact/remote"
+	"github.com/modelpack/modelpack/internal/errdef"
+)
+
+// Manifest annotations recording what the Hub states that the ModelPack config has no field for (its schema
+// allows no other keys): the library the model is for and the model it derives from.
+const (
+	AnnotationLibrary   = "dev.modelpack.hf.library_name"
+	AnnotationBaseModel = "dev.modelpack.hf.base_model"
+)
+
+// Options choose the files of a snapshot.
+type Options struct {
+	// Include, if set, keeps only files matching one of these globs; Exclude drops files matching one. A glob
+	// without "/" also matches a file's base name ("*.safetensors"); one with "/" matches the whole path.
+	Include, Exclude []string
+	// Concurrency bounds the small files downloaded at once (default 8).
+	Concurrency int
+	// TempDir is where the staging directory is made (default os.TempDir).
+	TempDir string
+}
+
+// Snapshot is a revision of a model ready to pack: pack.Pack(Dir, …) with Remote, Descriptor, Annotations and
+// Created in its options.
+type Snapshot struct {
+	Ref    Ref    // the revision asked for
+	Commit string // what it resolved to
+	// Dir is a staging directory holding the files that are not in LFS (configs, tokenizers, docs), each checked
+	// against its git blob id. Close removes it.
+	Dir string
+	// Remote are the LFS files (the weights), read from the Hub only when their layers are written and checked
+	// against the sha256 the Hub states for them.
+	Remote      []pack.RemoteFile
+	Descriptor  artifact.ModelDescriptor // sourceURL, revision, licenses, name, datasets
+	Annotations map[string]string
+	Created     *time.Time // the commit's date: the same revision always packs to the same digest
+}
+
+// Close removes the staging directory.
+func (s *Snapshot) Close() error { return os.RemoveAll(s.Dir) }
+
+// Snapshot resolves ref, lists its files, downloads the small ones into a staging directory and describes the
+// LFS ones.
+func (c *Client) Snapshot(ctx context.Context, ref Ref, opts Options) (_ *Snapshot, err error) {
+	if err := checkGlobs(opts.Include, "--include"); err != nil {
+		return nil, err
+	}
+	if err := checkGlobs(opts.Exclude, "--exclude"); err != nil {
+		return nil, err
+	}
+	info, err := c.Info(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	commit := info.SHA
+	created, err := c.CommitDate(ctx, ref.Repo, commit)
+	if err != nil {
+		return nil, err
+	}
+	entries, err := c.Tree(ctx, ref.Repo, commit)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp(opts.TempDir, "modelpack-hf-")
+	if err != nil {
+		return nil, err
+	}
+	s := &Snapshot{Ref: ref, Commit: commit, Dir: dir, Created: &created}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	s.Descriptor, s.Annotations = c.describe(ref.Repo, commit, info)
+
+	g, gctx := errgroup.WithContext(ctx)
+	limit := opts.Concurrency
+	if limit <= 0 {
+		limit = 8
+	}
+	g.SetLimit(limit)
+	kept := 0
+	for _, e := range entries {
+		if e.Type != "file" || hidden(e.Path) || !selected(e.Path, opts) {
+			continue
+		}
+		kept++
+		if e.LFS != nil {
+			s.Remote = append(s.Remote, c.remoteFile(ref.Repo, commit, e))
+			continue
+		}
+		g.Go(func() error { return c.download(gctx, ref.Repo, commit, e, dir) })
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	if kept == 0 {
+		return nil, fmt.Errorf("%s (commit %s) has no file to pack%s", ref, commit, filterNote(opts))
+	}
+	return s, nil
+}
+
+func filterNote(o Options) string {
+	if len(o.Include) == 0 && len(o.Exclude) == 0 {
+		return ""
+	}
+	return " that --include/--exclude keep"
+}
+
+func checkGlobs(globs []string, flag string) error {
+	for _, g := range globs {
+		if _, err := path.Match(g, ""); err != nil {
+			return fmt.Errorf("%s %q: %w", flag, g, err)
+		}
+	}
+	return nil
+}
+
+func matches(glob, p string) bool {
+	if ok, _ := path.Match(glob, p); ok {
+		return true
+	}
+	ok, _ := path.Match(glob, path.Base(p))
+	return ok && !strings.Contains(glob, "/")
+}
+
+func selected(p string, o Options) bool {
+	in := len(o.Include) == 0
+	for _, g := range o.Include {
+		in = in || matches(g, p)
+	}
+	for _, g := range o.Exclude {
+		in = in && !matches(g, p)
+	}
+	return in
+}
+
+// hidden files (.gitattributes, .github/…) are git's plumbing, and left out as a model directory's are.
+func hidden(p string) bool {
+	for _, c := range strings.Split(p, "/") {
+		if strings.HasPrefix(c, ".") {
+			return true
+		}
+	}
+	return false
+}
+
+// remoteFile reads an LFS file from the Hub, resuming from the byte a dropped connection stopped at.
+func (c *Client) remoteFile(repo, commit string, e Entry) pack.RemoteFile {
+	desc := ocispec.Descriptor{Digest: digest.NewDigestFromEncoded(digest.SHA256, e.LFS.OID), Size: e.Size}
+	return pack.RemoteFile{
+		Path: e.Path, Size: e.Size, Digest: desc.Digest,
+		Open: func(ctx context.Context, offset int64) (io.ReadCloser, int64, error) {
+			return remote.NewResumableReader(ctx, desc, offset, func(ctx context.Context, offset int64) (io.ReadCloser, int64, error) {
+				return c.OpenFile(ctx, repo, commit, e.Path, offset)
+			}, remote.Timeouts{}), offset, nil
+		},
+	}
+}
+
+// download writes a file that is not in LFS into dir, after checking it against its git blob id.
+func (c *Client) download(ctx context.Context, repo, commit string, e Entry, dir string) error {
+	what := Scheme + repo + "@" + commit + "/" + e.Path
+	rc := remote.NewResumableReader(ctx, ocispec.Descriptor{Digest: digest.Digest(what), Size: e.Size}, 0, func(ctx context.Context, offset int64) (io.ReadCloser, int64, error) {
+		return c.OpenFile(ctx, repo, commit, e.Path, offset)
+	}, remote.Timeouts{})
+	defer rc.Close()
+	data, err := io.ReadAll(rc)
+	if err != nil {
+		return err
+	}
+	if got := gitBlobID(data); got != e.OID {
+		return fmt.Errorf("%s: %w: the bytes' git blob id is %s, the Hub states %s; refused", what, errdef.ErrDigestMismatch, got, e.OID)
+	}
+	dst := filepath.Join(dir, filepath.FromSlash(e.Path))
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(dst, data, 0o644)
+}
+
+// gitBlobID is the id git gives a file's content: sha1 of "blob <size>\0<content>".
+func gitBlobID(b []byte) string {
+	h := sha1.New()
+	h.Write([]byte("blob " + strconv.Itoa(len(b)) + "\x00"))
+	h.Write(b)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// describe turns what the Hub says of the model into the config's descriptor and manifest annotations.
+func (c *Client) describe(repo, commit string, info *ModelInfo) (artifact.ModelDescriptor, map[string]string) {
+	source := c.Endpoint() + "/" + repo
+	d := artifact.ModelDescriptor{SourceURL: source, Revision: commit, Name: path.Base(repo)}
+	a := map[string]string{ocispec.AnnotationSource: source, ocispec.AnnotationRevision: commit}
+	library := info.LibraryName
+	if card := info.CardData; card != nil {
+		for _, l := range card.License {
+			if l == "other" && card.LicenseName != "" {
+				l = card.LicenseName
+			}
+			d.Licenses = append(d.Licenses, spdx(l))
+		}
+		for _, ds := range card.Datasets {
+			if ds != "" && !strings.ContainsAny(ds, " \t\n") {
+				d.DatasetsURL = append(d.DatasetsURL, c.Endpoint()+"/datasets/"+ds)
+			}
+		}
+		if len(card.BaseModel) > 0 {
+			a[AnnotationBaseModel] = strings.Join(card.BaseModel, ",")
+		}
+		if library == "" {
+			library = card.LibraryName
+		}
+	}
+	if library != "" {
+		a[AnnotationLibrary] = library
+	}
+	return d, a
+}
+
+// spdx maps the Hub's license ids to SPDX ids where they name the same license; others are kept as the Hub says.
+func spdx(id string) string {
+	known := map[string]string{
+		"apache-2.0": "Apache-2.0", "mit": "MIT", "bsd-2-clause": "BSD-2-Clause", "bsd-3-clause": "BSD-3-Clause",
+		"cc0-1.0": "CC0-1.0", "cc-by-4.0": "CC-BY-4.0", "cc-by-sa-4.0": "CC-BY-SA-4.0", "cc-by-nc-4.0": "CC-BY-NC-4.0",
+		"cc-by-nc-sa-4.0": "CC-BY-NC-SA-4.0", "cc-by-nd-4.0": "CC-BY-ND-4.0", "gpl-3.0": "GPL-3.0-only",
+		"gpl-2.0": "GPL-2.0-only", "lgpl-3.0": "LGPL-3.0-only", "agpl-3.0": "AGPL-3.0-only", "mpl-2.0": "MPL-2.0",
+		"unlicense": "Unlicense", "artistic-2.0": "Artistic-2.0", "openrail": "OpenRAIL", "bsl-1.0": "BSL-1.0",
+	}
+	if s, ok := known[strings.ToLower(id)]; ok {
+		return s
+	}
+	return id
+}

@@ -1,0 +1,514 @@
+// Package hubserver is a local Hugging Face Hub for tests: the part of the Hub's HTTP API that modelpack's
+// importer and the official clients (huggingface_hub, @huggingface/hub) use — model info at a revision, the file
+// tree (recursive, paginated, with LFS metadata), paths-info, the commit history, and resolve with HEAD, Range and
+// the redirect of LFS files to a separate download host — with gated repositories and faults (429 with
+// Retry-After, corrupted LFS bytes, connections cut part way) to test against.
+package hubserver
+
+import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/sha1"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Repo is a model repository with one commit.
+type Repo struct {
+	Name  string            // ORG/NAME
+	Files map[string][]byte // path → content; directories are implied
+	// LFS reports whether a file is stored in LFS; nil means weights by extension and files of 10 KiB or more.
+	LFS func(path string, size int) bool
+	// Token, if set, gates the repository: every request must carry "Authorization: Bearer <Token>".
+	Token       string
+	Tags        []string // tags naming the commit besides the branch main
+	LibraryName string
+	CardData    map[string]any
+	Date        time.Time // the commit's date (default 2024-05-01T12:00:00Z)
+}
+
+// Request is one request a server received.
+type Request struct {
+	Host   string // "hub" or "download"
+	Method string
+	Path   string
+	Range  string
+	Auth   string // the Authorization header
+}
+
+// Server is a running local Hub. Its fields other than URL and DownloadURL may be changed while it runs.
+type Server struct {
+	URL         string // the Hub endpoint (HF_ENDPOINT, hubUrl)
+	DownloadURL string // the host LFS files are redirected to
+
+	mu       sync.Mutex
+	repos    map[string]*repo
+	requests []Request
+	// PageSize is how many entries a tree page holds (default 1000).
+	PageSize int
+	// RateLimit answers this many next requests of the Hub (not the download host) with 429 and Retry-After.
+	RateLimit  int
+	RetryAfter string
+	// Corrupt flips a byte in the middle of the file of this sha256 as served (by the download host for an LFS
+	// file, by resolve for another).
+	Corrupt map[string]bool
+	// CutAfter makes the download host close the connection after this many bytes of the body of the next
+	// request for the LFS file of this sha256, once.
+	CutAfter map[string]int64
+	// StallAfter makes the download host send this many bytes of the body of the next request for the LFS file of
+	// this sha256, once, call OnStall, and then send nothing until the client goes away.
+	StallAfter map[string]int64
+	OnStall    func()
+
+	hub, dl *httptest.Server
+	secret  []byte
+}
+
+type repo struct {
+	Repo
+	commit string
+	files  map[string]*file
+	dirs   []string
+}
+
+type file struct {
+	path   string
+	data   []byte
+	oid    string // git blob id
+	sha256 string
+	lfs    bool
+}
+
+// Start serves repos until the test ends.
+func Start(t testing.TB, repos ...Repo) *Server {
+	t.Helper()
+	s := &Server{repos: map[string]*repo{}, secret: []byte(t.Name()), Corrupt: map[string]bool{}, CutAfter: map[string]int64{}, StallAfter: map[string]int64{}, RetryAfter: "1"}
+	for _, r := range repos {
+		s.Add(r)
+	}
+	s.hub = httptest.NewServer(http.HandlerFunc(s.serveHub))
+	s.dl = httptest.NewServer(http.HandlerFunc(s.serveDownload))
+	s.URL, s.DownloadURL = s.hub.URL, s.dl.URL
+	t.Cleanup(func() {
+		s.hub.CloseClientConnections()
+		s.dl.CloseClientConnections()
+		s.hub.Close()
+		s.dl.Close()
+	})
+	return s
+}
+
+// Add serves another repository (or replaces one of the same name).
+func (s *Server) Add(r Repo) {
+	if r.Date.IsZero() {
+		r.Date = time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC)
+	}
+	if r.LFS == nil {
+		r.LFS = func(p string, size int) bool {
+			switch path.Ext(p) {
+			case ".safetensors", ".bin", ".gguf", ".onnx", ".pt", ".pth":
+				return true
+			}
+			return size >= 10<<10
+		}
+	}
+	rp := &repo{Repo: r, files: map[string]*file{}}
+	names := make([]string, 0, len(r.Files))
+	for p := range r.Files {
+		names = append(names, p)
+	}
+	sort.Strings(names)
+	h := sha1.New()
+	dirs := map[string]bool{}
+	for _, p := range names {
+		b := r.Files[p]
+		sum := sha256.Sum256(b)
+		f := &file{path: p, data: b, oid: gitBlobID(b), sha256: hex.EncodeToString(sum[:]), lfs: r.LFS(p, len(b))}
+		rp.files[p] = f
+		fmt.Fprintf(h, "%s %s\n", f.oid, p)
+		for d := path.Dir(p); d != "."; d = path.Dir(d) {
+			dirs[d] = true
+		}
+	}
+	fmt.Fprintf(h, "%s %s\n", r.Name, r.Date)
+	rp.commit = hex.EncodeToString(h.Sum(nil))
+	for d := range dirs {
+		rp.dirs = append(rp.dirs, d)
+	}
+	sort.Strings(rp.dirs)
+	s.mu.Lock()
+	s.repos[r.Name] = rp
+	s.mu.Unlock()
+}
+
+// Commit is the commit id of a served repository.
+func (s *Server) Commit(name string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.repos[name].commit
+}
+
+// SHA256 is the sha256 (hex) of a file of a served repository.
+func (s *Server) SHA256(name, p string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.repos[name].files[p].sha256
+}
+
+// Requests returns the requests received so far.
+func (s *Server) Requests() []Request {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Request(nil), s.requests...)
+}
+
+func (s *Server) record(host string, r *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.requests = append(s.requests, Request{Host: host, Method: r.Method, Path: r.URL.Path, Range: r.Header.Get("Range"), Auth: r.Header.Get("Authorization")})
+}
+
+func gitBlobID(b []byte) string {
+	h := sha1.New()
+	fmt.Fprintf(h, "blob %d\x00", len(b))
+	h.Write(b)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func hubError(w http.ResponseWriter, status int, code, msg string) {
+	if code != "" {
+		w.Header().Set("X-Error-Code", code)
+	}
+	w.Header().Set("X-Error-Message", msg)
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(map[string]string{"error": msg})
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	json.NewEncoder(w).Encode(v)
+}
+
+// splitEscaped splits an escaped URL path into unescaped components, so that a revision such as refs%2Fpr%2F1
+// stays one component.
+func splitEscaped(p string) []string {
+	parts := strings.Split(strings.Trim(p, "/"), "/")
+	for i, c := range parts {
+		if u, err := url.PathUnescape(c); err == nil {
+			parts[i] = u
+		}
+	}
+	return parts
+}
+
+func (s *Server) serveHub(w http.ResponseWriter, r *http.Request) {
+	s.record("hub", r)
+	s.mu.Lock()
+	limited := s.RateLimit > 0
+	if limited {
+		s.RateLimit--
+	}
+	retry := s.RetryAfter
+	s.mu.Unlock()
+	if limited {
+		w.Header().Set("Retry-After", retry)
+		hubError(w, http.StatusTooManyRequests, "", "You have been rate-limited; you can retry this action in a moment.")
+		return
+	}
+	parts := splitEscaped(r.URL.EscapedPath())
+	if len(parts) >= 5 && parts[0] == "api" && parts[1] == "models" {
+		s.serveAPI(w, r, parts[2]+"/"+parts[3], parts[4], parts[5:])
+		return
+	}
+	if len(parts) >= 5 && parts[2] == "resolve" {
+		s.serveResolve(w, r, parts[0]+"/"+parts[1], parts[3], strings.Join(parts[4:], "/"))
+		return
+	}
+	hubError(w, http.StatusNotFound, "", "Sorry, we can't find the page you are looking for.")
+}
+
+// lookup finds the repository and resolves the revision, answering the error itself when it cannot.
+func (s *Server) lookup(w http.ResponseWriter, r *http.Request, name, rev string) (*repo, bool) {
+	s.mu.Lock()
+	rp := s.repos[name]
+	s.mu.Unlock()
+	if rp == nil {
+		hubError(w, http.StatusUnauthorized, "RepoNotFound", "Repository not found")
+		return nil, false
+	}
+	if rp.Token != "" {
+		switch auth := r.Header.Get("Authorization"); auth {
+		case "Bearer " + rp.Token:
+		case "":
+			hubError(w, http.StatusUnauthorized, "GatedRepo", "Access to model "+name+" is restricted. You must have access to it and be authenticated to access it. Please log in.")
+			return nil, false
+		default:
+			hubError(w, http.StatusForbidden, "GatedRepo", "Access to model "+name+" is restricted and you are not in the authorized list.")
+			return nil, false
+		}
+	}
+	ok := rev == rp.commit || rev == "main" || rev == "HEAD"
+	for _, t := range rp.Tags {
+		ok = ok || rev == t
+	}
+	if !ok {
+		hubError(w, http.StatusNotFound, "RevisionNotFound", "Invalid rev id: "+rev)
+		return nil, false
+	}
+	return rp, true
+}
+
+func (rp *repo) entry(p string, expand bool) map[string]any {
+	lastCommit := map[string]any{"id": rp.commit, "title": "Upload", "date": rp.Date.Format(time.RFC3339Nano)}
+	if f := rp.files[p]; f != nil {
+		e := map[string]any{"type": "file", "oid": f.oid, "size": len(f.data), "path": p}
+		if f.lfs {
+			ptr := fmt.Sprintf("version https://git-lfs.github.com/spec/v1\noid sha256:%s\nsize %d\n", f.sha256, len(f.data))
+			e["oid"] = gitBlobID([]byte(ptr))
+			e["lfs"] = map[string]any{"oid": f.sha256, "size": len(f.data), "pointerSize": len(ptr)}
+		}
+		if expand {
+			e["lastCommit"] = lastCommit
+			e["securityFileStatus"] = map[string]any{"status": "safe"}
+		}
+		return e
+	}
+	for _, d := range rp.dirs {
+		if d == p {
+			e := map[string]any{"type": "directory", "oid": gitBlobID([]byte(p)), "size": 0, "path": p}
+			if expand {
+				e["lastCommit"] = lastCommit
+			}
+			return e
+		}
+	}
+	return nil
+}
+
+func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, name, kind string, rest []string) {
+	if len(rest) == 0 {
+		hubError(w, http.StatusNotFound, "", "no revision")
+		return
+	}
+	rp, ok := s.lookup(w, r, name, rest[0])
+	if !ok {
+		return
+	}
+	switch {
+	case kind == "revision" && r.Method == http.MethodGet:
+		var siblings []map[string]string
+		for _, p := range sortedKeys(rp.files) {
+			siblings = append(siblings, map[string]string{"rfilename": p})
+		}
+		gated := any(false)
+		if rp.Token != "" {
+			gated = "manual"
+		}
+		info := map[string]any{
+			"_id": rp.commit[:24], "id": name, "modelId": name, "author": strings.Split(name, "/")[0], "sha": rp.commit,
+			"private": false, "gated": gated, "disabled": false, "downloads": 0, "likes": 0, "tags": []string{},
+			"pipeline_tag": "text-generation", "lastModified": rp.Date.Format(time.RFC3339Nano),
+			"createdAt": rp.Date.Format(time.RFC3339Nano), "siblings": siblings,
+		}
+		if rp.LibraryName != "" {
+			info["library_name"] = rp.LibraryName
+		}
+		if rp.CardData != nil {
+			info["cardData"] = rp.CardData
+		}
+		writeJSON(w, info)
+	case kind == "commits" && r.Method == http.MethodGet:
+		writeJSON(w, []map[string]any{{"id": rp.commit, "title": "Upload", "message": "", "authors": []map[string]string{{"user": "acme"}},
+			"date": rp.Date.Format(time.RFC3339Nano)}})
+	case kind == "tree" && r.Method == http.MethodGet:
+		s.serveTree(w, r, rp, strings.Join(rest[1:], "/"))
+	case kind == "paths-info" && r.Method == http.MethodPost:
+		var req struct {
+			Paths  []string `json:"paths"`
+			Expand bool     `json:"expand"`
+		}
+		if strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
+			json.NewDecoder(r.Body).Decode(&req)
+		} else {
+			r.ParseForm()
+			req.Paths = r.PostForm["paths"]
+			req.Expand = r.PostForm.Get("expand") == "true" || r.PostForm.Get("expand") == "True"
+		}
+		out := []map[string]any{}
+		for _, p := range req.Paths {
+			if e := rp.entry(strings.Trim(p, "/"), req.Expand); e != nil {
+				out = append(out, e)
+			}
+		}
+		writeJSON(w, out)
+	default:
+		hubError(w, http.StatusNotFound, "", "no such API")
+	}
+}
+
+func (s *Server) serveTree(w http.ResponseWriter, r *http.Request, rp *repo, under string) {
+	q := r.URL.Query()
+	recursive := q.Get("recursive") == "true" || q.Get("recursive") == "True" || q.Get("recursive") == "1"
+	expand := q.Get("expand") == "true" || q.Get("expand") == "True" || q.Get("expand") == "1"
+	var paths []string
+	for _, p := range append(append([]string{}, rp.dirs...), sortedKeys(rp.files)...) {
+		rel := p
+		if under != "" {
+			var ok bool
+			if rel, ok = strings.CutPrefix(p, under+"/"); !ok {
+				continue
+			}
+		}
+		if recursive || !strings.Contains(rel, "/") {
+			paths = append(paths, p)
+		}
+	}
+	sort.Strings(paths)
+	start, _ := strconv.Atoi(q.Get("cursor"))
+	s.mu.Lock()
+	size := s.PageSize
+	s.mu.Unlock()
+	if size <= 0 {
+		size = 1000
+	}
+	start = min(max(start, 0), len(paths))
+	end := min(start+size, len(paths))
+	if end < len(paths) {
+		next := *r.URL
+		nq := next.Query()
+		nq.Set("cursor", strconv.Itoa(end))
+		next.RawQuery = nq.Encode()
+		w.Header().Set("Link", fmt.Sprintf("<%s%s>; rel=\"next\"", s.URL, next.RequestURI()))
+	}
+	out := []map[string]any{}
+	for _, p := range paths[start:end] {
+		out = append(out, rp.entry(p, expand))
+	}
+	writeJSON(w, out)
+}
+
+func (s *Server) sign(sha string) string {
+	m := hmac.New(sha256.New, s.secret)
+	m.Write([]byte(sha))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+func (s *Server) serveResolve(w http.ResponseWriter, r *http.Request, name, rev, p string) {
+	rp, ok := s.lookup(w, r, name, rev)
+	if !ok {
+		return
+	}
+	f := rp.files[p]
+	if f == nil {
+		hubError(w, http.StatusNotFound, "EntryNotFound", p+" does not exist on \""+rev+"\"")
+		return
+	}
+	w.Header().Set("X-Repo-Commit", rp.commit)
+	w.Header().Set("Accept-Ranges", "bytes")
+	if f.lfs {
+		w.Header().Set("X-Linked-Etag", `"`+f.sha256+`"`)
+		w.Header().Set("X-Linked-Size", strconv.Itoa(len(f.data)))
+		w.Header().Set("ETag", `"`+f.oid+`"`)
+		w.Header().Set("Location", s.DownloadURL+"/lfs/"+f.sha256+"?sig="+s.sign(f.sha256))
+		w.WriteHeader(http.StatusFound)
+		return
+	}
+	w.Header().Set("ETag", `"`+f.oid+`"`)
+	data := f.data
+	s.mu.Lock()
+	if s.Corrupt[f.sha256] {
+		data = append([]byte(nil), data...)
+		data[len(data)/2] ^= 0xff
+	}
+	s.mu.Unlock()
+	http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(data))
+}
+
+func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request) {
+	s.record("download", r)
+	sha, ok := strings.CutPrefix(r.URL.Path, "/lfs/")
+	if !ok || !hmac.Equal([]byte(r.URL.Query().Get("sig")), []byte(s.sign(sha))) {
+		http.Error(w, "AccessDenied: bad signature", http.StatusForbidden)
+		return
+	}
+	var f *file
+	s.mu.Lock()
+	for _, rp := range s.repos {
+		for _, c := range rp.files {
+			if c.sha256 == sha && c.lfs {
+				f = c
+			}
+		}
+	}
+	corrupt := s.Corrupt[sha]
+	cut, cutting := s.CutAfter[sha]
+	if cutting && r.Method == http.MethodGet {
+		delete(s.CutAfter, sha)
+	}
+	stall, stalling := s.StallAfter[sha]
+	if stalling && r.Method == http.MethodGet {
+		delete(s.StallAfter, sha)
+	}
+	onStall := s.OnStall
+	s.mu.Unlock()
+	if f == nil {
+		http.Error(w, "NoSuchKey", http.StatusNotFound)
+		return
+	}
+	data := f.data
+	if corrupt {
+		data = append([]byte(nil), data...)
+		data[len(data)/2] ^= 0xff
+	}
+	w.Header().Set("ETag", `"`+f.sha256+`"`)
+	w.Header().Set("Content-Type", "application/octet-stream")
+	if cutting && r.Method == http.MethodGet {
+		// Announce the whole body, send part of it and drop the connection, as a failing proxy or network does.
+		w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+		w.WriteHeader(http.StatusOK)
+		w.Write(data[:min(cut, int64(len(data)))])
+		w.(http.Flusher).Flush()
+		if conn, _, err := w.(http.Hijacker).Hijack(); err == nil {
+			if tc, ok := conn.(*net.TCPConn); ok {
+				tc.SetLinger(0)
+			}
+			conn.Close()
+		}
+		return
+	}
+	if stalling && r.Method == http.MethodGet {
+		w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+		w.WriteHeader(http.StatusOK)
+		w.Write(data[:min(stall, int64(len(data)))])
+		w.(http.Flusher).Flush()
+		if onStall != nil {
+			onStall()
+		}
+		<-r.Context().Done()
+		return
+	}
+	http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(data))
+}
+
+func sortedKeys(m map[string]*file) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
