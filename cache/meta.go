@@ -170,3 +170,11 @@ func inode(info fs.FileInfo) (uint64, bool) {
 	}
 	return st.Ino, true
 }
+
+func linkCount(info fs.FileInfo) uint64 {
+	st, ok := info.Sys().(*syscall.Stat_t)
+	if !ok {
+		return 1
+	}
+	return uint64(st.Nlink)
+}

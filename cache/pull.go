@@ -187,9 +187,7 @@ func (f *flight) leave(id int, linger time.Duration) {
 
 // completeManifest returns the manifest descriptor for a complete manifest or index digest.
 func (c *Cache) completeManifest(d digest.Digest) (ocispec.Descriptor, bool) {
-	var out ocispec.Descriptor
-	var ok bool
-	var bad map[digest.Digest]string
+	var rec *manifestRecord
 	c.db.View(func(tx *bolt.Tx) error {
 		md, err := resolveDigest(tx, d)
 		if err != nil {
@@ -199,22 +197,21 @@ func (c *Cache) completeManifest(d digest.Digest) (ocispec.Descriptor, bool) {
 		if err != nil || !found || !st.Complete {
 			return err
 		}
-		// The cheap check on use: every blob there, with its size.
-		rec, err := c.manifest(tx, md)
-		if err != nil || rec == nil {
-			return err
-		}
-		if bad = c.damage(rec); bad == nil {
-			out, ok = st.Descriptor, true
-		}
-		return nil
+		rec, err = c.manifest(tx, md)
+		return err
 	})
+	if rec == nil {
+		return ocispec.Descriptor{}, false
+	}
+	// The check on use, outside the transaction since it may re-hash: every blob there, with its size and stamp.
+	bad := c.damage(rec)
 	if bad != nil {
 		if err := c.repair(bad); err != nil {
 			c.log.Warn("taking damaged blobs out of use failed", "manifest", d.String(), "error", err.Error())
 		}
+		return ocispec.Descriptor{}, false
 	}
-	return out, ok
+	return rec.Descriptor, true
 }
 
 // Has reports whether the manifest or index d is in the cache, complete.

@@ -19,6 +19,7 @@ import (
 
 	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/artifact/archive"
+	"github.com/modelpack/modelpack/cas"
 )
 
 // Selector narrows a view. The zero Selector is the whole artifact.
@@ -229,10 +230,11 @@ func (c *Cache) ensureView(md digest.Digest, sel Selector) (string, error) {
 
 // node is one entry of a view being assembled: layers are merged into this tree, then it is materialised.
 type node struct {
-	mode     fs.FileMode // type and permission bits
-	src      string      // file to hardlink, for regular files
-	target   string      // for symlinks
-	layer    int         // index of the layer that put it here
+	mode     fs.FileMode   // type and permission bits
+	src      string        // file to hardlink, for regular files
+	blob     digest.Digest // the blob src is, for a raw layer's file: linked through cas, which keeps its stamp
+	target   string        // for symlinks
+	layer    int           // index of the layer that put it here
 	children map[string]*node
 }
 
@@ -250,7 +252,7 @@ func (c *Cache) buildView(rec *manifestRecord, sel Selector, dir string) error {
 			continue
 		}
 		if l.Format == artifact.FormatRaw {
-			if err := root.put(l.Path, &node{mode: 0o444, src: c.blobs.Path(l.Digest), layer: i}); err != nil {
+			if err := root.put(l.Path, &node{mode: 0o444, src: c.blobs.Path(l.Digest), blob: l.Digest, layer: i}); err != nil {
 				return fmt.Errorf("layer %s: %w", l.Digest, err)
 			}
 			continue
@@ -269,7 +271,7 @@ func (c *Cache) buildView(rec *manifestRecord, sel Selector, dir string) error {
 	if err != nil {
 		return err
 	}
-	files, err := root.materialize(tmp, rec.Image)
+	files, err := root.materialize(tmp, rec.Image, c.blobs)
 	if err == nil {
 		err = os.Rename(tmp, dir)
 	}
@@ -399,7 +401,7 @@ func (n *node) prune(p string, sel Selector) bool {
 
 // materialize creates the tree under dir (which exists) and returns the number of files linked. Directories are
 // read-only; a model's are also open to every user, an image's keep their permissions.
-func (n *node) materialize(dir string, image bool) (int, error) {
+func (n *node) materialize(dir string, image bool, blobs *cas.Store) (int, error) {
 	names := make([]string, 0, len(n.children))
 	for name := range n.children {
 		names = append(names, name)
@@ -413,7 +415,7 @@ func (n *node) materialize(dir string, image bool) (int, error) {
 			if err := os.Mkdir(p, 0o755); err != nil {
 				return files, err
 			}
-			k, err := child.materialize(p, image)
+			k, err := child.materialize(p, image, blobs)
 			files += k
 			if err != nil {
 				return files, err
@@ -429,6 +431,13 @@ func (n *node) materialize(dir string, image bool) (int, error) {
 			if err := os.Symlink(child.target, p); err != nil {
 				return files, err
 			}
+		case child.blob != "":
+			// Checked against its stamp (re-hashed if it changed) and linked with the stamp carried over the
+			// link's change of ctime.
+			if err := blobs.Link(child.blob, p); err != nil {
+				return files, fmt.Errorf("link %s: %w", name, err)
+			}
+			files++
 		default:
 			if err := os.Link(child.src, p); err != nil {
 				return files, fmt.Errorf("link %s: %w", name, err)
