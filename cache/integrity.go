@@ -313,14 +313,26 @@ func (c *Cache) scrubBlobs(ctx context.Context) (VerifyReport, error) {
 	c.m.scrubPassBytes.Set(float64(total))
 	c.m.scrubPassDone.Set(0)
 	defer c.m.scrubPassBytes.Set(0)
-	limit := rate.NewLimiter(rate.Limit(c.opts.ScrubRate), scrubBurst)
-	if c.opts.ScrubRate <= 0 {
-		limit = rate.NewLimiter(rate.Inf, 0)
+	limit := rate.NewLimiter(rate.Inf, 0)
+	if c.opts.ScrubRate > 0 {
+		limit = rate.NewLimiter(rate.Limit(c.opts.ScrubRate), scrubBurst)
 	}
-	pace := func(n int) error {
+	pace := func(n int, urgent <-chan struct{}) error {
 		c.m.scrubBytes.Add(float64(n))
 		c.m.scrubPassDone.Add(float64(n))
-		return limit.WaitN(ctx, n)
+		delay := limit.ReserveN(time.Now(), n).Delay()
+		if delay <= 0 {
+			return ctx.Err()
+		}
+		t := time.NewTimer(delay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-urgent: // a use waits for this blob
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return nil
 	}
 	for _, b := range all {
 		if err := ctx.Err(); err != nil {

@@ -209,6 +209,7 @@ func (c *Cache) completeManifest(d digest.Digest) (ocispec.Descriptor, bool) {
 		if err := c.repair(bad); err != nil {
 			c.log.Warn("taking damaged blobs out of use failed", "manifest", d.String(), "error", err.Error())
 		}
+		c.emptyTrash() // the views of the bad blobs go now: a volume still mounting one loses the bad files
 		return ocispec.Descriptor{}, false
 	}
 	return rec.Descriptor, true

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -17,41 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/modelpack/modelpack/cas"
+	"github.com/modelpack/modelpack/internal/testenv"
 )
-
-// ddFlip flips one byte of a file in place as an attacker would, with dd conv=notrunc (same size, same inode, so
-// every hardlink of it shows the change); with keepMtime it then puts the mtime back with touch -d.
-func ddFlip(t *testing.T, path string, off int64, keepMtime bool) {
-	t.Helper()
-	before, err := os.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := make([]byte, 1)
-	if _, err := f.ReadAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	dd := exec.Command("dd", "of="+path, "bs=1", fmt.Sprintf("seek=%d", off), "count=1", "conv=notrunc", "status=none")
-	dd.Stdin = bytes.NewReader([]byte{b[0] ^ 0x5a})
-	if out, err := dd.CombinedOutput(); err != nil {
-		t.Fatalf("dd: %v: %s", err, out)
-	}
-	if keepMtime {
-		mt := before.ModTime()
-		if out, err := exec.Command("touch", "-d", fmt.Sprintf("@%d.%09d", mt.Unix(), mt.Nanosecond()), path).CombinedOutput(); err != nil {
-			t.Fatalf("touch: %v: %s", err, out)
-		}
-		after, _ := os.Stat(path)
-		if !after.ModTime().Equal(mt) || after.Size() != before.Size() {
-			t.Fatal("touch -d did not restore the mtime")
-		}
-	}
-}
 
 // rehashes counts the re-hashes of blobs, by digest, while a test runs.
 type rehashes struct {
@@ -113,7 +79,7 @@ func TestFlipIsCaughtOnUseWhateverTheRestart(t *testing.T) {
 			if tc.viaView {
 				target = filepath.Join(view, "a.safetensors")
 			}
-			ddFlip(t, target, 4097, tc.keepMtime)
+			testenv.FlipByte(t, target, 4097, tc.keepMtime)
 			if tc.restart {
 				c = openCache(t, c.root, Options{Logger: c.log})
 				if c.unclean.Load() {
@@ -223,7 +189,7 @@ func TestUncleanStartUseWaitsForTheBlobsRehash(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	ddFlip(t, filepath.Join(root, "blobs", "sha256", d.Encoded()), 10, true)
+	testenv.FlipByte(t, filepath.Join(root, "blobs", "sha256", d.Encoded()), 10, true)
 	forgeStamp(t, root, d)
 	if err := os.WriteFile(filepath.Join(root, runningFile), nil, 0o644); err != nil { // what a SIGKILL leaves
 		t.Fatal(err)
@@ -287,7 +253,7 @@ func TestScrubFindsWhatStampsCannotSee(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	ddFlip(t, filepath.Join(root, "blobs", "sha256", d.Encoded()), 10, true)
+	testenv.FlipByte(t, filepath.Join(root, "blobs", "sha256", d.Encoded()), 10, true)
 	forgeStamp(t, root, d)
 	c = openCache(t, root, Options{})
 	if !c.Has(desc.Digest) {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 
@@ -87,9 +88,12 @@ func hookCheck(d digest.Digest, event string) {
 type check struct {
 	done chan struct{}
 	err  error
-	// urgent: a use waits for it, so a throttled re-hash (the scrub) stops pacing itself.
-	urgent atomic.Bool
+	// urgent is closed once a use waits for it: a paced re-hash (the scrub) stops pacing itself, at once.
+	urgent     chan struct{}
+	urgentOnce sync.Once
 }
+
+func (ck *check) hurry() { ck.urgentOnce.Do(func() { close(ck.urgent) }) }
 
 func (s *Store) stampPath(d digest.Digest) string {
 	return filepath.Join(s.root, "ingest", "stamps", d.Algorithm().String()+"-"+d.Encoded())
@@ -223,7 +227,7 @@ func (s *Store) Check(d digest.Digest) (int64, error) {
 			return fi.Size(), nil
 		}
 		ck, lead := s.beginCheckLocked(d)
-		ck.urgent.Store(true)
+		ck.hurry()
 		s.stampMu.Unlock()
 		if lead {
 			s.rehash(d, ck, nil)
@@ -251,14 +255,14 @@ func (s *Store) beginCheckLocked(d digest.Digest) (ck *check, lead bool) {
 	if ck := s.checks[d]; ck != nil {
 		return ck, false
 	}
-	ck = &check{done: make(chan struct{})}
+	ck = &check{done: make(chan struct{}), urgent: make(chan struct{})}
 	s.checks[d] = ck
 	return ck, true
 }
 
 // rehash re-hashes d, paced by pace (nil: at full speed) until a use waits for it, records its stamp if its bytes
 // are right, and ends ck.
-func (s *Store) rehash(d digest.Digest, ck *check, pace func(n int) error) {
+func (s *Store) rehash(d digest.Digest, ck *check, pace Pace) {
 	hookCheck(d, "rehash")
 	var err error
 	var st Stamp
@@ -268,10 +272,10 @@ func (s *Store) rehash(d digest.Digest, ck *check, pace func(n int) error) {
 			break
 		}
 		if err = s.hash(d, func(n int) error {
-			if pace == nil || ck.urgent.Load() {
+			if pace == nil {
 				return nil
 			}
-			if err := pace(n); err != nil {
+			if err := pace(n, ck.urgent); err != nil {
 				return fmt.Errorf("%w: %w", errScrubStopped, err)
 			}
 			return nil
@@ -338,10 +342,13 @@ func (s *Store) hash(d digest.Digest, pace func(n int) error) error {
 	return nil
 }
 
-// Scrub re-hashes blob d whatever its stamp, calling pace after each chunk (a scrub's throttle; an error from it
-// stops the re-hash) unless a use starts waiting for it, and records its stamp if its bytes are right. A re-hash of
-// d already under way is joined instead.
-func (s *Store) Scrub(d digest.Digest, pace func(n int) error) error {
+// Pace is a scrub's throttle, called after each chunk of n bytes re-hashed: it may wait, but must return at once
+// when urgent is closed (a use waits for this blob); an error from it stops the re-hash.
+type Pace func(n int, urgent <-chan struct{}) error
+
+// Scrub re-hashes blob d whatever its stamp, paced by pace (nil: at full speed), and records its stamp if its bytes
+// are right. A re-hash of d already under way is joined instead.
+func (s *Store) Scrub(d digest.Digest, pace Pace) error {
 	if err := d.Validate(); err != nil {
 		return err
 	}
