@@ -139,6 +139,10 @@ type Cache struct {
 
 	layerFlight singleflight.Group
 	viewFlight  singleflight.Group
+
+	// layerMu guards lstamps, the stamps of extracted layers' files loaded so far (layerstamps.go).
+	layerMu sync.Mutex
+	lstamps map[digest.Digest]*layerStamps
 }
 
 // Open opens the cache at opts.Root, creating it, and recovers from a crash: half-built views and layers are
@@ -173,7 +177,7 @@ func Open(opts Options) (*Cache, error) {
 	c := &Cache{
 		opts: opts, root: root, blobs: blobs, db: db, m: newMetrics(), log: opts.Logger,
 		ctx: ctx, cancel: cancel,
-		flights: map[digest.Digest]*flight{}, pulling: map[digest.Digest]int{},
+		flights: map[digest.Digest]*flight{}, pulling: map[digest.Digest]int{}, lstamps: map[digest.Digest]*layerStamps{},
 	}
 	c.layerFlusher = cas.NewFlusher(blobs, c.flushLayers)
 	if err := c.recover(); err != nil {
@@ -307,6 +311,9 @@ func (c *Cache) recover() error {
 			if err := durable.Delete(k); err != nil {
 				return err
 			}
+			if err := tx.Bucket(bucketLayerStamps).Delete(k); err != nil {
+				return err
+			}
 		}
 		// The views built from dropped layers hold hardlinks to their files.
 		ms, err := allManifests(tx)
@@ -372,15 +379,17 @@ func (c *Cache) trash(dir string) error {
 
 func (c *Cache) emptyTrash() error { return c.emptyDir(filepath.Join(c.root, "trash")) }
 
-// emptyDir removes everything inside dir. A file that is a hardlink of a blob (a view's) is unlinked through
-// cas, which carries the blob's stamp over the unlink's change of ctime: without that, deleting a view would make
-// the next use of its blobs re-hash them.
+// emptyDir removes everything inside dir. A file that is a hardlink of a blob or of an extracted file (a view's)
+// is unlinked so as to carry that file's stamp over the unlink's change of ctime (cas for blobs, layerstamps.go
+// for extracted files): without that, deleting a view would make the next use re-hash its blobs and extract its
+// layers again.
 func (c *Cache) emptyDir(dir string) error {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return err
 	}
 	var errs []error
+	var shared []string // hardlinks of extracted files
 	for _, e := range entries {
 		p := filepath.Join(dir, e.Name())
 		filepath.WalkDir(p, func(q string, d fs.DirEntry, err error) error {
@@ -390,14 +399,21 @@ func (c *Cache) emptyDir(dir string) error {
 				os.Chmod(q, 0o755) // views and layers are read-only
 			case d.Type().IsRegular():
 				if info, err := d.Info(); err == nil && linkCount(info) > 1 {
-					if _, err := c.blobs.Unlink(q); err != nil && !errors.Is(err, fs.ErrNotExist) {
+					blob, err := c.blobs.Unlink(q)
+					if err != nil && !errors.Is(err, fs.ErrNotExist) {
 						errs = append(errs, err)
+					}
+					if !blob && err == nil {
+						shared = append(shared, q)
 					}
 				}
 			}
 			return nil
 		})
-		errs = append(errs, removeAll(p))
+	}
+	errs = append(errs, c.unlinkExtracted(shared))
+	for _, e := range entries {
+		errs = append(errs, removeAll(filepath.Join(dir, e.Name())))
 	}
 	return errors.Join(errs...)
 }

@@ -68,7 +68,9 @@
 //
 // Integrity (integrity.go, and cas's stamps): every Has, Resolve, Pull and Acquire stats every blob of the
 // manifest and compares it with the stamp recorded when its bytes were last verified (inode, size, mtime, ctime);
-// a blob whose stamp changed, or every blob after an unclean start, is re-hashed before it is passed. A scrub
+// a blob whose stamp changed, or every blob after an unclean start, is re-hashed before it is passed. Every
+// Acquire also stats the files of the extracted layers its view uses (layerstamps.go): a changed one has its layer
+// deleted with its views and extracted again. A scrub
 // re-hashes every blob in the background (idle I/O priority, nice 19, Options.ScrubRate) after an unclean start
 // and every VerifyInterval; Repair does it at once. A bad blob is quarantined, its manifests become incomplete
 // (the next Pull fetches it again), its views and extracted layers are deleted, and it is counted in

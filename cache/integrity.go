@@ -129,6 +129,9 @@ func (c *Cache) repair(bad map[digest.Digest]string) error {
 			if err := tx.Bucket(bucketDurableLayers).Delete([]byte(d)); err != nil {
 				return err
 			}
+			if err := tx.Bucket(bucketLayerStamps).Delete([]byte(d)); err != nil {
+				return err
+			}
 		}
 		return nil
 	}))

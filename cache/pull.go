@@ -550,6 +550,12 @@ func (c *Cache) extractLayer(ctx context.Context, l artifact.Layer, dst string) 
 			removeAll(tmp)
 			return ctx, fmt.Errorf("extract layer %s (%s): %w", l.Digest, l.MediaType, err)
 		}
+		// Stamped before the rename, which leaves the files' ctimes as they are (layerstamps.go).
+		stamps, err := stampTree(tmp)
+		if err != nil {
+			removeAll(tmp)
+			return ctx, err
+		}
 		// Recorded before it appears under its name (recover drops a record whose directory never appeared), and
 		// with the durable mark of any earlier extraction of this digest dropped: only this extraction's own flush
 		// may vouch for these files.
@@ -558,6 +564,9 @@ func (c *Cache) extractLayer(ctx context.Context, l artifact.Layer, dst string) 
 			var err error
 			e, err = c.extractions.Begin(l.Digest, func() error { return tx.Bucket(bucketDurableLayers).Delete([]byte(l.Digest)) })
 			if err != nil {
+				return err
+			}
+			if err := putJSON(tx.Bucket(bucketLayerStamps), string(l.Digest), stamps); err != nil {
 				return err
 			}
 			return putJSON(tx.Bucket(bucketLayers), string(l.Digest), st)

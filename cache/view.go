@@ -144,8 +144,23 @@ func (c *Cache) Acquire(owner string, manifest digest.Digest, sel Selector) (str
 	sel = sel.canonical()
 	start := time.Now()
 	// Never a view of blobs that are missing or of the wrong size (this also takes them out of use).
-	if _, ok := c.completeManifest(manifest); !ok {
+	m, ok := c.completeManifest(manifest)
+	if !ok {
 		return "", fmt.Errorf("manifest %s: %w (pull it first)", manifest, ErrNotFound)
+	}
+	// Nor of extracted files changed since their extraction: their layers are extracted again.
+	var rec *manifestRecord
+	c.db.View(func(tx *bolt.Tx) error {
+		var err error
+		rec, err = c.manifest(tx, m.Digest)
+		return err
+	})
+	if rec != nil {
+		if bad := c.damagedLayers(rec, sel); len(bad) > 0 {
+			if err := c.dropLayers(bad); err != nil {
+				return "", err
+			}
+		}
 	}
 	var md digest.Digest
 	var prev []byte
@@ -271,7 +286,22 @@ func (c *Cache) buildView(rec *manifestRecord, sel Selector, dir string) error {
 	if err != nil {
 		return err
 	}
-	files, err := root.materialize(tmp, rec.Image, c.blobs)
+	// Links change the ctimes of the files they link: their stamps are carried over (layerstamps.go).
+	changed := map[digest.Digest]map[string]cas.Stamp{}
+	c.layerMu.Lock()
+	files, err := root.materialize(tmp, rec.Image, func(n *node, dst string) error {
+		if n.blob != "" {
+			return c.blobs.Link(n.blob, dst)
+		}
+		if d, rel, ok := c.extractedFile(n.src); ok {
+			return c.relinkExtractedLocked(d, rel, func() error { return os.Link(n.src, dst) }, changed)
+		}
+		return os.Link(n.src, dst)
+	})
+	if serr := c.saveLayerStamps(changed); err == nil {
+		err = serr
+	}
+	c.layerMu.Unlock()
 	if err == nil {
 		err = os.Rename(tmp, dir)
 	}
@@ -401,7 +431,7 @@ func (n *node) prune(p string, sel Selector) bool {
 
 // materialize creates the tree under dir (which exists) and returns the number of files linked. Directories are
 // read-only; a model's are also open to every user, an image's keep their permissions.
-func (n *node) materialize(dir string, image bool, blobs *cas.Store) (int, error) {
+func (n *node) materialize(dir string, image bool, link func(n *node, dst string) error) (int, error) {
 	names := make([]string, 0, len(n.children))
 	for name := range n.children {
 		names = append(names, name)
@@ -415,7 +445,7 @@ func (n *node) materialize(dir string, image bool, blobs *cas.Store) (int, error
 			if err := os.Mkdir(p, 0o755); err != nil {
 				return files, err
 			}
-			k, err := child.materialize(p, image, blobs)
+			k, err := child.materialize(p, image, link)
 			files += k
 			if err != nil {
 				return files, err
@@ -431,15 +461,8 @@ func (n *node) materialize(dir string, image bool, blobs *cas.Store) (int, error
 			if err := os.Symlink(child.target, p); err != nil {
 				return files, err
 			}
-		case child.blob != "":
-			// Checked against its stamp (re-hashed if it changed) and linked with the stamp carried over the
-			// link's change of ctime.
-			if err := blobs.Link(child.blob, p); err != nil {
-				return files, fmt.Errorf("link %s: %w", name, err)
-			}
-			files++
 		default:
-			if err := os.Link(child.src, p); err != nil {
+			if err := link(child, p); err != nil {
 				return files, fmt.Errorf("link %s: %w", name, err)
 			}
 			files++
