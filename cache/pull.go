@@ -187,6 +187,15 @@ func (f *flight) leave(id int, linger time.Duration) {
 
 // completeManifest returns the manifest descriptor for a complete manifest or index digest.
 func (c *Cache) completeManifest(d digest.Digest) (ocispec.Descriptor, bool) {
+	rec, ok := c.completeRecord(d)
+	if !ok {
+		return ocispec.Descriptor{}, false
+	}
+	return rec.Descriptor, true
+}
+
+// completeRecord returns the record of a complete manifest or index digest, its blobs checked.
+func (c *Cache) completeRecord(d digest.Digest) (*manifestRecord, bool) {
 	var rec *manifestRecord
 	c.db.View(func(tx *bolt.Tx) error {
 		md, err := resolveDigest(tx, d)
@@ -201,7 +210,7 @@ func (c *Cache) completeManifest(d digest.Digest) (ocispec.Descriptor, bool) {
 		return err
 	})
 	if rec == nil {
-		return ocispec.Descriptor{}, false
+		return nil, false
 	}
 	// The check on use, outside the transaction since it may re-hash: every blob there, with its size and stamp.
 	bad := c.damage(rec)
@@ -210,9 +219,9 @@ func (c *Cache) completeManifest(d digest.Digest) (ocispec.Descriptor, bool) {
 			c.log.Warn("taking damaged blobs out of use failed", "manifest", d.String(), "error", err.Error())
 		}
 		c.emptyTrash() // the views of the bad blobs go now: a volume still mounting one loses the bad files
-		return ocispec.Descriptor{}, false
+		return nil, false
 	}
-	return rec.Descriptor, true
+	return rec, true
 }
 
 // Has reports whether the manifest or index d is in the cache, complete.

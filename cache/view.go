@@ -144,22 +144,14 @@ func (c *Cache) Acquire(owner string, manifest digest.Digest, sel Selector) (str
 	sel = sel.canonical()
 	start := time.Now()
 	// Never a view of blobs that are missing or of the wrong size (this also takes them out of use).
-	m, ok := c.completeManifest(manifest)
+	rec, ok := c.completeRecord(manifest)
 	if !ok {
 		return "", fmt.Errorf("manifest %s: %w (pull it first)", manifest, ErrNotFound)
 	}
 	// Nor of extracted files changed since their extraction: their layers are extracted again.
-	var rec *manifestRecord
-	c.db.View(func(tx *bolt.Tx) error {
-		var err error
-		rec, err = c.manifest(tx, m.Digest)
-		return err
-	})
-	if rec != nil {
-		if bad := c.damagedLayers(rec, sel); len(bad) > 0 {
-			if err := c.dropLayers(bad); err != nil {
-				return "", err
-			}
+	if bad := c.damagedLayers(rec, sel); len(bad) > 0 {
+		if err := c.dropLayers(bad); err != nil {
+			return "", err
 		}
 	}
 	var md digest.Digest
