@@ -48,25 +48,18 @@ var backgroundVerifyHook func(VerifyReport, error)
 func (c *Cache) damage(rec *manifestRecord) map[digest.Digest]string {
 	var bad map[digest.Digest]string
 	for _, b := range rec.blobs() {
-		n, err := c.blobs.Stat(b.Digest)
+		// A stat compared with the blob's stamp; a re-hash only if it changed (or is pending).
+		n, err := c.blobs.Check(b.Digest)
 		var why string
 		switch {
 		case errors.Is(err, cas.ErrNotFound):
 			why = "missing"
-		case err != nil:
-			why = err.Error()
-		case n != b.Size:
+		case errors.Is(err, cas.ErrSizeMismatch), err == nil && n != b.Size:
 			why = fmt.Sprintf("size %d, descriptor says %d", n, b.Size)
+		case err != nil:
+			why = "digest: " + err.Error()
 		default:
-			_, err := c.blobs.Check(b.Digest)
-			switch {
-			case err == nil:
-				continue
-			case errors.Is(err, cas.ErrNotFound):
-				why = "missing"
-			default:
-				why = "digest: " + err.Error()
-			}
+			continue
 		}
 		if bad == nil {
 			bad = map[digest.Digest]string{}

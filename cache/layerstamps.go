@@ -198,14 +198,13 @@ func (c *Cache) extractedFile(p string) (digest.Digest, string, bool) {
 	return d, inner, ok && d.Validate() == nil
 }
 
-// relinkExtracted runs op, which changes the link count of the extracted file of layer d at rel, and records the
-// file's new stamp (in changed, for the caller to save) if the old one matched right before. The caller holds
-// layerMu.
-func (c *Cache) relinkExtractedLocked(d digest.Digest, rel string, op func() error, changed map[digest.Digest]map[string]cas.Stamp) error {
-	ls, ok := c.layerStampsLocked(d)
+// relinkExtractedLocked runs op, which changes the link count of the extracted file of layer d at rel, and records
+// the file's new stamp (in changed, for the caller to save) if the old one matched right before. ls is the
+// layer's stamps (nil if it has none). The caller holds layerMu.
+func (c *Cache) relinkExtractedLocked(ls *layerStamps, d digest.Digest, rel string, op func() error, changed map[digest.Digest]map[string]cas.Stamp) error {
 	p := filepath.Join(c.layerDir(d), filepath.FromSlash(rel))
 	fi, err := os.Lstat(p)
-	carry := ok && err == nil && ls.files[rel] == cas.StampOf(fi)
+	carry := ls != nil && err == nil && ls.files[rel] == cas.StampOf(fi)
 	if err := op(); err != nil {
 		return err
 	}
@@ -233,6 +232,7 @@ func (c *Cache) unlinkExtracted(paths []string) error {
 	type file struct {
 		layer digest.Digest
 		rel   string
+		ls    *layerStamps
 	}
 	byInode := map[[2]uint64]file{}
 	var layers []digest.Digest
@@ -245,7 +245,7 @@ func (c *Cache) unlinkExtracted(paths []string) error {
 	for _, d := range layers {
 		if ls, ok := c.layerStampsLocked(d); ok {
 			for ino, rel := range ls.inodes {
-				byInode[ino] = file{d, rel}
+				byInode[ino] = file{d, rel, ls}
 			}
 		}
 	}
@@ -261,7 +261,7 @@ func (c *Cache) unlinkExtracted(paths []string) error {
 		if !ok {
 			continue // removeAll deletes it
 		}
-		errs = append(errs, c.relinkExtractedLocked(f.layer, f.rel, func() error { return os.Remove(p) }, changed))
+		errs = append(errs, c.relinkExtractedLocked(f.ls, f.layer, f.rel, func() error { return os.Remove(p) }, changed))
 	}
 	return errors.Join(append(errs, c.saveLayerStamps(changed))...)
 }

@@ -280,13 +280,19 @@ func (c *Cache) buildView(rec *manifestRecord, sel Selector, dir string) error {
 	}
 	// Links change the ctimes of the files they link: their stamps are carried over (layerstamps.go).
 	changed := map[digest.Digest]map[string]cas.Stamp{}
+	loaded := map[digest.Digest]*layerStamps{}
 	c.layerMu.Lock()
 	files, err := root.materialize(tmp, rec.Image, func(n *node, dst string) error {
 		if n.blob != "" {
 			return c.blobs.Link(n.blob, dst)
 		}
 		if d, rel, ok := c.extractedFile(n.src); ok {
-			return c.relinkExtractedLocked(d, rel, func() error { return os.Link(n.src, dst) }, changed)
+			ls, seen := loaded[d]
+			if !seen {
+				ls, _ = c.layerStampsLocked(d)
+				loaded[d] = ls
+			}
+			return c.relinkExtractedLocked(ls, d, rel, func() error { return os.Link(n.src, dst) }, changed)
 		}
 		return os.Link(n.src, dst)
 	})

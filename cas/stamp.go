@@ -226,6 +226,11 @@ func (s *Store) Check(d digest.Digest) (int64, error) {
 			s.stampMu.Unlock()
 			return fi.Size(), nil
 		}
+		if ok && rec.Size != fi.Size() {
+			// A blob's size is fixed by its digest: no need to hash to know these bytes are wrong.
+			s.stampMu.Unlock()
+			return fi.Size(), fmt.Errorf("%s: %w: %d bytes, %d when verified", d, ErrSizeMismatch, fi.Size(), rec.Size)
+		}
 		ck, lead := s.beginCheckLocked(d)
 		ck.hurry()
 		s.stampMu.Unlock()
@@ -364,13 +369,41 @@ func (s *Store) Scrub(d digest.Digest, pace Pace) error {
 	return ck.err
 }
 
-// Link hardlinks blob d at dst (the cache's views), after its Check, and carries its stamp over the link's change
-// of ctime.
+// Link hardlinks blob d at dst (the cache's views), its stamp checked right before (a re-hash first if it changed)
+// and carried over the link's change of ctime.
 func (s *Store) Link(d digest.Digest, dst string) error {
-	if _, err := s.Check(d); err != nil {
-		return err
+	for range 2 {
+		linked, err := s.relinkIfStamped(d, func() error { return os.Link(s.Path(d), dst) })
+		if linked || err != nil {
+			return err
+		}
+		if _, err := s.Check(d); err != nil {
+			return err
+		}
 	}
-	return s.relink(d, func() error { return os.Link(s.Path(d), dst) })
+	return fmt.Errorf("%s: %w: its file keeps changing", d, ErrDigestMismatch)
+}
+
+// relinkIfStamped runs op and carries d's stamp over it only if the stamp matches right before; otherwise it
+// does nothing and reports false.
+func (s *Store) relinkIfStamped(d digest.Digest, op func() error) (bool, error) {
+	s.stampMu.Lock()
+	defer s.stampMu.Unlock()
+	fi, err := os.Stat(s.Path(d))
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, fmt.Errorf("%s: %w", d, ErrNotFound)
+	}
+	rec, ok := s.stamps[d]
+	if err != nil || !ok || rec != StampOf(fi) || s.suspect[d] || s.checks[d] != nil {
+		return false, err
+	}
+	if err := op(); err != nil {
+		return false, err
+	}
+	if fi, err = os.Stat(s.Path(d)); err == nil {
+		s.setStampLocked(d, StampOf(fi))
+	}
+	return true, nil
 }
 
 // Unlink removes path and reports whether it was a hardlink of a blob, whose stamp it then carries over the change
