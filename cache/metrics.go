@@ -51,7 +51,7 @@ func newMetrics() *metrics {
 		gcFreed:        counter("gc_freed_bytes_total", "Bytes freed by garbage collection."),
 		verifyProblems: counter("verify_problems_total", "Problems found by Verify."),
 		corruptBlobs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "corrupt_blobs_total",
-			Help: "Damaged blobs taken out of use (quarantined, pulled again), by problem: missing, size, digest."}, []string{"problem"}),
+			Help: "Damaged blobs taken out of use (quarantined, pulled again), by problem: missing, size, digest; extracted: a changed file of an extracted layer (extracted again)."}, []string{"problem"}),
 		scrubBytes:   counter("scrub_bytes_total", "Bytes re-hashed by the background scrub."),
 		scrubCorrupt: counter("scrub_corrupt_blobs_total", "Damaged blobs the background scrub found (also counted in corrupt_blobs_total)."),
 		scrubLastCompletion: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "scrub_last_completion_timestamp_seconds",
