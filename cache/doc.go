@@ -5,7 +5,8 @@
 //
 //	blobs/sha256/<hex>     verified blobs (package cas): manifests, configs, layers. A raw layer is the file itself.
 //	ingest/                resumable partial downloads (cas), kept across restarts until abandoned for PullLinger;
-//	                       ingest/durable/ marks the blobs whose flush to disk completed, ingest/boot-id the boot
+//	                       ingest/durable/ marks the blobs whose flush to disk completed, ingest/boot-id the boot,
+//	                       ingest/stamps/ what identifies each blob's verified bytes on disk (cas/stamp.go)
 //	quarantine/            damaged blobs taken out of use, kept for inspection until the next GC
 //	running                exists while a process has the cache open (its absence at Open means a clean Close)
 //	layers/sha256/<hex>/   each tar layer extracted once (whiteouts kept as .wh.* marker files for the merge)
@@ -18,7 +19,7 @@
 //
 //	func Open(opts Options) (*Cache, error)
 //	    Options{Root; MaxBytes; Limits archive.Limits; Platform; Concurrency; PullLinger; MinAge; LockTimeout;
-//	    VerifyInterval; Logger}.
+//	    VerifyInterval; ScrubRate; Logger}.
 //	    Opens (creating) the cache and runs crash recovery: half-built views and layers are deleted, complete
 //	    blobs and views and resumable partial downloads are kept. One process holds a root at a time.
 //	func (c *Cache) Close() error
@@ -65,9 +66,13 @@
 // bucketDurableLayers only after a syncfs that began once their extraction was complete; after a restart of the
 // machine an unmarked layer is deleted and extracted again.
 //
-// Integrity (integrity.go): a complete manifest whose blobs are not all present with their sizes is not complete
-// (checked by a stat per blob on every Has, Resolve, Pull and Acquire); every blob is re-hashed in the background
-// after an unclean start, every VerifyInterval, and by Repair. A bad blob is quarantined, its manifests become
-// incomplete (the next Pull fetches it again), its views and extracted layers are deleted, and it is counted in
+// Integrity (integrity.go, and cas's stamps): every Has, Resolve, Pull and Acquire stats every blob of the
+// manifest and compares it with the stamp recorded when its bytes were last verified (inode, size, mtime, ctime);
+// a blob whose stamp changed, or every blob after an unclean start, is re-hashed before it is passed. Every
+// Acquire also stats the files of the extracted layers its view uses (layerstamps.go): a changed one has its layer
+// deleted with its views and extracted again. A scrub
+// re-hashes every blob in the background (idle I/O priority, nice 19, Options.ScrubRate) after an unclean start
+// and every VerifyInterval; Repair does it at once. A bad blob is quarantined, its manifests become incomplete
+// (the next Pull fetches it again), its views and extracted layers are deleted, and it is counted in
 // modelpack_cache_corrupt_blobs_total{problem} and logged.
 package cache

@@ -237,6 +237,9 @@ func (c *Cache) gcLocked(ctx context.Context, st *GCStats, remove *digest.Digest
 				if err := tx.Bucket(bucketDurableLayers).Delete([]byte(d)); err != nil {
 					return err
 				}
+				if err := tx.Bucket(bucketLayerStamps).Delete([]byte(d)); err != nil {
+					return err
+				}
 			}
 		}
 		return nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -13,17 +14,23 @@ import (
 
 	digest "github.com/opencontainers/go-digest"
 	bolt "go.etcd.io/bbolt"
+	"golang.org/x/time/rate"
 
 	"github.com/modelpack/modelpack/cas"
 	"github.com/modelpack/modelpack/internal/diskio"
 )
 
-// Integrity. Blobs are verified when they enter (cas), but disks and people damage files later. Three checks:
+// Integrity. Blobs are verified when they enter (cas), but disks and people damage files later. Four checks:
 //
-//   - on use, cheap: a complete manifest whose blobs are not all there with their sizes is not complete (Has,
-//     Resolve, Pull and Acquire see it so), which catches truncation and deletion at the cost of a stat per blob;
-//   - a full re-hash of every blob (Repair): after an unclean start (in the background, once open), every
-//     Options.VerifyInterval, and on demand (modelpack cache verify --repair);
+//   - on use, cheap: every blob of a manifest is stat'ed on every Has, Resolve, Pull and Acquire. A missing blob or
+//     one of the wrong size makes the manifest incomplete; a blob whose stat no longer matches the stamp recorded
+//     when its bytes were last verified (cas.Store.Check: inode, size, mtime, ctime) is re-hashed first, whatever
+//     the number of restarts since;
+//   - after an unclean start every blob is suspect (cas.Store.SuspectAll): a use re-hashes the blob it needs, or
+//     waits for the re-hash under way, before passing it, while the scrub goes through the rest;
+//   - the scrub re-hashes every blob in the background, at idle I/O priority, nice 19 and at most
+//     Options.ScrubRate, after an unclean start and every Options.VerifyInterval, for what a stamp cannot see
+//     (bit rot, writes to the block device); Repair (modelpack cache verify --repair) does it at once at full speed;
 //   - after a restart of the machine, cas re-hashes the blobs whose flush had not completed before Open returns.
 //
 // A bad blob is quarantined (cas.Quarantine), the manifests that need it become incomplete so that the next
@@ -36,19 +43,21 @@ const runningFile = "running"
 // backgroundVerifyHook, if set (tests), receives the result of each background verification.
 var backgroundVerifyHook func(VerifyReport, error)
 
-// damage is what the cheap check found wrong with a manifest's blobs, by digest.
+// damage is what the check on use found wrong with a manifest's blobs, by digest. It re-hashes the blobs whose
+// stamp changed or whose re-hash is pending, so it runs outside any transaction.
 func (c *Cache) damage(rec *manifestRecord) map[digest.Digest]string {
 	var bad map[digest.Digest]string
 	for _, b := range rec.blobs() {
-		n, err := c.blobs.Stat(b.Digest)
+		// A stat compared with the blob's stamp; a re-hash only if it changed (or is pending).
+		n, err := c.blobs.Check(b.Digest)
 		var why string
 		switch {
 		case errors.Is(err, cas.ErrNotFound):
 			why = "missing"
-		case err != nil:
-			why = err.Error()
-		case n != b.Size:
+		case errors.Is(err, cas.ErrSizeMismatch), err == nil && n != b.Size:
 			why = fmt.Sprintf("size %d, descriptor says %d", n, b.Size)
+		case err != nil:
+			why = "digest: " + err.Error()
 		default:
 			continue
 		}
@@ -76,8 +85,10 @@ func (c *Cache) repair(bad map[digest.Digest]string) error {
 		case strings.HasPrefix(why, "size"):
 			kind = "size"
 		}
-		c.m.corruptBlobs.WithLabelValues(kind).Inc()
-		c.log.Error("cache blob is damaged: quarantined; the manifests that need it will be pulled again", "digest", d.String(), "problem", why)
+		if _, err := c.blobs.Stat(d); kind != "missing" && errors.Is(err, cas.ErrNotFound) {
+			continue // already out: a use and the scrub shared the re-hash that found it, and the other took it out
+		}
+		c.corrupt(d, kind, why)
 		errs = append(errs, c.blobs.Quarantine(d))
 	}
 	var affected []digest.Digest
@@ -111,6 +122,9 @@ func (c *Cache) repair(bad map[digest.Digest]string) error {
 			if err := tx.Bucket(bucketDurableLayers).Delete([]byte(d)); err != nil {
 				return err
 			}
+			if err := tx.Bucket(bucketLayerStamps).Delete([]byte(d)); err != nil {
+				return err
+			}
 		}
 		return nil
 	}))
@@ -121,6 +135,12 @@ func (c *Cache) repair(bad map[digest.Digest]string) error {
 	// otherwise keep reading wrong bytes); the next Acquire builds a new one from the fetched blobs.
 	errs = append(errs, c.trashViews(affected))
 	return errors.Join(errs...)
+}
+
+// corrupt counts and logs a damaged blob.
+func (c *Cache) corrupt(d digest.Digest, kind, why string) {
+	c.m.corruptBlobs.WithLabelValues(kind).Inc()
+	c.log.Error("cache blob is damaged: quarantined; the manifests that need it will be pulled again", "digest", d.String(), "problem", why)
 }
 
 // trashViews deletes every view (whole or selected) of the given manifests.
@@ -202,34 +222,25 @@ func (c *Cache) flushLayers(batch []extraction) {
 	})
 }
 
-// maintain runs in the background while the cache is open: a full verification after an unclean start and every
+// maintain runs in the background while the cache is open: a scrub after an unclean start and every
 // VerifyInterval, and the removal of partial downloads abandoned for longer than their linger.
 func (c *Cache) maintain(unclean bool) {
 	defer c.wg.Done()
-	verifyFailed := func(err error) {
-		if c.ctx.Err() == nil {
-			c.log.Warn("cache verification failed", "error", err.Error())
+	scrub := func() {
+		r, err := c.scrub(c.ctx)
+		if err != nil && c.ctx.Err() == nil {
+			c.log.Warn("cache scrub failed", "error", err.Error())
 		}
-	}
-	verify := func() {
-		r, err := c.Repair(c.ctx)
-		if err != nil {
-			verifyFailed(err)
+		if err == nil && unclean {
+			c.uncleanVerified.Store(true)
 		}
 		if backgroundVerifyHook != nil {
 			backgroundVerifyHook(r, err)
 		}
 	}
 	if unclean {
-		c.log.Info("cache was not closed cleanly: verifying every blob in the background")
-		if r, err := c.Repair(c.ctx); err == nil {
-			c.uncleanVerified.Store(true)
-			if backgroundVerifyHook != nil {
-				backgroundVerifyHook(r, err)
-			}
-		} else {
-			verifyFailed(err)
-		}
+		c.log.Info("cache was not closed cleanly: every blob is re-hashed before its next use, and scrubbed in the background")
+		scrub()
 	}
 	var verifyTick <-chan time.Time
 	if c.opts.VerifyInterval > 0 {
@@ -244,12 +255,107 @@ func (c *Cache) maintain(unclean bool) {
 		case <-c.ctx.Done():
 			return
 		case <-verifyTick:
-			verify()
+			scrub()
 		case <-sweep.C:
 			c.dropStalePartials(time.Now())
 		}
 	}
 }
+
+// scrubHook, if set (tests), runs on the scrub's thread once it has lowered its priorities, with their result.
+var scrubHook func(err error)
+
+// scrub re-hashes every blob in the background and takes the bad ones out of use (see the top of this file). It
+// runs on a thread of its own at idle I/O priority and nice 19, paced to ScrubRate; a use that needs a blob the
+// scrub is re-hashing waits for that one blob, which is then hashed without pacing.
+func (c *Cache) scrub(ctx context.Context) (VerifyReport, error) {
+	type result struct {
+		r   VerifyReport
+		err error
+	}
+	out := make(chan result, 1)
+	go func() {
+		// The thread's priorities go with it: never unlocked, it ends with this goroutine.
+		runtime.LockOSThread()
+		err := diskio.Background()
+		if scrubHook != nil {
+			scrubHook(err)
+		}
+		if err != nil {
+			c.log.Warn("cache scrub runs at normal priority", "error", err.Error())
+		}
+		r, err := c.scrubBlobs(ctx)
+		out <- result{r, err}
+	}()
+	res := <-out
+	return res.r, res.err
+}
+
+func (c *Cache) scrubBlobs(ctx context.Context) (VerifyReport, error) {
+	var r VerifyReport
+	type blob struct {
+		d    digest.Digest
+		size int64
+	}
+	var all []blob
+	var total int64
+	if err := c.blobs.Walk(func(d digest.Digest, size int64) error {
+		all = append(all, blob{d, size})
+		total += size
+		return nil
+	}); err != nil {
+		return r, err
+	}
+	c.m.scrubPassBytes.Set(float64(total))
+	c.m.scrubPassDone.Set(0)
+	defer c.m.scrubPassBytes.Set(0)
+	limit := rate.NewLimiter(rate.Inf, 0)
+	if c.opts.ScrubRate > 0 {
+		limit = rate.NewLimiter(rate.Limit(c.opts.ScrubRate), scrubBurst)
+	}
+	pace := func(n int, urgent <-chan struct{}) error {
+		c.m.scrubBytes.Add(float64(n))
+		c.m.scrubPassDone.Add(float64(n))
+		delay := limit.ReserveN(time.Now(), n).Delay()
+		if delay <= 0 {
+			return ctx.Err()
+		}
+		t := time.NewTimer(delay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-urgent: // a use waits for this blob
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return nil
+	}
+	for _, b := range all {
+		if err := ctx.Err(); err != nil {
+			return r, err
+		}
+		err := c.blobs.Scrub(b.d, pace)
+		switch {
+		case err == nil, errors.Is(err, cas.ErrNotFound): // deleted meanwhile (GC)
+		case ctx.Err() != nil:
+			return r, ctx.Err()
+		default:
+			r.Problems = append(r.Problems, Problem{b.d, "digest: " + err.Error()})
+			c.m.scrubCorrupt.Inc()
+			if err := c.repair(map[digest.Digest]string{b.d: "digest: " + err.Error()}); err != nil {
+				return r, err
+			}
+			r.Repaired = append(r.Repaired, b.d)
+		}
+		r.Blobs++
+		r.Bytes += b.size
+	}
+	c.m.scrubLastCompletion.SetToCurrentTime()
+	return r, c.emptyTrash()
+}
+
+// scrubBurst is the scrub's pacing granule: more than one read of cas's (256 KiB).
+const scrubBurst = 1 << 20
 
 // partialLinger is how long a partial download may sit untouched before it counts as abandoned.
 func (c *Cache) partialLinger() time.Duration {

@@ -27,7 +27,9 @@ var (
 	// bucketDurableLayers marks the extracted layers whose files reached the disk (a background syncfs completed);
 	// after a restart of the machine, an extracted layer without the mark is deleted and extracted again.
 	bucketDurableLayers = []byte("durableLayers") // layer digest -> empty
-	buckets             = [][]byte{bucketManifests, bucketIndexes, bucketRefs, bucketLayers, bucketState, bucketDurableLayers}
+	// bucketLayerStamps holds the stamp of every regular file of each extracted layer (layerstamps.go).
+	bucketLayerStamps = []byte("layerStamps") // layer digest -> {path: cas.Stamp}
+	buckets           = [][]byte{bucketManifests, bucketIndexes, bucketRefs, bucketLayers, bucketState, bucketDurableLayers, bucketLayerStamps}
 )
 
 type manifestRecord struct {
@@ -169,4 +171,12 @@ func inode(info fs.FileInfo) (uint64, bool) {
 		return 0, false
 	}
 	return st.Ino, true
+}
+
+func linkCount(info fs.FileInfo) uint64 {
+	st, ok := info.Sys().(*syscall.Stat_t)
+	if !ok {
+		return 1
+	}
+	return uint64(st.Nlink)
 }

@@ -18,6 +18,12 @@ type metrics struct {
 	gcFreed        prometheus.Counter
 	verifyProblems prometheus.Counter
 	corruptBlobs   *prometheus.CounterVec
+
+	scrubBytes          prometheus.Counter
+	scrubCorrupt        prometheus.Counter
+	scrubLastCompletion prometheus.Gauge
+	scrubPassBytes      prometheus.Gauge
+	scrubPassDone       prometheus.Gauge
 }
 
 func newMetrics() *metrics {
@@ -45,7 +51,15 @@ func newMetrics() *metrics {
 		gcFreed:        counter("gc_freed_bytes_total", "Bytes freed by garbage collection."),
 		verifyProblems: counter("verify_problems_total", "Problems found by Verify."),
 		corruptBlobs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "corrupt_blobs_total",
-			Help: "Damaged blobs taken out of use (quarantined, pulled again), by problem: missing, size, digest."}, []string{"problem"}),
+			Help: "Damaged blobs taken out of use (quarantined, pulled again), by problem: missing, size, digest; extracted: a changed file of an extracted layer (extracted again)."}, []string{"problem"}),
+		scrubBytes:   counter("scrub_bytes_total", "Bytes re-hashed by the background scrub."),
+		scrubCorrupt: counter("scrub_corrupt_blobs_total", "Damaged blobs the background scrub found (also counted in corrupt_blobs_total)."),
+		scrubLastCompletion: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "scrub_last_completion_timestamp_seconds",
+			Help: "When the last background scrub of every blob completed (Unix time)."}),
+		scrubPassBytes: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "scrub_pass_bytes",
+			Help: "Bytes the scrub under way has to re-hash in all (0 when none runs)."}),
+		scrubPassDone: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "scrub_pass_done_bytes",
+			Help: "Bytes the scrub under way (or the last one) has re-hashed so far."}),
 	}
 }
 
@@ -57,7 +71,8 @@ type collector struct{ m *metrics }
 func (c collector) all() []prometheus.Collector {
 	m := c.m
 	return []prometheus.Collector{m.pulls, m.fetchedBytes, m.extractions, m.extractSeconds, m.viewBuilds, m.viewFiles,
-		m.viewSeconds, m.acquires, m.acquireSeconds, m.gcRuns, m.gcEvictions, m.gcFreed, m.verifyProblems, m.corruptBlobs}
+		m.viewSeconds, m.acquires, m.acquireSeconds, m.gcRuns, m.gcEvictions, m.gcFreed, m.verifyProblems, m.corruptBlobs,
+		m.scrubBytes, m.scrubCorrupt, m.scrubLastCompletion, m.scrubPassBytes, m.scrubPassDone}
 }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {

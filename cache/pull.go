@@ -218,9 +218,16 @@ func (f *flight) leave(id int, linger time.Duration) {
 
 // completeManifest returns the manifest descriptor for a complete manifest or index digest.
 func (c *Cache) completeManifest(d digest.Digest) (ocispec.Descriptor, bool) {
-	var out ocispec.Descriptor
-	var ok bool
-	var bad map[digest.Digest]string
+	rec, ok := c.completeRecord(d)
+	if !ok {
+		return ocispec.Descriptor{}, false
+	}
+	return rec.Descriptor, true
+}
+
+// completeRecord returns the record of a complete manifest or index digest, its blobs checked.
+func (c *Cache) completeRecord(d digest.Digest) (*manifestRecord, bool) {
+	var rec *manifestRecord
 	c.db.View(func(tx *bolt.Tx) error {
 		md, err := resolveDigest(tx, d)
 		if err != nil {
@@ -230,22 +237,22 @@ func (c *Cache) completeManifest(d digest.Digest) (ocispec.Descriptor, bool) {
 		if err != nil || !found || !st.Complete {
 			return err
 		}
-		// The cheap check on use: every blob there, with its size.
-		rec, err := c.manifest(tx, md)
-		if err != nil || rec == nil {
-			return err
-		}
-		if bad = c.damage(rec); bad == nil {
-			out, ok = st.Descriptor, true
-		}
-		return nil
+		rec, err = c.manifest(tx, md)
+		return err
 	})
+	if rec == nil {
+		return nil, false
+	}
+	// The check on use, outside the transaction since it may re-hash: every blob there, with its size and stamp.
+	bad := c.damage(rec)
 	if bad != nil {
 		if err := c.repair(bad); err != nil {
 			c.log.Warn("taking damaged blobs out of use failed", "manifest", d.String(), "error", err.Error())
 		}
+		c.emptyTrash() // the views of the bad blobs go now: a volume still mounting one loses the bad files
+		return nil, false
 	}
-	return out, ok
+	return rec, true
 }
 
 // Has reports whether the manifest or index d is in the cache, complete.
@@ -586,6 +593,12 @@ func (c *Cache) extractLayer(ctx context.Context, l artifact.Layer, dst string) 
 			removeAll(tmp)
 			return ctx, fmt.Errorf("extract layer %s (%s): %w", l.Digest, l.MediaType, err)
 		}
+		// Stamped before the rename, which leaves the files' ctimes as they are (layerstamps.go).
+		stamps, err := stampTree(tmp)
+		if err != nil {
+			removeAll(tmp)
+			return ctx, err
+		}
 		// Recorded before it appears under its name (recover drops a record whose directory never appeared), and
 		// with the durable mark of any earlier extraction of this digest dropped: only this extraction's own flush
 		// may vouch for these files.
@@ -594,6 +607,9 @@ func (c *Cache) extractLayer(ctx context.Context, l artifact.Layer, dst string) 
 			var err error
 			e, err = c.extractions.Begin(l.Digest, func() error { return tx.Bucket(bucketDurableLayers).Delete([]byte(l.Digest)) })
 			if err != nil {
+				return err
+			}
+			if err := putJSON(tx.Bucket(bucketLayerStamps), string(l.Digest), stamps); err != nil {
 				return err
 			}
 			return putJSON(tx.Bucket(bucketLayers), string(l.Digest), st)

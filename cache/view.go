@@ -19,6 +19,7 @@ import (
 
 	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/artifact/archive"
+	"github.com/modelpack/modelpack/cas"
 )
 
 // Selector narrows a view. The zero Selector is the whole artifact.
@@ -143,8 +144,15 @@ func (c *Cache) Acquire(owner string, manifest digest.Digest, sel Selector) (str
 	sel = sel.canonical()
 	start := time.Now()
 	// Never a view of blobs that are missing or of the wrong size (this also takes them out of use).
-	if _, ok := c.completeManifest(manifest); !ok {
+	rec, ok := c.completeRecord(manifest)
+	if !ok {
 		return "", fmt.Errorf("manifest %s: %w (pull it first)", manifest, ErrNotFound)
+	}
+	// Nor of extracted files changed since their extraction: their layers are extracted again.
+	if bad := c.damagedLayers(rec, sel); len(bad) > 0 {
+		if err := c.dropLayers(bad); err != nil {
+			return "", err
+		}
 	}
 	var md digest.Digest
 	var prev []byte
@@ -229,10 +237,11 @@ func (c *Cache) ensureView(md digest.Digest, sel Selector) (string, error) {
 
 // node is one entry of a view being assembled: layers are merged into this tree, then it is materialised.
 type node struct {
-	mode     fs.FileMode // type and permission bits
-	src      string      // file to hardlink, for regular files
-	target   string      // for symlinks
-	layer    int         // index of the layer that put it here
+	mode     fs.FileMode   // type and permission bits
+	src      string        // file to hardlink, for regular files
+	blob     digest.Digest // the blob src is, for a raw layer's file: linked through cas, which keeps its stamp
+	target   string        // for symlinks
+	layer    int           // index of the layer that put it here
 	children map[string]*node
 }
 
@@ -250,7 +259,7 @@ func (c *Cache) buildView(rec *manifestRecord, sel Selector, dir string) error {
 			continue
 		}
 		if l.Format == artifact.FormatRaw {
-			if err := root.put(l.Path, &node{mode: 0o444, src: c.blobs.Path(l.Digest), layer: i}); err != nil {
+			if err := root.put(l.Path, &node{mode: 0o444, src: c.blobs.Path(l.Digest), blob: l.Digest, layer: i}); err != nil {
 				return fmt.Errorf("layer %s: %w", l.Digest, err)
 			}
 			continue
@@ -269,7 +278,28 @@ func (c *Cache) buildView(rec *manifestRecord, sel Selector, dir string) error {
 	if err != nil {
 		return err
 	}
-	files, err := root.materialize(tmp, rec.Image)
+	// Links change the ctimes of the files they link: their stamps are carried over (layerstamps.go).
+	changed := map[digest.Digest]map[string]cas.Stamp{}
+	loaded := map[digest.Digest]*layerStamps{}
+	c.layerMu.Lock()
+	files, err := root.materialize(tmp, rec.Image, func(n *node, dst string) error {
+		if n.blob != "" {
+			return c.blobs.Link(n.blob, dst)
+		}
+		if d, rel, ok := c.extractedFile(n.src); ok {
+			ls, seen := loaded[d]
+			if !seen {
+				ls, _ = c.layerStampsLocked(d)
+				loaded[d] = ls
+			}
+			return c.relinkExtractedLocked(ls, d, rel, func() error { return os.Link(n.src, dst) }, changed)
+		}
+		return os.Link(n.src, dst)
+	})
+	if serr := c.saveLayerStamps(changed); err == nil {
+		err = serr
+	}
+	c.layerMu.Unlock()
 	if err == nil {
 		err = os.Rename(tmp, dir)
 	}
@@ -399,7 +429,7 @@ func (n *node) prune(p string, sel Selector) bool {
 
 // materialize creates the tree under dir (which exists) and returns the number of files linked. Directories are
 // read-only; a model's are also open to every user, an image's keep their permissions.
-func (n *node) materialize(dir string, image bool) (int, error) {
+func (n *node) materialize(dir string, image bool, link func(n *node, dst string) error) (int, error) {
 	names := make([]string, 0, len(n.children))
 	for name := range n.children {
 		names = append(names, name)
@@ -413,7 +443,7 @@ func (n *node) materialize(dir string, image bool) (int, error) {
 			if err := os.Mkdir(p, 0o755); err != nil {
 				return files, err
 			}
-			k, err := child.materialize(p, image)
+			k, err := child.materialize(p, image, link)
 			files += k
 			if err != nil {
 				return files, err
@@ -430,7 +460,7 @@ func (n *node) materialize(dir string, image bool) (int, error) {
 				return files, err
 			}
 		default:
-			if err := os.Link(child.src, p); err != nil {
+			if err := link(child, p); err != nil {
 				return files, fmt.Errorf("link %s: %w", name, err)
 			}
 			files++

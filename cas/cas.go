@@ -49,6 +49,15 @@ type Store struct {
 	ingesting atomic.Int32            // ingests under way: the flusher waits for them
 	commits   Versions[digest.Digest] // commits not yet marked durable
 	recovery  Recovery
+
+	// stamps (stamp.go), under stampMu: what identifies each blob's bytes on disk, the blob of each inode, the
+	// stamps not yet written out, the blobs to re-hash before their next use, and the re-hashes under way.
+	stampMu sync.Mutex
+	stamps  map[digest.Digest]Stamp
+	inodes  map[[2]uint64]digest.Digest
+	dirty   map[digest.Digest]bool
+	suspect map[digest.Digest]bool
+	checks  map[digest.Digest]*check
 }
 
 // Open opens (creating if needed) a store rooted at root.
@@ -62,8 +71,12 @@ func Open(root string) (*Store, error) {
 			return nil, fmt.Errorf("create blob store: %w", err)
 		}
 	}
-	s := &Store{root: abs}
+	s := &Store{root: abs, stamps: map[digest.Digest]Stamp{}, inodes: map[[2]uint64]digest.Digest{},
+		dirty: map[digest.Digest]bool{}, suspect: map[digest.Digest]bool{}, checks: map[digest.Digest]*check{}}
 	s.flusher = NewFlusher(s, s.flushBatch)
+	if err := s.loadStamps(); err != nil {
+		return nil, fmt.Errorf("open blob store %s: %w", abs, err)
+	}
 	if err := s.recoverDurability(); err != nil {
 		return nil, fmt.Errorf("recover blob store %s: %w", abs, err)
 	}
@@ -122,10 +135,11 @@ func (s *Store) Delete(d digest.Digest) error {
 	if err := d.Validate(); err != nil {
 		return err
 	}
-	// The mark goes first: a mark without its blob would vouch for the next blob of that digest.
+	// The mark and the stamp go first: either, without its blob, would vouch for the next blob of that digest.
 	if err := os.Remove(s.markPath(d)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
+	s.dropStamp(d)
 	if err := os.Remove(s.Path(d)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
@@ -163,24 +177,9 @@ func (s *Store) Walk(fn func(d digest.Digest, size int64) error) error {
 	return nil
 }
 
-// Verify re-hashes a committed blob and reports ErrDigestMismatch if its bytes no longer match its name.
-func (s *Store) Verify(d digest.Digest) error {
-	f, err := s.Open(d)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	v := d.Verifier()
-	buf := copyBuffers.Get().(*[]byte)
-	defer copyBuffers.Put(buf)
-	if _, err := io.CopyBuffer(v, f, *buf); err != nil {
-		return err
-	}
-	if !v.Verified() {
-		return fmt.Errorf("%s: %w", d, ErrDigestMismatch)
-	}
-	return nil
-}
+// Verify re-hashes a committed blob at full speed and reports ErrDigestMismatch if its bytes no longer match its
+// name; right, its stamp is recorded again.
+func (s *Store) Verify(d digest.Digest) error { return s.Scrub(d, nil) }
 
 // OpenFunc opens the source of a blob at offset. It returns the offset its reader really starts at: offset when the
 // source can seek (an HTTP Range request), 0 when it can only start over.
@@ -438,7 +437,7 @@ func (s *Store) commit(tmp string, d digest.Digest) error {
 		return err
 	}
 	s.flushLater(c)
-	return nil
+	return s.stampCommitted(d)
 }
 
 // Recover deletes the temporaries of interrupted Writes, which cannot resume. Resumable partials are kept.

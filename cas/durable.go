@@ -174,7 +174,7 @@ func (s *Store) Sync() error {
 	if err := s.flushErr.Load(); err != nil {
 		return *err
 	}
-	return nil
+	return s.writeStamps()
 }
 
 // Close waits for background flushes (Sync); the Store stays usable.
@@ -194,6 +194,7 @@ func (s *Store) Quarantine(d digest.Digest) error {
 		return err
 	}
 	os.Remove(s.markPath(d))
+	s.dropStamp(d)
 	err := os.Rename(s.Path(d), filepath.Join(dir, d.Algorithm().String()+"-"+d.Encoded()))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil

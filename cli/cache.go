@@ -222,9 +222,10 @@ func cacheVerifyCmd(g *Globals, f *cacheFlags) *cobra.Command {
 
 With --repair, damaged blobs are quarantined (moved to quarantine/ under the cache root, deleted by the next gc),
 the manifests that need them are marked incomplete so that the next publish pulls them again, and the views and
-extracted layers built from them are deleted. The driver also does this on its own: a blob that is missing or of the
-wrong size is caught on every use, and every blob is re-hashed after an unclean start and every
---cache-verify-interval.`,
+extracted layers built from them are deleted. The driver also does this on its own: a blob that is missing, of the
+wrong size, or whose file changed since its bytes were verified (its stamp: inode, size, mtime, ctime) is caught
+on every use, every blob is re-hashed before its next use after an unclean start, and a background scrub
+re-hashes every blob every --cache-verify-interval at --cache-scrub-rate.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ws := newWarnings(cmd, g)

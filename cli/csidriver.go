@@ -65,6 +65,7 @@ type csiDriverFlags struct {
 	registryTimeouts                                remote.Timeouts
 	gcInterval                                      time.Duration
 	verifyInterval                                  time.Duration
+	scrubRate                                       string
 	logFormat, logLevel                             string
 }
 
@@ -121,7 +122,8 @@ UNAUTHENTICATED; PERMISSION_DENIED registry or signature policy; RESOURCE_EXHAUS
 		fl.DurationVar(&f.registryTimeouts.Idle, "registry-idle-timeout", remote.DefaultTimeouts.Idle, "how long a blob download may go without a byte before it reconnects")
 		fl.IntVar(&f.registryTimeouts.Attempts, "registry-attempts", remote.DefaultTimeouts.Attempts, "attempts in a row without a byte of progress before a download fails")
 		fl.DurationVar(&f.gcInterval, "gc-interval", 5*time.Minute, "how often orphaned volumes and the cache are collected")
-		fl.DurationVar(&f.verifyInterval, "cache-verify-interval", 24*time.Hour, "how often every cached blob is re-hashed (damaged ones are quarantined and pulled again; 0 = only after an unclean start)")
+		fl.DurationVar(&f.verifyInterval, "cache-verify-interval", 24*time.Hour, "how often the background scrub re-hashes every cached blob (damaged ones are quarantined and pulled again; 0 = only after an unclean start)")
+		fl.StringVar(&f.scrubRate, "cache-scrub-rate", "128MiB", "most bytes per second the background scrub reads (at idle I/O priority; 0 = no cap)")
 		fl.StringVar(&f.logFormat, "log-format", "json", "log format: json or text")
 		fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 		for _, e := range csiDriverExtensions {
@@ -154,6 +156,13 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags) error {
 	if f.maxExtractRatio < 1 {
 		return fmt.Errorf("--max-extract-ratio %g: want 1 or more", f.maxExtractRatio)
 	}
+	scrubRate, err := parseByteSize(f.scrubRate)
+	if err != nil || scrubRate < 0 {
+		return fmt.Errorf("--cache-scrub-rate %q: want a size per second (e.g. 128MiB; 0 = no cap)", f.scrubRate)
+	}
+	if scrubRate == 0 {
+		scrubRate = -1 // cache.Options: negative is no cap
+	}
 	if parent == nil {
 		parent = context.Background()
 	}
@@ -162,7 +171,7 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags) error {
 
 	c, err := cache.Open(cache.Options{Root: filepath.Join(f.root, "cache"), MaxBytes: maxBytes,
 		Limits:         archive.Limits{MaxBytes: maxExtract, MaxRatio: f.maxExtractRatio},
-		VerifyInterval: f.verifyInterval, Logger: log})
+		VerifyInterval: f.verifyInterval, ScrubRate: scrubRate, Logger: log})
 	if err != nil {
 		return fmt.Errorf("open cache: %w", err)
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/artifact/layout"
 	"github.com/modelpack/modelpack/artifact/pack"
+	"github.com/modelpack/modelpack/cas"
 	"github.com/modelpack/modelpack/internal/testenv"
 	"github.com/modelpack/modelpack/internal/testmodel"
 )
@@ -454,5 +455,39 @@ func TestForeignLayout(t *testing.T) {
 	}
 	if entries, _ := s.List(); len(entries) != 0 {
 		t.Fatalf("entries after untag: %v", entries)
+	}
+}
+
+// A blob of the CLI's store flipped in place with dd conv=notrunc between two commands (each opens the store
+// afresh), its mtime put back: the next read re-hashes it (its stamp changed), refuses it and quarantines it,
+// rather than handing the flipped bytes to unpack or push.
+func TestFetchRefusesABlobChangedOnDisk(t *testing.T) {
+	s := newStore(t)
+	packSample(t, s, "flip:v1", 7)
+	_, m, err := s.Manifest(context.Background(), "flip:v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer := m.Layers[0]
+	root := s.Root()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.FlipByte(t, filepath.Join(root, "blobs", "sha256", layer.Digest.Encoded()), layer.Size/2, true)
+	s2, err := layout.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s2.Close() })
+	if rc, err := s2.Fetch(context.Background(), m.Config); err != nil {
+		t.Fatalf("an untouched blob: %v", err)
+	} else {
+		rc.Close()
+	}
+	if _, err := s2.Fetch(context.Background(), layer); !errors.Is(err, cas.ErrDigestMismatch) || !strings.Contains(err.Error(), "pull the artifact again") {
+		t.Fatalf("fetch of a flipped blob: %v, want a digest mismatch that says what to do", err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "quarantine", "sha256-"+layer.Digest.Encoded())); err != nil {
+		t.Errorf("not quarantined: %v", err)
 	}
 }

@@ -140,8 +140,13 @@ func (s *Store) holdWriterLock(ctx context.Context) error {
 	return nil
 }
 
-// Fetch opens a blob.
+// Fetch opens a blob. A blob whose file changed since its bytes were verified (its stamp, see cas) is re-hashed
+// first; wrong, it is quarantined and the error says to pull it again.
 func (s *Store) Fetch(ctx context.Context, target ocispec.Descriptor) (io.ReadCloser, error) {
+	if _, err := s.blobs.Check(target.Digest); errors.Is(err, cas.ErrDigestMismatch) {
+		qerr := s.blobs.Quarantine(target.Digest)
+		return nil, errors.Join(fmt.Errorf("blob %s of the local store was changed on disk and is quarantined; pull the artifact again: %w", target.Digest, err), qerr)
+	}
 	f, err := s.blobs.Open(target.Digest)
 	if err != nil {
 		return nil, notFound(err)

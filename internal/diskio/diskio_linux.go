@@ -22,3 +22,21 @@ func SyncFS(dir string) error {
 	defer f.Close()
 	return unix.Syncfs(int(f.Fd()))
 }
+
+// ioprio_set(2)'s constants, which golang.org/x/sys/unix does not name.
+const (
+	ioprioWhoProcess = 1 // with who 0: the calling thread
+	ioprioClassIdle  = 3
+	ioprioClassShift = 13
+)
+
+// Background lowers the calling OS thread to the idle I/O class (its reads wait for every other reader of the
+// disk, with the schedulers that honour classes: BFQ, mq-deadline) and to nice 19. Both are per thread on Linux:
+// the caller locks its goroutine to the thread (runtime.LockOSThread) and returns without unlocking it, so the
+// thread is dropped with the goroutine rather than handed to other goroutines.
+func Background() error {
+	if _, _, errno := unix.Syscall(unix.SYS_IOPRIO_SET, ioprioWhoProcess, 0, ioprioClassIdle<<ioprioClassShift); errno != 0 {
+		return errno
+	}
+	return unix.Setpriority(unix.PRIO_PROCESS, 0, 19)
+}
