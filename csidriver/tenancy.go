@@ -45,6 +45,11 @@ func (d *Driver) allowed(k access.Key, who access.Identity) bool {
 // the node's credentials or, when the node has none for it, as anonymous (the content is public).
 func (d *Driver) grant(ctx context.Context, k access.Key, who access.Identity, via access.Via) error {
 	if who.Kind == access.Node || who.Kind == access.Anonymous {
+		// Either record opens the content to every caller: one is enough, and the node's docker config (maybe a
+		// credential helper) need not be asked again.
+		if d.access.Has(k, access.Identity{Kind: access.Node}) || d.access.Has(k, access.Identity{Kind: access.Anonymous}) {
+			return nil
+		}
 		has, err := d.backend.NodeCredential(ctx, k.Host)
 		if err != nil {
 			return status.Errorf(codes.Internal, "node credentials for %s: %v", k.Host, err)

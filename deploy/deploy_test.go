@@ -582,22 +582,25 @@ func TestVerificationPolicy(t *testing.T) {
 		return container(podSpec(index(objs)["DaemonSet/modelpack-node"]), "modelpack")
 	}
 	for name, tc := range map[string]struct {
-		objs        []object
+		objs        func(t *testing.T) []object
 		mode, allow string
 	}{
-		"kustomize default":    {kustomize(t, "default"), "NeverVerifyPreloadedImages", ""},
-		"kustomize production": {kustomize(t, "production"), "AlwaysVerify", ""},
-		"helm default":         {helm(t), "NeverVerifyPreloadedImages", ""},
-		"helm allowlist": {helm(t, "node.imagePullCredentialsVerificationPolicy=NeverVerifyAllowlistedImages",
-			"node.preloadedImagesVerificationAllowlist[0]=registry.example.com/public/*",
-			"node.preloadedImagesVerificationAllowlist[1]=ghcr.io/acme/base"),
-			"NeverVerifyAllowlistedImages", "registry.example.com/public/*,ghcr.io/acme/base"},
+		"kustomize default":    {func(t *testing.T) []object { return kustomize(t, "default") }, "NeverVerifyPreloadedImages", ""},
+		"kustomize production": {func(t *testing.T) []object { return kustomize(t, "production") }, "AlwaysVerify", ""},
+		"helm default":         {func(t *testing.T) []object { return helm(t) }, "NeverVerifyPreloadedImages", ""},
+		"helm allowlist": {func(t *testing.T) []object {
+			return helm(t, "node.imagePullCredentialsVerificationPolicy=NeverVerifyAllowlistedImages",
+				"node.preloadedImagesVerificationAllowlist[0]=registry.example.com/public/*",
+				"node.preloadedImagesVerificationAllowlist[1]=ghcr.io/acme/base")
+		}, "NeverVerifyAllowlistedImages", "registry.example.com/public/*,ghcr.io/acme/base"},
 	} {
-		env := checkVerificationPolicy(t, plugin(tc.objs))
-		if env["IMAGE_PULL_CREDENTIALS_VERIFICATION_POLICY"] != tc.mode || env["PRELOADED_IMAGES_VERIFICATION_ALLOWLIST"] != tc.allow {
-			t.Errorf("%s: policy %q, allowlist %q; want %q, %q", name, env["IMAGE_PULL_CREDENTIALS_VERIFICATION_POLICY"],
-				env["PRELOADED_IMAGES_VERIFICATION_ALLOWLIST"], tc.mode, tc.allow)
-		}
+		t.Run(name, func(t *testing.T) {
+			env := checkVerificationPolicy(t, plugin(tc.objs(t)))
+			if env["IMAGE_PULL_CREDENTIALS_VERIFICATION_POLICY"] != tc.mode || env["PRELOADED_IMAGES_VERIFICATION_ALLOWLIST"] != tc.allow {
+				t.Errorf("policy %q, allowlist %q; want %q, %q", env["IMAGE_PULL_CREDENTIALS_VERIFICATION_POLICY"],
+					env["PRELOADED_IMAGES_VERIFICATION_ALLOWLIST"], tc.mode, tc.allow)
+			}
+		})
 	}
 }
 
