@@ -233,3 +233,31 @@ func TestPrepulledContentFollowsTheVerificationPolicy(t *testing.T) {
 		})
 	}
 }
+
+// A pull cut short by the driver stopping leaves an intent, never a record: after the restart the pull resumes
+// with the node's credentials and completes, yet neither a caller without a secret nor the tenant that started
+// it gets the content without the registry's word.
+func TestInterruptedPullGrantsNothing(t *testing.T) {
+	tn := newTenants(t, nil)
+	tn.b.gate = make(chan struct{})
+	target := podTarget(t, tn.dir, "cut")
+	req := publishReq("cut", target, map[string]string{AttrReference: privateRef})
+	req.Secrets = map[string]string{dockerConfigKey: secretA}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	_, err := tn.node.NodePublishVolume(ctx, req)
+	cancel()
+	wantCode(t, err, codes.Aborted, "in progress")
+	tn.stop()
+	close(tn.b.gate)
+	tn.start(nil)
+	tn.d.Wait()
+	if n := tn.b.pulls.Load(); n != 2 {
+		t.Fatalf("%d pulls, want the interrupted one and its resumption", n)
+	}
+	tn.refused(privateRef, "Never", "", codes.Unauthenticated, "")
+	before := tn.b.resolves.Load()
+	tn.must(privateRef, "Never", secretA)
+	if n := tn.b.resolves.Load() - before; n != 1 {
+		t.Fatalf("the tenant's publish after the restart made %d registry requests, want 1 check", n)
+	}
+}
