@@ -22,6 +22,7 @@ import (
 	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/cache"
 	"github.com/modelpack/modelpack/csidriver"
+	"github.com/modelpack/modelpack/csidriver/access"
 	"github.com/modelpack/modelpack/csidriver/cachebackend"
 )
 
@@ -67,6 +68,8 @@ type csiDriverFlags struct {
 	verifyInterval                                  time.Duration
 	scrubRate                                       string
 	logFormat, logLevel                             string
+	verificationPolicy                              string
+	verificationAllowlist                           []string
 }
 
 func init() {
@@ -98,6 +101,12 @@ the attempts in a row without progress before the pull fails with UNAVAILABLE; a
 another registry is served from whichever registry delivers, never held by a stalled one. A tar layer may expand to --max-extract-ratio times its declared size and --max-extract-bytes in
 all (sparse files at their apparent size), checked before a byte is written; over either, FAILED_PRECONDITION.
 
+The node cache is shared, models are not: a model on the node is mounted for a caller only when its registry
+served that digest, under the host and repository the caller names, to the caller's credentials (its pull
+secret's, or the node's, or none for public content); any other caller is first checked with the registry,
+with a manifest request and its own credentials, and refused with the registry's answer. Prepulled models are
+exempt unless --image-pull-credentials-verification-policy says otherwise (kubelet's names and default).
+
 Errors: INVALID_ARGUMENT bad attributes; ABORTED pull continues, retry joins it; FAILED_PRECONDITION
 pullPolicy Never and absent, content over the limits, hostile or corrupt content (republish it); NOT_FOUND;
 UNAVAILABLE registry unreachable, stalled or untrusted TLS (--ca-file, --hosts-dir, --plain-http-registries);
@@ -124,6 +133,12 @@ UNAUTHENTICATED; PERMISSION_DENIED registry or signature policy; RESOURCE_EXHAUS
 		fl.DurationVar(&f.gcInterval, "gc-interval", 5*time.Minute, "how often orphaned volumes and the cache are collected")
 		fl.DurationVar(&f.verifyInterval, "cache-verify-interval", 24*time.Hour, "how often the background scrub re-hashes every cached blob (damaged ones are quarantined and pulled again; 0 = only after an unclean start)")
 		fl.StringVar(&f.scrubRate, "cache-scrub-rate", "128MiB", "most bytes per second the background scrub reads (at idle I/O priority; 0 = no cap)")
+		fl.StringVar(&f.verificationPolicy, "image-pull-credentials-verification-policy", string(access.DefaultMode),
+			"when a model on the node is mounted for a caller without asking its registry (kubelet's setting of the same name): "+
+				"NeverVerify, NeverVerifyPreloadedImages (prepulled models exempt), NeverVerifyAllowlistedImages (prepulled models under "+
+				"--preloaded-images-verification-allowlist exempt) or AlwaysVerify. Any other caller is checked with the registry first, with its own credentials")
+		fl.StringSliceVar(&f.verificationAllowlist, "preloaded-images-verification-allowlist", nil,
+			"with NeverVerifyAllowlistedImages: registry/repository names, or prefixes ending in /* (registry.example.com/models/*), whose prepulled models any caller may mount")
 		fl.StringVar(&f.logFormat, "log-format", "json", "log format: json or text")
 		fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 		for _, e := range csiDriverExtensions {
@@ -163,6 +178,10 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags) error {
 	if scrubRate == 0 {
 		scrubRate = -1 // cache.Options: negative is no cap
 	}
+	accessPolicy, err := access.NewPolicy(f.verificationPolicy, f.verificationAllowlist)
+	if err != nil {
+		return err // it names the setting and its valid values
+	}
 	if parent == nil {
 		parent = context.Background()
 	}
@@ -178,15 +197,16 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags) error {
 	defer c.Close()
 
 	opts := csidriver.Options{
-		DriverName:  f.driverName,
-		Version:     Version,
-		NodeID:      f.nodeID,
-		Endpoint:    f.endpoint,
-		StateDir:    filepath.Join(f.root, "csi"),
-		MetricsAddr: f.metricsAddr,
-		Logger:      log,
-		GCInterval:  f.gcInterval,
-		Collectors:  []prometheus.Collector{c.Collector()},
+		DriverName:   f.driverName,
+		Version:      Version,
+		NodeID:       f.nodeID,
+		Endpoint:     f.endpoint,
+		StateDir:     filepath.Join(f.root, "csi"),
+		MetricsAddr:  f.metricsAddr,
+		Logger:       log,
+		GCInterval:   f.gcInterval,
+		Collectors:   []prometheus.Collector{c.Collector()},
+		AccessPolicy: accessPolicy,
 	}
 	env := &CSIDriverEnv{
 		Cache: c,

@@ -41,11 +41,9 @@ func init() {
 			v.Log = env.Logger
 			env.Driver.Collectors = append(env.Driver.Collectors, v.Collector())
 			go v.WatchPolicy(ctx, policyPath, 0)
+			// The volume's pull secret, in ctx (remote.WithCredential), reads its signatures too, from the origin
+			// and from mirrors.
 			env.Verifier = cachebackend.VerifierFunc(func(ctx context.Context, digestRef string) error {
-				if cf := cachebackend.CredentialsFrom(ctx); cf != nil {
-					// The volume's pull secret reads its signatures too, from the origin and from mirrors.
-					ctx = remote.WithCredential(signing.WithCredentials(ctx, cf), cf)
-				}
 				_, err := v.Verify(ctx, digestRef)
 				if errors.Is(err, signing.ErrDenied) {
 					return policyDenial{err}

@@ -40,6 +40,11 @@ type Backend interface {
 	Owners(prefix string) ([]string, error)
 	// Stats reports the cache's size for the metrics.
 	Stats() Stats
+	// VolumeCredential returns the credential creds present to a registry host, as bytes to hash and never to
+	// keep, or nil when they hold none for it (requests then present the node's credentials, or none).
+	VolumeCredential(ctx context.Context, host string, creds Credentials) ([]byte, error)
+	// NodeCredential reports whether the node's own credentials hold one for host.
+	NodeCredential(ctx context.Context, host string) (bool, error)
 }
 
 // Credentials authenticate to registries for one request. The zero value means "the node's own credentials".

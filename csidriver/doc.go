@@ -50,20 +50,31 @@
 //	                     hostile or corrupt content (bytes that do not match their digest or size, a tar entry
 //	                     escaping the model, a link escape, a device node, a file at the model root, two
 //	                     layers claiming one path) → republish the artifact; the bytes were dropped
-//	NOT_FOUND            no such manifest (or platform in the index) → fix the reference or platform
+//	NOT_FOUND            no such manifest (or platform in the index), also in the repository a volume names for
+//	                     content the node holds under another → fix the reference or platform
 //	UNAVAILABLE          registry unreachable, stalled (no byte for the idle timeout, bounded retries), TLS
 //	                     not trusted → check the registry; trust its CA with --ca-file or --hosts-dir, list
 //	                     plain-HTTP registries in --plain-http-registries
-//	UNAUTHENTICATED      no or wrong credentials, or a pull secret that is not a docker config → fix the
+//	UNAUTHENTICATED      no or wrong credentials (the registry's 401, also when it is asked to confirm content
+//	                     the node holds), or a pull secret that is not a docker config → fix the
 //	                     nodePublishSecretRef or the node's docker config
-//	PERMISSION_DENIED    the registry or the signature policy refused → grant access, or sign the artifact
-//	                     as the policy requires
+//	PERMISSION_DENIED    the registry (403, likewise) or the signature policy refused → grant access, or sign
+//	                     the artifact as the policy requires
 //	RESOURCE_EXHAUSTED   the node cache's disk is full → free space or lower --cache-max-size
 //	INTERNAL             a bug of the driver, or the node failing a mount or a state write → report it
 //
 // Credentials come from the nodePublishSecretRef (a kubernetes.io/dockerconfigjson secret), then the node's
 // docker config and credential helpers; mirrors come from a containerd-style hosts directory. Secrets are never
 // logged or persisted.
+//
+// # Tenants
+//
+// The cache is shared, models are not (tenancy.go, package access): content on the node is mounted for a volume
+// only when its registry served that digest, under the host and repository the volume names, to the volume's
+// credential (its pull secret's, by a keyed hash; the node's; or none, for public content), or when
+// Options.AccessPolicy (kubelet's imagePullCredentialsVerificationPolicy) exempts prepulled content. Any other
+// volume is checked with the registry first, with its own credentials and a manifest request; the registry's
+// refusal is the volume's error, with the codes above, and nothing is mounted.
 //
 // # Restarts
 //

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,6 +28,17 @@ type fakeBackend struct {
 	gate        chan struct{}
 	resolveGate chan struct{}
 	pulls       atomic.Int32
+	// acl makes a name (host/repository) private: only these pull secrets (DockerConfigJSON) may resolve it;
+	// forbid lists secrets the registry answers 403. names holds the digests each pushed name serves, checked
+	// for names that have any.
+	acl      map[string][]string
+	forbid   map[string]bool
+	names    map[string]map[digest.Digest]bool
+	resolves atomic.Int32
+	// unreachable hosts fail every resolve with ErrUnavailable.
+	unreachable map[string]bool
+	// nodeCreds says the node's own credentials hold one for every host.
+	nodeCreds bool
 }
 
 func newFakeBackend(root string) *fakeBackend {
@@ -38,7 +50,37 @@ func (f *fakeBackend) push(ref, content string) digest.Digest {
 	defer f.mu.Unlock()
 	d := digest.FromString(content)
 	f.tags[ref] = d
+	if f.names == nil {
+		f.names = map[string]map[digest.Digest]bool{}
+	}
+	name := nameOf(ref)
+	if f.names[name] == nil {
+		f.names[name] = map[digest.Digest]bool{}
+	}
+	f.names[name][d] = true
 	return d
+}
+
+// nameOf strips the tag or digest off a reference.
+func nameOf(ref string) string {
+	if i := strings.LastIndex(ref, "@"); i >= 0 {
+		return ref[:i]
+	}
+	if i := strings.LastIndex(ref, ":"); i > strings.LastIndex(ref, "/") {
+		return ref[:i]
+	}
+	return ref
+}
+
+func (f *fakeBackend) VolumeCredential(ctx context.Context, host string, creds Credentials) ([]byte, error) {
+	if len(creds.DockerConfigJSON) == 0 {
+		return nil, nil
+	}
+	return creds.DockerConfigJSON, nil
+}
+
+func (f *fakeBackend) NodeCredential(ctx context.Context, host string) (bool, error) {
+	return f.nodeCreds, nil
 }
 
 func (f *fakeBackend) Ready() error { return nil }
@@ -51,10 +93,27 @@ func (f *fakeBackend) Resolve(ctx context.Context, ref string, creds Credentials
 			return "", fmt.Errorf("resolve %s: %w", ref, ctx.Err())
 		}
 	}
+	f.resolves.Add(1)
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	name := nameOf(ref)
+	if host, _, _ := strings.Cut(name, "/"); f.unreachable[host] {
+		return "", fmt.Errorf("%s: no such host: %w", host, ErrUnavailable)
+	}
+	if allowed, private := f.acl[name]; private {
+		switch c := string(creds.DockerConfigJSON); {
+		case f.forbid[c]:
+			return "", fmt.Errorf("manifest %s: %w", ref, ErrForbidden)
+		case !slices.Contains(allowed, c):
+			return "", fmt.Errorf("manifest %s: %w", ref, ErrUnauthorized)
+		}
+	}
 	if i := strings.LastIndex(ref, "@"); i >= 0 {
-		return digest.Parse(ref[i+1:])
+		d, err := digest.Parse(ref[i+1:])
+		if err == nil && len(f.names[name]) > 0 && !f.names[name][d] {
+			return "", fmt.Errorf("manifest %s: %w", ref, ErrNotFound)
+		}
+		return d, err
 	}
 	d, ok := f.tags[ref]
 	if !ok {

@@ -303,9 +303,17 @@ type runningDriver struct {
 // startDriverAt runs a driver on dir's socket and state that the caller stops (to restart it on the same state).
 func startDriverAt(t *testing.T, dir string, b Backend) (runningDriver, string) {
 	t.Helper()
+	return startDriverWith(t, dir, b, func(*Options) {})
+}
+
+// startDriverWith is startDriverAt with options changed by set.
+func startDriverWith(t *testing.T, dir string, b Backend, set func(*Options)) (runningDriver, string) {
+	t.Helper()
 	sock := filepath.Join(dir, "csi.sock")
-	d, err := New(Options{NodeID: "n", Endpoint: "unix://" + sock, StateDir: filepath.Join(dir, "state"), Backend: b,
-		Logger: discardLogger()})
+	opts := Options{NodeID: "n", Endpoint: "unix://" + sock, StateDir: filepath.Join(dir, "state"), Backend: b,
+		Logger: discardLogger()}
+	set(&opts)
+	d, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

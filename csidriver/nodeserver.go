@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 	mount "k8s.io/mount-utils"
 
+	"github.com/modelpack/modelpack/csidriver/access"
 	"github.com/modelpack/modelpack/csidriver/state"
 )
 
@@ -100,7 +101,7 @@ func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublish
 	}
 
 	start := time.Now()
-	img, err := d.ensureImage(ctx, attrs, creds, log)
+	img, err := d.ensureImage(ctx, attrs, creds, podNS, log)
 	tImage := time.Since(start)
 	if err != nil {
 		if status.Code(err) != codes.Aborted {
@@ -308,8 +309,8 @@ type image struct {
 func imageKey(ref, platform string) string { return ref + "|" + platform }
 
 // ensureImage finds or pulls the content a volume names and checks it against the node's trust policy.
-func (d *Driver) ensureImage(ctx context.Context, a *Attributes, creds Credentials, log *slog.Logger) (image, error) {
-	img, verified, err := d.findImage(ctx, a, creds, log)
+func (d *Driver) ensureImage(ctx context.Context, a *Attributes, creds Credentials, namespace string, log *slog.Logger) (image, error) {
+	img, verified, err := d.findImage(ctx, a, creds, namespace, log)
 	if err != nil || verified {
 		return img, err
 	}
@@ -324,19 +325,30 @@ func (d *Driver) ensureImage(ctx context.Context, a *Attributes, creds Credentia
 // findImage applies the pull policy: it finds the content on the node or pulls it, verifying a digest before any
 // of its layers is pulled (verified reports that it did). Kubernetes' meanings: Never uses only what the node
 // has; IfNotPresent asks the registry only when the node has nothing for the reference; Always asks the registry
-// every time and fails if that fails, but downloads nothing the node already has.
-func (d *Driver) findImage(ctx context.Context, a *Attributes, creds Credentials, log *slog.Logger) (img image, verified bool, err error) {
+// every time and fails if that fails, but downloads nothing the node already has. Content on the node is shared
+// only as the access records allow (tenancy.go): a caller they do not vouch for is checked with the registry
+// first — under Never with a manifest request for the digest the node holds, under IfNotPresent by resolving
+// the reference as Always does.
+func (d *Driver) findImage(ctx context.Context, a *Attributes, creds Credentials, namespace string, log *slog.Logger) (img image, verified bool, err error) {
+	who, err := d.identify(ctx, a, creds, namespace)
+	if err != nil {
+		return image{}, false, err
+	}
 	local, haveLocal := d.localImage(a)
-	switch a.PullPolicy {
-	case PullNever:
-		if haveLocal {
+	if haveLocal && a.PullPolicy != PullAlways {
+		key := accessKey(a, local.Digest)
+		if d.allowed(key, who) {
 			return local, false, nil
 		}
+		if a.PullPolicy == PullNever {
+			if err := d.checkAccess(ctx, key, creds, who); err != nil {
+				return image{}, false, err
+			}
+			return local, false, nil
+		}
+	}
+	if a.PullPolicy == PullNever {
 		return image{}, false, status.Errorf(codes.FailedPrecondition, "pullPolicy is Never and %s is not on this node", a.Reference)
-	case PullIfNotPresent:
-		if haveLocal {
-			return local, false, nil
-		}
 	}
 	// A registry too slow to answer within the budget gets the same ABORTED as a slow pull, in time for the
 	// caller to read it.
@@ -348,16 +360,28 @@ func (d *Driver) findImage(ctx context.Context, a *Attributes, creds Credentials
 		if outOfTime {
 			return image{}, false, status.Errorf(codes.Aborted, "resolving %s did not finish before the deadline: %v", a.Reference, err)
 		}
+		if haveLocal {
+			return image{}, false, refusal(err, accessKey(a, local.Digest), who)
+		}
 		return image{}, false, toStatus(err, "resolve %s", a.Reference)
 	}
 	if err := d.backend.Verify(ctx, a.Reference, dgst, creds); err != nil {
 		return image{}, false, toStatus(err, "verify %s", a.Reference)
 	}
+	// The registry has just served dgst under this name to this caller: content of dgst the node holds, under
+	// whatever name it came, is the caller's to read, as a cross-repository mount would make it.
+	key := accessKey(a, dgst.String())
 	if img, ok := d.knownImage(dgst, a.Platform); ok {
 		if err := d.recordImage(a.Reference, a.Platform, img); err != nil {
 			return image{}, false, status.Errorf(codes.Internal, "record image: %v", err)
 		}
+		if err := d.grant(ctx, key, who, access.ViaCheck); err != nil {
+			return image{}, false, err
+		}
 		return img, true, nil
+	}
+	if err := d.access.Intend(key, who); err != nil {
+		return image{}, false, status.Errorf(codes.Internal, "record pull of %s: %v", key, err)
 	}
 	job, joined := d.pulls.start(a.Reference, dgst, a.Platform, creds)
 	if joined {
@@ -365,13 +389,22 @@ func (d *Driver) findImage(ctx context.Context, a *Attributes, creds Credentials
 	}
 	manifest, err := d.pulls.wait(ctx, job)
 	if err != nil {
+		if status.Code(err) != codes.Aborted {
+			if aerr := d.access.Abandon(key, who); aerr != nil {
+				log.Error("forget pull intent", "error", aerr.Error())
+			}
+		}
 		return image{}, false, toStatus(err, "pull %s", a.Reference)
+	}
+	if err := d.grant(ctx, key, who, access.ViaPull); err != nil {
+		return image{}, false, err
 	}
 	return image{Digest: dgst.String(), Manifest: manifest.String()}, true, nil
 }
 
-// localImage is what the reference last resolved to here, if that content is still complete in the cache. A
-// digest reference needs no record when it names a manifest the cache holds.
+// localImage is what the reference names on this node, if that content is complete in the cache: for a tag,
+// what it last resolved to here; for a digest, that digest's content under whatever name it came. Whether the
+// caller may read it under this name is the access records' to say.
 func (d *Driver) localImage(a *Attributes) (image, bool) {
 	if rec, ok := d.state.Snapshot().Images[imageKey(a.Reference, a.Platform)]; ok && d.has(rec.Manifest) {
 		return image{Digest: rec.Digest, Manifest: rec.Manifest}, true
@@ -390,7 +423,8 @@ func (d *Driver) localImage(a *Attributes) (image, bool) {
 	return image{}, false
 }
 
-// knownImage finds content already pulled for dgst and platform under any reference.
+// knownImage finds content already pulled for dgst and platform under any reference. Only callers the registry
+// has just served dgst to, or whom the access records vouch for, may be handed it.
 func (d *Driver) knownImage(dgst digest.Digest, platform string) (image, bool) {
 	for _, rec := range d.state.Snapshot().Images {
 		if rec.Digest == dgst.String() && rec.Platform == platform && d.has(rec.Manifest) {
@@ -423,7 +457,16 @@ func (d *Driver) RecordImage(ref, platform string, dgst, manifest digest.Digest)
 			return fmt.Errorf("digest %q: %w", dg, err)
 		}
 	}
-	return d.recordImage(r.String(), platform, image{Digest: dgst.String(), Manifest: manifest.String()})
+	if err := d.recordImage(r.String(), platform, image{Digest: dgst.String(), Manifest: manifest.String()}); err != nil {
+		return err
+	}
+	// A prepull reads with the node's credentials for no pod in particular: kubelet's preloaded images, which the
+	// access policy exempts from verification or not.
+	k := access.Key{Host: r.Registry, Repository: r.Repository, Digest: dgst}
+	if d.access.Has(k, access.Identity{Kind: access.Prepull}) {
+		return nil
+	}
+	return d.access.Add(k, access.Identity{Kind: access.Prepull}, access.ViaPrepull)
 }
 
 func (d *Driver) recordImage(ref, platform string, img image) error {

@@ -27,6 +27,9 @@ func (d *Driver) recover(ctx context.Context) {
 	}
 	d.releaseOrphanViews()
 	d.forgetEvictedImages()
+	if err := d.access.Forget(func(dg digest.Digest) bool { _, ok := d.backend.Local(dg); return ok }); err != nil {
+		d.log.Error("forget access records of evicted content", "error", err.Error())
+	}
 	for _, p := range st.Pulls {
 		dgst, err := digest.Parse(p.Digest)
 		if err != nil {

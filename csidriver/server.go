@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 	mount "k8s.io/mount-utils"
 
+	"github.com/modelpack/modelpack/csidriver/access"
 	"github.com/modelpack/modelpack/csidriver/state"
 )
 
@@ -61,6 +62,9 @@ type Options struct {
 	HTTPHandlers map[string]http.Handler
 	// Collectors are extra Prometheus collectors served on /metrics (the cache's own).
 	Collectors []prometheus.Collector
+	// AccessPolicy decides when content on the node is shared with a caller without asking the registry
+	// (kubelet's imagePullCredentialsVerificationPolicy); the zero value is access.DefaultMode.
+	AccessPolicy access.Policy
 }
 
 // Driver is a running CSI plugin.
@@ -70,8 +74,10 @@ type Driver struct {
 	backend Backend
 	mounter mount.Interface
 	state   *state.Store
-	m       *metrics
-	pulls   *puller
+	// access records which credentials the registries served each cached digest to, under which name.
+	access *access.Store
+	m      *metrics
+	pulls  *puller
 	// stateLost is set when the persisted state was unreadable at start: view holds that no volume record accounts
 	// for may then belong to volumes still mounted in pods, so they are released only by those volumes' unpublish.
 	stateLost bool
@@ -129,7 +135,18 @@ func New(opts Options) (*Driver, error) {
 	} else if err != nil {
 		return nil, fmt.Errorf("csidriver: open state: %w", err)
 	}
+	if opts.AccessPolicy.Mode == "" {
+		opts.AccessPolicy.Mode = access.DefaultMode
+	}
+	acc, dropped, err := access.Open(opts.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("csidriver: open access records: %w", err)
+	}
+	for _, k := range dropped {
+		log.Info("a pull cut short recorded no access; its callers check with the registry at their next publish", "content", k.String())
+	}
 	d := &Driver{
+		access:    acc,
 		opts:      opts,
 		log:       log,
 		backend:   opts.Backend,

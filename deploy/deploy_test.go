@@ -33,6 +33,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/modelpack/modelpack/cli"
+	"github.com/modelpack/modelpack/csidriver/access"
 	"github.com/modelpack/modelpack/internal/testenv"
 	"github.com/modelpack/modelpack/prepull"
 	"github.com/modelpack/modelpack/signing"
@@ -402,6 +403,7 @@ func checkInstall(t *testing.T, objs []object) {
 	}
 	checkSidecars(t, ps)
 	checkCacheSize(t, plugin)
+	checkVerificationPolicy(t, plugin)
 	checkMetricsServices(t, ix, objs)
 	// The kubelet directory: mounted Bidirectional at the same path as on the host.
 	var kubeletDir string
@@ -536,6 +538,70 @@ func checkCacheSize(t *testing.T, plugin *corev1.Container) {
 		}
 	}
 	t.Error("plugin has no CACHE_MAX_SIZE env")
+}
+
+// checkVerificationPolicy: the access policy's two flags are given once each, from env values that the driver
+// accepts (kubelet's names), so overlays and Helm values set them by name.
+func checkVerificationPolicy(t *testing.T, plugin *corev1.Container) map[string]string {
+	t.Helper()
+	env := map[string]string{}
+	for _, e := range plugin.Env {
+		env[e.Name] = e.Value
+	}
+	for flag, name := range map[string]string{
+		"--image-pull-credentials-verification-policy": "IMAGE_PULL_CREDENTIALS_VERIFICATION_POLICY",
+		"--preloaded-images-verification-allowlist":    "PRELOADED_IMAGES_VERIFICATION_ALLOWLIST",
+	} {
+		n := 0
+		for _, a := range plugin.Args {
+			if strings.HasPrefix(a, flag+"=") || a == flag {
+				n++
+				if a != flag+"=$("+name+")" {
+					t.Errorf("plugin %s, want %s=$(%s)", a, flag, name)
+				}
+			}
+		}
+		if _, ok := env[name]; n != 1 || !ok {
+			t.Errorf("plugin has %s %d times and env %s %v", flag, n, name, ok)
+		}
+	}
+	var allow []string
+	if v := env["PRELOADED_IMAGES_VERIFICATION_ALLOWLIST"]; v != "" {
+		allow = strings.Split(v, ",")
+	}
+	if _, err := access.NewPolicy(env["IMAGE_PULL_CREDENTIALS_VERIFICATION_POLICY"], allow); err != nil {
+		t.Errorf("the driver would refuse the policy: %v", err)
+	}
+	return env
+}
+
+// The default install verifies as kubelet 1.36 does by default; the production overlay verifies every pod,
+// prepulled models included; Helm values reach the flags.
+func TestVerificationPolicy(t *testing.T) {
+	plugin := func(objs []object) *corev1.Container {
+		return container(podSpec(index(objs)["DaemonSet/modelpack-node"]), "modelpack")
+	}
+	for name, tc := range map[string]struct {
+		objs        func(t *testing.T) []object
+		mode, allow string
+	}{
+		"kustomize default":    {func(t *testing.T) []object { return kustomize(t, "default") }, "NeverVerifyPreloadedImages", ""},
+		"kustomize production": {func(t *testing.T) []object { return kustomize(t, "production") }, "AlwaysVerify", ""},
+		"helm default":         {func(t *testing.T) []object { return helm(t) }, "NeverVerifyPreloadedImages", ""},
+		"helm allowlist": {func(t *testing.T) []object {
+			return helm(t, "node.imagePullCredentialsVerificationPolicy=NeverVerifyAllowlistedImages",
+				"node.preloadedImagesVerificationAllowlist[0]=registry.example.com/public/*",
+				"node.preloadedImagesVerificationAllowlist[1]=ghcr.io/acme/base")
+		}, "NeverVerifyAllowlistedImages", "registry.example.com/public/*,ghcr.io/acme/base"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			env := checkVerificationPolicy(t, plugin(tc.objs(t)))
+			if env["IMAGE_PULL_CREDENTIALS_VERIFICATION_POLICY"] != tc.mode || env["PRELOADED_IMAGES_VERIFICATION_ALLOWLIST"] != tc.allow {
+				t.Errorf("policy %q, allowlist %q; want %q, %q", env["IMAGE_PULL_CREDENTIALS_VERIFICATION_POLICY"],
+					env["PRELOADED_IMAGES_VERIFICATION_ALLOWLIST"], tc.mode, tc.allow)
+			}
+		})
+	}
 }
 
 // checkMetricsServices: each metrics Service selects pods that expose its port as "metrics".

@@ -15,6 +15,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	ociremote "github.com/sigstore/cosign/v2/pkg/oci/remote"
 	"oras.land/oras-go/v2/registry/remote/auth"
+
+	mpremote "github.com/modelpack/modelpack/artifact/remote"
 )
 
 // RegistryOptions say how to reach registries. They mirror the transport's flags so one set of options serves
@@ -34,17 +36,8 @@ type RegistryOptions struct {
 	// fields: artifact/remote's TransportsFor, so signatures travel as the model does (TLS settings, hosts.toml,
 	// plain HTTP only where configured, never a fallback from https to http). Verify's reads are then
 	// authenticated by that transport, with its credentials (artifact/remote's Options and WithCredential), not
-	// with Credentials or WithCredentials.
+	// with Credentials.
 	TransportFor func(host string) (http.RoundTripper, error)
-}
-
-type credentialsKey struct{}
-
-// WithCredentials returns a context whose Verify and SignDigest calls use these credentials instead of the
-// RegistryOptions' ones: the driver passes each volume's pull secret this way (and to TransportFor's transport
-// with artifact/remote's WithCredential).
-func WithCredentials(ctx context.Context, c auth.CredentialFunc) context.Context {
-	return context.WithValue(ctx, credentialsKey{}, c)
 }
 
 // client is what cosign's remote package needs for one call.
@@ -97,7 +90,8 @@ func (o RegistryOptions) readClient(ctx context.Context, base http.RoundTripper,
 
 func (o RegistryOptions) newClient(ctx context.Context, base http.RoundTripper, ref string, authenticated bool) client {
 	creds := o.Credentials
-	if c, ok := ctx.Value(credentialsKey{}).(auth.CredentialFunc); ok {
+	// A request's own credentials (artifact/remote's WithCredential: a volume's pull secret) win.
+	if c := mpremote.CredentialFrom(ctx); c != nil {
 		creds = c
 	}
 	var kc authn.Keychain = credKeychain{ctx: ctx, f: creds}

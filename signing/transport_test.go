@@ -189,7 +189,7 @@ func TestSignatureReadsFromAPrivateMirror(t *testing.T) {
 	if dec, err := verifier().Verify(ctx, signed); err == nil || dec.Verified {
 		t.Fatalf("a private mirror was read without credentials: %+v", dec)
 	}
-	withCreds := mpremote.WithCredential(WithCredentials(ctx, good), good)
+	withCreds := mpremote.WithCredential(ctx, good)
 	if dec, err := verifier().Verify(withCreds, signed); err != nil || !dec.Verified {
 		t.Fatalf("private mirror with the volume's credentials: %+v, %v", dec, err)
 	}

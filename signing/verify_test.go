@@ -24,6 +24,7 @@ import (
 	"oras.land/oras-go/v2/content/memory"
 	"oras.land/oras-go/v2/registry/remote"
 
+	mpremote "github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/signing/signingtest"
 )
 
@@ -359,7 +360,7 @@ func TestVerifyCredentials(t *testing.T) {
 		t.Fatalf("anonymous check of a private repository: %+v %v", dec, err)
 	}
 	// The driver passes each volume's pull secret with the call.
-	if dec, err := anon.Verify(WithCredentials(ctx, good), ref); err != nil || !dec.Verified {
+	if dec, err := anon.Verify(mpremote.WithCredential(ctx, good), ref); err != nil || !dec.Verified {
 		t.Fatal(dec, err)
 	}
 	if dec, err := NewVerifier(keyPolicy(t, Enforce, pub), RegistryOptions{Credentials: good}).Verify(ctx, ref); err != nil || !dec.Verified {

@@ -93,7 +93,7 @@ func Open(root string) (*Store, error) {
 	}
 	if _, err := os.Stat(filepath.Join(s.root, layoutFile)); errors.Is(err, os.ErrNotExist) {
 		b, _ := json.Marshal(ocispec.ImageLayout{Version: ocispec.ImageLayoutVersion})
-		if err := writeFileAtomic(filepath.Join(s.root, layoutFile), b); err != nil {
+		if err := diskio.WriteFileAtomic(filepath.Join(s.root, layoutFile), b, 0o644); err != nil {
 			return nil, fmt.Errorf("create %s: %w", layoutFile, err)
 		}
 	}
@@ -556,35 +556,5 @@ func (s *Store) updateIndex(fn func(*ocispec.Index) error) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(s.root, indexFile), b)
-}
-
-// writeFileAtomic writes a file through a temporary, fsyncs it and renames it into place, so readers see the old
-// or the new content and a crash leaves one of them.
-func writeFileAtomic(path string, b []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Chmod(0o644); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	return diskio.SyncDir(filepath.Dir(path))
+	return diskio.WriteFileAtomic(filepath.Join(s.root, indexFile), b, 0o644)
 }

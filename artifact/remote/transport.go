@@ -122,18 +122,24 @@ type mirrorClient struct {
 
 type credentialKey struct{}
 
-// WithCredential returns a context whose requests through TransportsFor's mirrors ask cf first for a mirror's
-// credentials, as a Repository whose Options.Credential is cf does: the driver passes each volume's pull secret
-// this way, so a volume's signatures are read from a mirror with the credentials its model is.
+// WithCredential returns a context carrying a request's own credentials (a volume's pull secret): requests
+// through TransportsFor's transports ask cf first, as a Repository whose Options.Credential is cf does, and so
+// does signing's registry client. It is the one way a per-volume credential travels.
 func WithCredential(ctx context.Context, cf auth.CredentialFunc) context.Context {
 	return context.WithValue(ctx, credentialKey{}, cf)
+}
+
+// CredentialFrom returns the credentials WithCredential put in ctx, or nil.
+func CredentialFrom(ctx context.Context) auth.CredentialFunc {
+	cf, _ := ctx.Value(credentialKey{}).(auth.CredentialFunc)
+	return cf
 }
 
 // requestClient is an endpoint's auth client c for req: c, or, when the request carries its own credentials (asked
 // before cred, Options'), one without a token cache, so a token one volume's secret obtained never serves another
 // volume.
 func requestClient(req *http.Request, c *auth.Client, cred auth.CredentialFunc) *auth.Client {
-	cf, _ := req.Context().Value(credentialKey{}).(auth.CredentialFunc)
+	cf := CredentialFrom(req.Context())
 	if cf == nil {
 		return c
 	}

@@ -19,6 +19,7 @@ import (
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/registry"
 	"oras.land/oras-go/v2/registry/remote/auth"
+	"oras.land/oras-go/v2/registry/remote/credentials"
 
 	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/artifact/archive"
@@ -82,16 +83,26 @@ func (b *Backend) Ready() error {
 	return nil
 }
 
+// volumeCredential is the one reading of a volume's pull secret: nil for none (the node's credentials).
+func volumeCredential(creds csidriver.Credentials) (auth.CredentialFunc, error) {
+	if len(creds.DockerConfigJSON) == 0 {
+		return nil, nil
+	}
+	cf, err := remote.CredentialsFromDockerConfigJSON(creds.DockerConfigJSON)
+	if err != nil {
+		// The parse error may quote the secret.
+		return nil, fmt.Errorf("%w: the pull secret is not a docker config", csidriver.ErrUnauthorized)
+	}
+	return cf, nil
+}
+
 func (b *Backend) repository(ref string, creds csidriver.Credentials) (*remote.Repository, registry.Reference, error) {
 	opts := b.opts.Remote
-	if len(creds.DockerConfigJSON) > 0 {
-		cf, err := remote.CredentialsFromDockerConfigJSON(creds.DockerConfigJSON)
-		if err != nil {
-			// The parse error may quote the secret.
-			return nil, registry.Reference{}, fmt.Errorf("%w: the pull secret is not a docker config", csidriver.ErrUnauthorized)
-		}
-		opts.Credential = cf
+	cf, err := volumeCredential(creds)
+	if err != nil {
+		return nil, registry.Reference{}, err
 	}
+	opts.Credential = cf
 	parsed, err := registry.ParseReference(ref)
 	if err != nil {
 		return nil, registry.Reference{}, fmt.Errorf("%w: %v", csidriver.ErrInvalidReference, err)
@@ -129,7 +140,7 @@ func (b *Backend) Local(d digest.Digest) (digest.Digest, bool) {
 }
 
 // Verify runs the verifier, if any, on the digest reference ref resolved to, with the volume's credentials
-// reachable through CredentialsFrom(ctx).
+// reachable through remote.CredentialFrom(ctx).
 func (b *Backend) Verify(ctx context.Context, ref string, dgst digest.Digest, creds csidriver.Credentials) error {
 	if b.opts.Verifier == nil {
 		return nil
@@ -138,12 +149,12 @@ func (b *Backend) Verify(ctx context.Context, ref string, dgst digest.Digest, cr
 	if err != nil {
 		return fmt.Errorf("%w: %v", csidriver.ErrInvalidReference, err)
 	}
-	if len(creds.DockerConfigJSON) > 0 {
-		cf, err := remote.CredentialsFromDockerConfigJSON(creds.DockerConfigJSON)
-		if err != nil {
-			return fmt.Errorf("%w: the pull secret is not a docker config", csidriver.ErrUnauthorized)
-		}
-		ctx = context.WithValue(ctx, credentialsKey{}, cf)
+	cf, err := volumeCredential(creds)
+	if err != nil {
+		return err
+	}
+	if cf != nil {
+		ctx = remote.WithCredential(ctx, cf)
 	}
 	if err := b.opts.Verifier.Verify(ctx, parsed.Registry+"/"+parsed.Repository+"@"+dgst.String()); err != nil {
 		if errors.Is(err, csidriver.ErrDenied) {
@@ -154,13 +165,40 @@ func (b *Backend) Verify(ctx context.Context, ref string, dgst digest.Digest, cr
 	return nil
 }
 
-type credentialsKey struct{}
+// VolumeCredential is the credential the volume's pull secret holds for host, as the bytes that identify it
+// (user, password and tokens), or nil when it holds none.
+func (b *Backend) VolumeCredential(ctx context.Context, host string, creds csidriver.Credentials) ([]byte, error) {
+	cf, err := volumeCredential(creds)
+	if err != nil || cf == nil {
+		return nil, err
+	}
+	return credentialBytes(ctx, cf, host)
+}
 
-// CredentialsFrom returns the volume's own registry credentials inside a Verifier's Verify call, or nil for the
-// node's.
-func CredentialsFrom(ctx context.Context) auth.CredentialFunc {
-	cf, _ := ctx.Value(credentialsKey{}).(auth.CredentialFunc)
-	return cf
+// NodeCredential reports whether the node's docker config (or its helpers) holds a credential for host.
+func (b *Backend) NodeCredential(ctx context.Context, host string) (bool, error) {
+	store, err := remote.NewCredentialStore(b.opts.Remote.RegistryConfig)
+	if err != nil {
+		return false, err
+	}
+	m, err := credentialBytes(ctx, credentials.Credential(store), host)
+	return m != nil, err
+}
+
+func credentialBytes(ctx context.Context, cf auth.CredentialFunc, host string) ([]byte, error) {
+	c, err := cf(ctx, host)
+	if err != nil {
+		return nil, fmt.Errorf("%w: credentials for %s: %v", csidriver.ErrUnauthorized, host, err)
+	}
+	if c == auth.EmptyCredential {
+		return nil, nil
+	}
+	// Length-prefixed, so no two credentials give the same bytes.
+	var b []byte
+	for _, f := range []string{c.Username, c.Password, c.RefreshToken, c.AccessToken} {
+		b = fmt.Appendf(b, "%d:%s", len(f), f)
+	}
+	return b, nil
 }
 
 // Pull pulls dgst into the cache. For an index and an explicit platform the manifest is chosen here, since the

@@ -1,12 +1,15 @@
 package cachebackend
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -77,7 +80,7 @@ func TestVerifyChecksTheDigestReferenceWithTheVolumeCredentials(t *testing.T) {
 	var creds auth.CredentialFunc
 	denied := fmt.Errorf("%w: no signature by a trusted key", csidriver.ErrDenied)
 	b := New(nil, Options{Verifier: VerifierFunc(func(ctx context.Context, ref string) error {
-		asked, creds = ref, CredentialsFrom(ctx)
+		asked, creds = ref, remote.CredentialFrom(ctx)
 		return denied
 	})})
 	const dgst = "sha256:4f0e12ac55ad1fb2c4d5a9b9bd9b4c4d1b2a7ef1b1a3c6a26b3f2e2a9d0c1e2f"
@@ -132,5 +135,52 @@ func TestTLSErrorsNameTheDriversFlags(t *testing.T) {
 	}
 	if !strings.Contains(DriverHints.TLS, "--hosts-dir") {
 		t.Errorf("the TLS hint %q does not mention --hosts-dir", DriverHints.TLS)
+	}
+}
+
+// A credential is known by what it presents to the host: the same user and password in two secrets is one
+// credential, a rotated password another, and a secret without an entry for the host presents the node's.
+func TestVolumeAndNodeCredentials(t *testing.T) {
+	ctx := context.Background()
+	cfg := func(host, userPass string) csidriver.Credentials {
+		return csidriver.Credentials{DockerConfigJSON: []byte(fmt.Sprintf(`{"auths":{%q:{"auth":%q}}}`, host,
+			base64.StdEncoding.EncodeToString([]byte(userPass))))}
+	}
+	nodeCfg := filepath.Join(t.TempDir(), "config.json")
+	if err := os.WriteFile(nodeCfg, []byte(`{"auths":{"node.example":{"auth":"bjpw"}}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b := New(nil, Options{Remote: remote.Options{RegistryConfig: nodeCfg}})
+	get := func(c csidriver.Credentials, host string) []byte {
+		t.Helper()
+		m, err := b.VolumeCredential(ctx, host, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	a := get(cfg("r.example", "alice:pw1"), "r.example")
+	if a == nil || !bytes.Equal(a, get(cfg("r.example", "alice:pw1"), "r.example")) {
+		t.Fatalf("one credential gave %q and another value", a)
+	}
+	if bytes.Equal(a, get(cfg("r.example", "alice:pw2"), "r.example")) {
+		t.Fatal("a rotated password presents the same credential")
+	}
+	if bytes.Equal(a, get(cfg("r.example", "alic:epw1"), "r.example")) {
+		t.Fatal("user and password are not kept apart")
+	}
+	if m := get(cfg("other.example", "alice:pw1"), "r.example"); m != nil {
+		t.Fatalf("a secret without an entry for the host presents %q", m)
+	}
+	if m := get(csidriver.Credentials{}, "r.example"); m != nil {
+		t.Fatalf("no secret presents %q", m)
+	}
+	for host, want := range map[string]bool{"node.example": true, "r.example": false} {
+		if got, err := b.NodeCredential(ctx, host); err != nil || got != want {
+			t.Errorf("NodeCredential(%s) = %v, %v; want %v", host, got, err, want)
+		}
+	}
+	if _, err := b.VolumeCredential(ctx, "r.example", csidriver.Credentials{DockerConfigJSON: []byte(`{"auths": "x`)}); !errors.Is(err, csidriver.ErrUnauthorized) {
+		t.Fatalf("a secret that is not a docker config: %v, want ErrUnauthorized", err)
 	}
 }

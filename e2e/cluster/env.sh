@@ -7,6 +7,8 @@ LOCK=/tmp/modelpack-cluster.lock
 NODE=localhost
 # Fixed ports below the ephemeral range, so tests that pick random ports never take them.
 ETCD_PORT=22379 ETCD_PEER_PORT=22380 APISERVER_PORT=26443 REGISTRY_PORT=25000
+# A second registry, with htpasswd, that tests of tenants start and stop themselves (the shared one stays open).
+AUTH_REGISTRY_PORT=25001
 KCM_PORT=20257 SCHEDULER_PORT=20259 KUBELET_PORT=10250 KUBELET_HEALTHZ_PORT=10248
 DRIVER_METRICS_PORT=29808 PREPULL_METRICS_PORT=29809 REGISTRAR_HEALTH_PORT=29810 LIVENESS_PORT=29898
 REGISTRY=127.0.0.1:$REGISTRY_PORT

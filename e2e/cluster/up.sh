@@ -19,7 +19,7 @@ if [ -d "$RUN/pids" ] && ls "$RUN/pids"/*.pid >/dev/null 2>&1; then
 fi
 trap 'echo "up.sh failed; tearing down (logs kept in $RUN/logs)" >&2; KEEP=1 bash "$ROOT/e2e/cluster/down.sh" >&2' ERR
 
-for p in $ETCD_PORT $ETCD_PEER_PORT $APISERVER_PORT $REGISTRY_PORT $KCM_PORT $SCHEDULER_PORT $KUBELET_PORT $KUBELET_HEALTHZ_PORT $DRIVER_METRICS_PORT $PREPULL_METRICS_PORT $REGISTRAR_HEALTH_PORT $LIVENESS_PORT; do
+for p in $ETCD_PORT $ETCD_PEER_PORT $APISERVER_PORT $REGISTRY_PORT $AUTH_REGISTRY_PORT $KCM_PORT $SCHEDULER_PORT $KUBELET_PORT $KUBELET_HEALTHZ_PORT $DRIVER_METRICS_PORT $PREPULL_METRICS_PORT $REGISTRAR_HEALTH_PORT $LIVENESS_PORT; do
   if (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null; then echo "port 127.0.0.1:$p is already in use" >&2; exit 1; fi
 done
 for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl containerd containerd-shim-runc-v2; do

@@ -24,15 +24,19 @@ type RegistryOptions struct {
 	Dir string
 	// Addr, if set, is the listen address (to restart on the same port).
 	Addr string
+	// AccessLog writes every request to LogPath (combined log format), for tests that count what was served.
+	AccessLog bool
 }
 
 // Registry is a running distribution registry (v3.1.2) on loopback.
 type Registry struct {
 	Host string // host:port
 	Dir  string // storage root
-	cmd  *exec.Cmd
-	opts RegistryOptions
-	t    testing.TB
+	// LogPath is the registry's log (its access log too with RegistryOptions.AccessLog).
+	LogPath string
+	cmd     *exec.Cmd
+	opts    RegistryOptions
+	t       testing.TB
 }
 
 // StartRegistry starts a real registry on a free 127.0.0.1 port with filesystem storage, stopped at test end.
@@ -62,7 +66,7 @@ func StartRegistry(t testing.TB, opts RegistryOptions) *Registry {
 log:
   level: error
   accesslog:
-    disabled: true
+    disabled: %t
 storage:
   filesystem:
     rootdirectory: %s
@@ -70,14 +74,15 @@ storage:
     enabled: true
 http:
   addr: %s
-%s%s`, opts.Dir, opts.Addr, tlsCfg, auth)
+%s%s`, !opts.AccessLog, opts.Dir, opts.Addr, tlsCfg, auth)
 	cfgPath := filepath.Join(cfgDir, "config.yml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	r.cmd = exec.Command(bin, "serve", cfgPath)
 	r.cmd.Env = append(os.Environ(), "OTEL_TRACES_EXPORTER=none")
-	logf, err := os.Create(filepath.Join(cfgDir, "registry.log"))
+	r.LogPath = filepath.Join(cfgDir, "registry.log")
+	logf, err := os.Create(r.LogPath)
 	if err != nil {
 		t.Fatal(err)
 	}

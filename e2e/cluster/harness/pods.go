@@ -24,6 +24,7 @@ type PodSpec struct {
 type Volume struct {
 	Name, MountPath string
 	CSI             map[string]string // modelpack.csi.dev volumeAttributes
+	SecretRef       string            // the CSI volume's nodePublishSecretRef, in the pod's namespace
 	Image           string            // native image volume reference
 	Claim           string            // PersistentVolumeClaim name
 }
@@ -43,7 +44,11 @@ func (c *Cluster) PodManifest(spec PodSpec) string {
 		vol := map[string]any{"name": v.Name}
 		switch {
 		case v.CSI != nil:
-			vol["csi"] = map[string]any{"driver": "modelpack.csi.dev", "readOnly": true, "volumeAttributes": v.CSI}
+			csi := map[string]any{"driver": "modelpack.csi.dev", "readOnly": true, "volumeAttributes": v.CSI}
+			if v.SecretRef != "" {
+				csi["nodePublishSecretRef"] = map[string]any{"name": v.SecretRef}
+			}
+			vol["csi"] = csi
 		case v.Image != "":
 			vol["image"] = map[string]any{"reference": v.Image, "pullPolicy": "IfNotPresent"}
 		case v.Claim != "":

@@ -20,19 +20,28 @@ var blobGET = regexp.MustCompile(`"GET /v2/(\S+)/blobs/(sha256:[0-9a-f]{64}) HTT
 type LogMark int64
 
 // Mark returns the current end of the registry's access log.
-func (c *Cluster) Mark(t testing.TB) LogMark {
+func (c *Cluster) Mark(t testing.TB) LogMark { t.Helper(); return MarkLog(t, c.registryLog()) }
+
+// BlobGETs counts the successful blob GETs (2xx) the registry served since mark, by digest.
+func (c *Cluster) BlobGETs(t testing.TB, since LogMark) map[string]int {
 	t.Helper()
-	fi, err := os.Stat(c.registryLog())
+	return BlobGETsIn(t, c.registryLog(), since)
+}
+
+// MarkLog returns the current end of a registry access log (another registry's than the cluster's).
+func MarkLog(t testing.TB, path string) LogMark {
+	t.Helper()
+	fi, err := os.Stat(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return LogMark(fi.Size())
 }
 
-// BlobGETs counts the successful blob GETs (2xx) the registry served since mark, by digest.
-func (c *Cluster) BlobGETs(t testing.TB, since LogMark) map[string]int {
+// BlobGETsIn counts the successful blob GETs (2xx) in a registry access log since mark, by digest.
+func BlobGETsIn(t testing.TB, path string, since LogMark) map[string]int {
 	t.Helper()
-	f, err := os.Open(c.registryLog())
+	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,95 @@
+package csidriver
+
+import (
+	"context"
+	"fmt"
+
+	digest "github.com/opencontainers/go-digest"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/modelpack/modelpack/csidriver/access"
+)
+
+// The node cache is shared by every pod on the node, so content on disk is handed to a publish only when the
+// access records (package access) say its caller may read it under the name it gives: the registry served that
+// digest, under that host and repository, to the caller's credential (or to anyone), or the policy exempts it.
+// Otherwise the registry is asked first, with the caller's credential — a manifest request, never a blob — and
+// a success is recorded. This file is that seam; findImage calls it.
+
+// accessKey is content as ref's registry serves it.
+func accessKey(a *Attributes, dgst string) access.Key {
+	return access.Key{Host: a.ref.Registry, Repository: a.ref.Repository, Digest: digest.Digest(dgst)}
+}
+
+// identify is who a publish with creds is to the registry the reference names: the volume's pull secret's
+// credential for that host (by its keyed hash), or, without one, the node's credentials or none. Which of the
+// latter two is decided only when a record is made (see grant): the records treat them alike.
+func (d *Driver) identify(ctx context.Context, a *Attributes, creds Credentials, namespace string) (access.Identity, error) {
+	material, err := d.backend.VolumeCredential(ctx, a.ref.Registry, creds)
+	if err != nil {
+		return access.Identity{}, toStatus(err, "pull secret for %s", a.ref.Registry)
+	}
+	if material == nil {
+		return access.Identity{Kind: access.Node, Namespace: namespace}, nil
+	}
+	return access.Identity{Kind: access.Secret, Hash: d.access.HashCredential(a.ref.Registry, material), Namespace: namespace}, nil
+}
+
+// allowed reports whether who may read k's content, which the node holds, without asking the registry.
+func (d *Driver) allowed(k access.Key, who access.Identity) bool {
+	return d.opts.AccessPolicy.Allows(k, d.access.Records(k), who)
+}
+
+// grant records that the registry served k to who. A caller without a pull secret for the host is recorded as
+// the node's credentials or, when the node has none for it, as anonymous (the content is public).
+func (d *Driver) grant(ctx context.Context, k access.Key, who access.Identity, via access.Via) error {
+	if who.Kind == access.Node || who.Kind == access.Anonymous {
+		// Either record opens the content to every caller: one is enough, and the node's docker config (maybe a
+		// credential helper) need not be asked again.
+		if d.access.Has(k, access.Identity{Kind: access.Node}) || d.access.Has(k, access.Identity{Kind: access.Anonymous}) {
+			return nil
+		}
+		has, err := d.backend.NodeCredential(ctx, k.Host)
+		if err != nil {
+			return status.Errorf(codes.Internal, "node credentials for %s: %v", k.Host, err)
+		}
+		who.Kind = access.Anonymous
+		if has {
+			who.Kind = access.Node
+		}
+	}
+	if d.access.Has(k, who) {
+		return nil
+	}
+	if err := d.access.Add(k, who, via); err != nil {
+		return status.Errorf(codes.Internal, "record access to %s: %v", k, err)
+	}
+	d.log.Info("access recorded", "content", k.String(), "credential", who.Kind, "namespace", who.Namespace, "via", via)
+	return nil
+}
+
+// checkAccess asks k's registry, with the caller's credentials, for k's manifest (a HEAD, no blob) and records
+// the answer when it serves it. A refusal names the content, the credential and the registry's reason.
+func (d *Driver) checkAccess(ctx context.Context, k access.Key, creds Credentials, who access.Identity) error {
+	rctx, cancel := withBudget(ctx)
+	got, err := d.backend.Resolve(rctx, k.String(), creds)
+	outOfTime := rctx.Err() != nil
+	cancel()
+	if err == nil && got != k.Digest {
+		err = fmt.Errorf("%w: the registry answered %s for %s", ErrNotFound, got, k.Digest)
+	}
+	if err != nil {
+		if outOfTime {
+			return status.Errorf(codes.Aborted, "checking access to %s did not finish before the deadline: %v", k, err)
+		}
+		return refusal(err, k, who)
+	}
+	return d.grant(ctx, k, who, access.ViaCheck)
+}
+
+// refusal is the error of a publish the registry did not confirm for content the node holds: the pod's
+// FailedMount event says what was asked, for whom, and why it failed.
+func refusal(err error, k access.Key, who access.Identity) error {
+	return toStatus(err, "%s is on this node, but it is shared only with callers its registry serves it to, and the check for %s failed", k, who)
+}
