@@ -371,11 +371,17 @@ func TestVolumesOfVanishedPodsAreCollectedWhileRunning(t *testing.T) {
 	if _, err := node.NodePublishVolume(context.Background(), publishReq("v", target, map[string]string{AttrReference: testRef})); err != nil {
 		t.Fatal(err)
 	}
-	// kubelet force-cleaned the pod without unpublishing (its mount is gone with the pod directory).
-	if err := syscall.Unmount(target, 0); err != nil {
+	// kubelet force-cleaned the pod without unpublishing (its mount is gone with the pod directory). The pod
+	// directory leaves its path in one rename first: unmounting in place would let the GC, which repairs a
+	// published target that lost its mount, mount it again between the unmount and the removal.
+	gone := filepath.Join(dir, "gone")
+	if err := os.Rename(filepath.Join(dir, "pods", "p"), gone); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.RemoveAll(filepath.Join(dir, "pods", "p")); err != nil {
+	if err := syscall.Unmount(filepath.Join(gone, strings.TrimPrefix(target, filepath.Join(dir, "pods", "p"))), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(gone); err != nil {
 		t.Fatal(err)
 	}
 	for start := time.Now(); len(d.state.Snapshot().Volumes) != 0; time.Sleep(20 * time.Millisecond) {
