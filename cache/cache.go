@@ -21,6 +21,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sync/singleflight"
 
+	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/artifact/archive"
 	"github.com/modelpack/modelpack/cas"
 	"github.com/modelpack/modelpack/internal/errdef"
@@ -32,8 +33,8 @@ var (
 	ErrNotFound = errdef.ErrNotFound
 	// ErrInUse: the content is referenced by a volume or pin, or is being pulled.
 	ErrInUse = errors.New("in use")
-	// ErrTooLarge: a manifest, index or config over MaxManifestBytes.
-	ErrTooLarge = errors.New("too large")
+	// ErrTooLarge: a manifest, index or config over artifact's document limits.
+	ErrTooLarge = artifact.ErrTooLarge
 	// ErrUnsupported: a media type or manifest shape the cache cannot serve.
 	ErrUnsupported = errors.New("unsupported")
 	// ErrSizeMismatch and ErrDigestMismatch: bytes that do not match their descriptor.
@@ -41,9 +42,8 @@ var (
 	ErrDigestMismatch = cas.ErrDigestMismatch
 )
 
-// MaxManifestBytes caps manifests, indexes and configs, which are read into memory. Registries enforce the same
-// 4 MiB limit on manifests.
-const MaxManifestBytes = 4 << 20
+// MaxManifestBytes caps manifests, indexes and configs, which are read into memory (artifact's limit).
+const MaxManifestBytes = artifact.MaxManifestBytes
 
 // Options configure a Cache.
 type Options struct {

@@ -23,7 +23,7 @@ const (
 
 // maxLayers bounds a manifest's layer list; real images stay under 128 layers and models under a few thousand
 // files, so more is a crafted manifest meant to exhaust memory or inodes.
-const maxLayers = 65536
+const maxLayers = artifact.MaxEntries
 
 // parsed is a manifest or an index, decoded and validated.
 type parsed struct {
@@ -53,8 +53,12 @@ func parseManifest(desc ocispec.Descriptor, b []byte) (*parsed, error) {
 		Config        json.RawMessage `json:"config"`
 		Manifests     json.RawMessage `json:"manifests"`
 	}
+	// The shape first: a document nested or listing past the limits is refused before it is decoded.
+	if err := artifact.CheckDocument(b); err != nil {
+		return nil, fmt.Errorf("manifest %s: %w", desc.Digest, err)
+	}
 	if err := json.Unmarshal(b, &head); err != nil {
-		return nil, fmt.Errorf("manifest %s: invalid JSON: %w", desc.Digest, err)
+		return nil, fmt.Errorf("manifest %s: %w: %v", desc.Digest, artifact.ErrMalformed, err)
 	}
 	mt := desc.MediaType
 	switch {

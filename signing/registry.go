@@ -11,10 +11,12 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
+	ggcrremote "github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	ociremote "github.com/sigstore/cosign/v2/pkg/oci/remote"
 	"oras.land/oras-go/v2/registry/remote/auth"
+
+	"github.com/modelpack/modelpack/artifact/remote"
 )
 
 // RegistryOptions say how to reach registries. They mirror the transport's flags so one set of options serves
@@ -53,7 +55,17 @@ type client struct {
 	oci  []ociremote.Option
 }
 
+// transport is the base transport of registries reached without TransportFor. Whichever it is, documents
+// (signature manifests, referrers lists) are held to artifact's limits, not go-containerregistry's 100 MiB.
 func (o RegistryOptions) transport() (http.RoundTripper, error) {
+	t, err := o.baseTransport()
+	if err != nil {
+		return nil, err
+	}
+	return remote.LimitDocuments(t), nil
+}
+
+func (o RegistryOptions) baseTransport() (http.RoundTripper, error) {
 	if o.Transport != nil {
 		return o.Transport, nil
 	}
@@ -121,10 +133,10 @@ func (o RegistryOptions) newClient(ctx context.Context, base http.RoundTripper, 
 		oci: []ociremote.Option{
 			ociremote.WithNameOptions(nameOpts...),
 			ociremote.WithRemoteOptions(
-				remote.WithContext(ctx),
-				remote.WithTransport(base),
-				remote.WithAuthFromKeychain(kc),
-				remote.WithUserAgent("modelpack"),
+				ggcrremote.WithContext(ctx),
+				ggcrremote.WithTransport(base),
+				ggcrremote.WithAuthFromKeychain(kc),
+				ggcrremote.WithUserAgent("modelpack"),
 			),
 		},
 	}

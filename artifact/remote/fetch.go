@@ -167,14 +167,19 @@ func resolveManifest(ctx context.Context, src *Repository, reference string) (oc
 	return desc, m, nil
 }
 
-const maxManifestBytes = 4 << 20
-
 func readManifest(rc io.ReadCloser, desc ocispec.Descriptor) ([]byte, error) {
 	defer rc.Close()
-	if desc.Size > maxManifestBytes {
-		return nil, fmt.Errorf("manifest of %d bytes exceeds the %d byte limit", desc.Size, maxManifestBytes)
+	if desc.Size > artifact.MaxManifestBytes {
+		return nil, fmt.Errorf("manifest %s is %d bytes: %w (limit %d)", desc.Digest, desc.Size, artifact.ErrTooLarge, artifact.MaxManifestBytes)
 	}
-	return content.ReadAll(rc, desc)
+	b, err := content.ReadAll(rc, desc)
+	if err != nil {
+		return nil, err
+	}
+	if err := artifact.CheckDocument(b); err != nil {
+		return nil, fmt.Errorf("manifest %s: %w", desc.Digest, err)
+	}
+	return b, nil
 }
 
 type fetcher struct {

@@ -141,7 +141,7 @@ func (r *Repository) FetchReference(ctx context.Context, reference string) (ocis
 	return f.desc, f.rc, r.manifestErr(ctx, reference, err)
 }
 
-// readManifest reads a whole manifest (at most maxManifestBytes, checked against its descriptor) within the
+// readManifest reads a whole manifest (at most artifact.MaxManifestBytes, checked against its descriptor) within the
 // response-header and idle timeouts, so a registry that sends the headers and then nothing cannot hold the caller.
 func (r *Repository) readManifest(ctx context.Context, fetch func(context.Context) (ocispec.Descriptor, io.ReadCloser, error)) (fetched, error) {
 	tm := r.opts.Timeouts.orDefault()

@@ -258,7 +258,7 @@ func pickPlatform(ctx context.Context, repo *remote.Repository, desc ocispec.Des
 // isBadContent reports hostile or corrupt content: the artifact is at fault, not the node or the registry's health.
 func isBadContent(err error) bool {
 	for _, cause := range []error{archive.ErrUnsafePath, archive.ErrLinkEscape, archive.ErrSpecialFile,
-		artifact.ErrPathConflict, cache.ErrDigestMismatch, cache.ErrSizeMismatch} {
+		artifact.ErrPathConflict, artifact.ErrMalformed, cache.ErrDigestMismatch, cache.ErrSizeMismatch} {
 		if errors.Is(err, cause) {
 			return true
 		}

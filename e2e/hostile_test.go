@@ -1,0 +1,194 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	specs "github.com/opencontainers/image-spec/specs-go"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"google.golang.org/grpc/codes"
+
+	"github.com/modelpack/modelpack/internal/testenv"
+	"github.com/modelpack/modelpack/signing"
+)
+
+// hostileDoc streams a manifest-like document of n copies of entry in its "layers" (or "manifests") list, with a
+// Content-Length when declare is set, as a hostile registry would: generated on the fly, never held in memory.
+func hostileDoc(w http.ResponseWriter, mediaType, list string, n int, entry string, declare bool) {
+	head := `{"schemaVersion":2,"mediaType":"` + mediaType + `",`
+	if list == "layers" {
+		head += `"config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:` + strings.Repeat("0", 64) + `","size":2},`
+	}
+	head += `"` + list + `":[`
+	tail := `]}`
+	w.Header().Set("Content-Type", mediaType)
+	if declare {
+		size := len(head) + n*len(entry) + (n - 1) + len(tail)
+		w.Header().Set("Content-Length", strconv.Itoa(size))
+	}
+	bw := bufio.NewWriterSize(w, 256<<10)
+	bw.WriteString(head)
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			bw.WriteByte(',')
+		}
+		if _, err := bw.WriteString(entry); err != nil {
+			return // the client hung up: what a refusal looks like from here
+		}
+	}
+	bw.WriteString(tail)
+	bw.Flush()
+}
+
+// peakRSS is a process's peak resident set (VmHWM) in MiB.
+func peakRSS(t *testing.T, pid int) float64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kb / 1024
+		}
+	}
+	t.Fatal("no VmHWM")
+	return 0
+}
+
+// TestDriverRefusesHugeDocumentsCheaply serves the real driver, from a hostile registry (a real HTTP server), the
+// documents an attacker would: signature manifests of 100 MiB and more (declared or chunked, 350k layers), a
+// referrers list as large, and a model manifest of a million empty layers or nested 100k deep. Each publish is
+// refused with FAILED_PRECONDITION naming the limit, nothing is mounted, and the driver's peak RSS stays under
+// 128 MiB over all of them (before, a 100 MiB signature manifest took it from 111 to 304 MiB, and 95 MiB of 350k
+// layers to 800 MiB).
+func TestDriverRefusesHugeDocumentsCheaply(t *testing.T) {
+	h := testenv.StartHostileRegistry(t)
+	dir := t.TempDir()
+	_, pub, err := signing.GenerateKeyPair(filepath.Join(dir, "trusted"), func(bool) ([]byte, error) { return []byte("pw"), nil }, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(policy, []byte(fmt.Sprintf(`default: {mode: enforce, none: true}
+rules:
+- name: signed
+  match: ["%s/signed/**"]
+  mode: enforce
+  keys: [%s]
+  transparencyLog: waive
+`, h.Host, pub)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	// One small model per repository (the hostile registry serves any repository the same content).
+	cfg := h.Blob("application/vnd.cncf.model.config.v1+json", []byte(`{"descriptor":{},"config":{},"modelfs":{"type":"layers","diffIds":[]}}`))
+	weights := h.Blob("application/vnd.cncf.model.weight.v1.raw", []byte("weights"))
+	weights.Annotations = map[string]string{"org.cncf.model.filepath": "model.safetensors"}
+	model := h.Manifest(t, "v1", ocispec.Manifest{Versioned: specsV2, MediaType: ocispec.MediaTypeImageManifest,
+		ArtifactType: "application/vnd.cncf.model.manifest.v1+json", Config: cfg, Layers: []ocispec.Descriptor{weights}}, ocispec.MediaTypeImageManifest)
+	sigTag := strings.Replace(model.Digest.String(), ":", "-", 1) + ".sig"
+	refTag := strings.Replace(model.Digest.String(), ":", "-", 1)
+	// The tags exist, so the hostile hooks below answer their GETs.
+	h.Manifest(t, sigTag, ocispec.Manifest{Versioned: specsV2}, ocispec.MediaTypeImageManifest)
+	h.Manifest(t, refTag, ocispec.Index{Versioned: specsV2}, ocispec.MediaTypeImageIndex)
+	var flood, chunked strings.Builder
+	flood.WriteString(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":` + cfgJSON(cfg) + `,"layers":[{}`)
+	for flood.Len() < 4<<20-8 {
+		flood.WriteString(",{}")
+	}
+	flood.WriteString("]}")
+	h.Raw("flood", ocispec.MediaTypeImageManifest, []byte(flood.String()))
+	chunked.WriteString(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":` + cfgJSON(cfg) + `,"layers":[`)
+	for i := 0; i < 350_000; i++ {
+		if i > 0 {
+			chunked.WriteByte(',')
+		}
+		chunked.WriteString(sigEntry(285))
+	}
+	chunked.WriteString("]}")
+	h.Raw("large", ocispec.MediaTypeImageManifest, []byte(chunked.String()))
+	h.Raw("deep", ocispec.MediaTypeImageManifest, []byte(strings.Repeat("[", 100_000)+strings.Repeat("]", 100_000)))
+
+	sigLayer := sigEntry(300)
+	h.OnManifest = func(w http.ResponseWriter, r *http.Request, ref string, _ []byte) bool {
+		repo := strings.TrimPrefix(r.URL.Path[:strings.LastIndex(r.URL.Path, "/manifests/")], "/v2/")
+		switch {
+		case ref == sigTag && repo == "signed/declared": // just over 100 MiB, declared
+			hostileDoc(w, ocispec.MediaTypeImageManifest, "layers", (101<<20)/(len(sigLayer)+1), sigLayer, true)
+		case ref == sigTag && repo == "signed/chunked": // 95 MiB of 350k layers, no Content-Length
+			hostileDoc(w, ocispec.MediaTypeImageManifest, "layers", 350_000, sigEntry(285), false)
+		case ref == sigTag && repo == "signed/flood": // 4 MiB of empty layers: under the size limit, over the count
+			hostileDoc(w, ocispec.MediaTypeImageManifest, "layers", (4<<20-200)/3, "{}", true)
+		case ref == sigTag && repo == "signed/small":
+			http.Error(w, `{"errors":[{"code":"MANIFEST_UNKNOWN"}]}`, http.StatusNotFound)
+		case ref == refTag && repo == "signed/small": // the referrers tag schema: an index of 100 MiB
+			entry := `{"mediaType":"application/vnd.oci.image.manifest.v1+json","artifactType":"application/vnd.dev.sigstore.bundle.v0.3+json","digest":"sha256:` + strings.Repeat("b", 64) + `","size":1}`
+			hostileDoc(w, ocispec.MediaTypeImageIndex, "manifests", (101<<20)/(len(entry)+1), entry, false)
+		case ref == sigTag || ref == refTag:
+			http.Error(w, `{"errors":[{"code":"MANIFEST_UNKNOWN"}]}`, http.StatusNotFound)
+		default:
+			return false
+		}
+		return true
+	}
+
+	root := t.TempDir()
+	drvCleanupMounts(t, root)
+	p := drvStartWith(t, root, []string{"--policy", policy}, h.Host)
+	start := peakRSS(t, p.cmd.Process.Pid)
+	node := p.node()
+	for _, c := range []struct{ name, ref, want string }{
+		{"signature manifest of 101 MiB, declared", "signed/declared:v1", "too large"},
+		{"signature manifest of 95 MiB, 350k layers, chunked", "signed/chunked:v1", "too large"},
+		{"signature manifest of a million empty layers", "signed/flood:v1", "too large"},
+		{"referrers index of 101 MiB", "signed/small:v1", "too large"},
+		{"model manifest of a million empty layers", "plain/m:flood", "too large"},
+		{"model manifest of 95 MiB, 350k layers", "plain/m:large", "too large"},
+		{"model manifest nested 100k deep", "plain/m:deep", "nested more than 32 levels"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			target := drvKubelet(t, root, strings.NewReplacer("/", "-", ":", "-").Replace(c.ref))
+			err := drvPublish(node, drvPublishReq("vol-"+c.ref, target, map[string]string{
+				"reference": h.Host + "/" + c.ref, "csi.storage.k8s.io/ephemeral": "true"}), time.Minute)
+			drvWantCode(t, err, codes.FailedPrecondition, c.want)
+			if m, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(m), target) {
+				t.Fatalf("refused volume is mounted")
+			}
+			t.Logf("driver peak RSS so far: %.0f MiB", peakRSS(t, p.cmd.Process.Pid))
+		})
+	}
+	if n := h.Gets(weights.Digest); n != 0 {
+		t.Fatalf("%d GETs of the model's layer: refused content was pulled", n)
+	}
+	peak := peakRSS(t, p.cmd.Process.Pid)
+	t.Logf("driver peak RSS: %.0f MiB at start, %.0f MiB after every hostile document", start, peak)
+	if peak > 128 {
+		t.Fatalf("driver peak RSS %.0f MiB, want ≤ 128 MiB", peak)
+	}
+}
+
+var specsV2 = specs.Versioned{SchemaVersion: 2}
+
+func cfgJSON(d ocispec.Descriptor) string {
+	return fmt.Sprintf(`{"mediaType":%q,"digest":%q,"size":%d}`, d.MediaType, d.Digest, d.Size)
+}
+
+// sigEntry is a cosign signature layer descriptor of exactly size bytes of JSON.
+func sigEntry(size int) string {
+	head := `{"mediaType":"application/vnd.dev.cosign.simplesigning.v1+json","digest":"sha256:` + strings.Repeat("a", 64) +
+		`","size":233,"annotations":{"dev.cosignproject.cosign/signature":"`
+	tail := `"}}`
+	return head + strings.Repeat("M", size-len(head)-len(tail)) + tail
+}
