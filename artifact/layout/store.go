@@ -56,7 +56,7 @@ const (
 	layoutFile    = "oci-layout"
 	indexLockFile = "index.json.lock"
 	gcLockFile    = "gc.lock"
-	lockRetry       = 20 * time.Millisecond
+	lockRetry     = 20 * time.Millisecond
 )
 
 // Store is an OCI image layout directory.
