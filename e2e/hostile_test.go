@@ -1,7 +1,11 @@
 package e2e
 
 import (
+	"archive/tar"
 	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -11,10 +15,15 @@ import (
 	"testing"
 	"time"
 
+	digest "github.com/opencontainers/go-digest"
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"google.golang.org/grpc/codes"
+	"oras.land/oras-go/v2"
+	"oras.land/oras-go/v2/content/memory"
+	"oras.land/oras-go/v2/registry/remote"
 
+	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/internal/testenv"
 	"github.com/modelpack/modelpack/signing"
 )
@@ -191,4 +200,134 @@ func sigEntry(size int) string {
 		`","size":233,"annotations":{"dev.cosignproject.cosign/signature":"`
 	tail := `"}}`
 	return head + strings.Repeat("M", size-len(head)-len(tail)) + tail
+}
+
+type rawLayer struct {
+	mediaType string
+	path      string // org.cncf.model.filepath, if any
+	body      []byte
+}
+
+// pushLayers pushes a manifest of these layers (a model unless image) to a real registry and returns the layers'
+// digests.
+func pushLayers(t *testing.T, host, repo, tag string, image bool, layers ...rawLayer) []digest.Digest {
+	t.Helper()
+	ctx := context.Background()
+	mem := memory.New()
+	push := func(mt string, b []byte, ann map[string]string) ocispec.Descriptor {
+		d := ocispec.Descriptor{MediaType: mt, Digest: digest.FromBytes(b), Size: int64(len(b)), Annotations: ann}
+		if ok, _ := mem.Exists(ctx, d); !ok {
+			if err := mem.Push(ctx, d, bytes.NewReader(b)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return d
+	}
+	m := ocispec.Manifest{Versioned: specsV2, MediaType: ocispec.MediaTypeImageManifest}
+	var ds []digest.Digest
+	for _, l := range layers {
+		var ann map[string]string
+		if l.path != "" {
+			ann = map[string]string{artifact.AnnotationFilepath: l.path}
+		}
+		d := push(l.mediaType, l.body, ann)
+		m.Layers = append(m.Layers, d)
+		ds = append(ds, d.Digest)
+	}
+	if image {
+		m.Config = push(ocispec.MediaTypeImageConfig, []byte(`{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}`), nil)
+	} else {
+		m.ArtifactType = artifact.ArtifactTypeModelManifest
+		m.Config = push(artifact.MediaTypeModelConfig, []byte(`{"descriptor":{"name":"`+repo+`"},"config":{},"modelfs":{"type":"layers","diffIds":["`+ds[0].String()+`"]}}`), nil)
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := push(ocispec.MediaTypeImageManifest, b, nil)
+	if err := mem.Tag(ctx, md, tag); err != nil {
+		t.Fatal(err)
+	}
+	r, err := remote.NewRepository(host + "/" + repo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.PlainHTTP = true
+	if _, err := oras.Copy(ctx, mem, tag, r, tag, oras.DefaultCopyOptions); err != nil {
+		t.Fatal(err)
+	}
+	return ds
+}
+
+// tarOf is an uncompressed tar of name → body, in the given order.
+func tarOf(t *testing.T, kv ...string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for i := 0; i+1 < len(kv); i += 2 {
+		if err := tw.WriteHeader(&tar.Header{Name: kv[i], Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(kv[i+1])), ModTime: time.Unix(1e9, 0)}); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write([]byte(kv[i+1]))
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// TestDriverRefusesOneFileInTwoLayers: a model whose file comes from two layers (two tar layers, or a raw and a tar
+// layer in either order) would mount with whichever layer came last; the real driver, pulling from a real
+// registry, refuses it with FAILED_PRECONDITION naming both layers, as it refuses two raw layers at one path.
+// A container image keeps overlay semantics: its upper layer wins.
+func TestDriverRefusesOneFileInTwoLayers(t *testing.T) {
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	const docTar = "application/vnd.cncf.model.doc.v1.tar"
+	const docRaw = "application/vnd.cncf.model.doc.v1.raw"
+	root := t.TempDir()
+	drvCleanupMounts(t, root)
+	p := drvStart(t, root, reg.Host)
+	node := p.node()
+	publish := func(name, repo string) (string, error) {
+		target := drvKubelet(t, root, name)
+		return target, drvPublish(node, drvPublishReq("vol-"+name, target, map[string]string{
+			"reference": reg.Host + "/" + repo + ":v1", "csi.storage.k8s.io/ephemeral": "true"}), time.Minute)
+	}
+	for _, c := range []struct {
+		name   string
+		layers []rawLayer
+	}{
+		{"two tar layers", []rawLayer{{docTar, "docs", tarOf(t, "docs/README.md", "first")}, {docTar, "docs2", tarOf(t, "docs/README.md", "second")}}},
+		{"raw then tar", []rawLayer{{docRaw, "docs/README.md", []byte("raw")}, {docTar, "docs", tarOf(t, "docs/README.md", "tar")}}},
+		{"tar then raw", []rawLayer{{docTar, "docs", tarOf(t, "docs/README.md", "tar")}, {docRaw, "docs/README.md", []byte("raw")}}},
+		{"a tar file where a raw layer needs a directory", []rawLayer{{docTar, "docs", tarOf(t, "docs", "a file")}, {docRaw, "docs/README.md", []byte("raw")}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			repo := "conflict/" + strings.ReplaceAll(c.name, " ", "-")
+			ds := pushLayers(t, reg.Host, repo, "v1", false, c.layers...)
+			target, err := publish(strings.ReplaceAll(c.name, " ", "-"), repo)
+			drvWantCode(t, err, codes.FailedPrecondition, "conflicting layer paths")
+			for _, d := range ds {
+				if !strings.Contains(err.Error(), d.String()) {
+					t.Errorf("%v does not name layer %s", err, d)
+				}
+			}
+			if m, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(m), target) {
+				t.Fatal("refused volume is mounted")
+			}
+		})
+	}
+	t.Run("a container image keeps overlay semantics", func(t *testing.T) {
+		pushLayers(t, reg.Host, "images/overlay", "v1", true,
+			rawLayer{ocispec.MediaTypeImageLayer, "", tarOf(t, "etc/motd", "lower")},
+			rawLayer{ocispec.MediaTypeImageLayer, "", tarOf(t, "etc/motd", "upper")})
+		target, err := publish("image", "images/overlay")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { drvUnpublish(t, node, "vol-image", target) })
+		if got := drvRead(t, filepath.Join(target, "etc/motd")); got != "upper" {
+			t.Fatalf("etc/motd = %q, want the upper layer's", got)
+		}
+	})
 }
