@@ -174,6 +174,7 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags) error {
 		NodeID:      f.nodeID,
 		Endpoint:    f.endpoint,
 		StateDir:    filepath.Join(f.root, "csi"),
+		OwnDirs:     []string{filepath.Join(f.root, "cache")},
 		MetricsAddr: f.metricsAddr,
 		Logger:      log,
 		GCInterval:  f.gcInterval,

@@ -304,7 +304,7 @@ type runningDriver struct {
 func startDriverAt(t *testing.T, dir string, b Backend) (runningDriver, string) {
 	t.Helper()
 	sock := filepath.Join(dir, "csi.sock")
-	d, err := New(Options{NodeID: "n", Endpoint: "unix://" + sock, StateDir: filepath.Join(dir, "state"), Backend: b,
+	d, err := New(Options{NodeID: "n", Endpoint: "unix://" + sock, StateDir: filepath.Join(dir, "state"), OwnDirs: []string{filepath.Join(dir, "cache")}, Backend: b,
 		Logger: discardLogger()})
 	if err != nil {
 		t.Fatal(err)
@@ -348,7 +348,7 @@ func TestVolumesOfVanishedPodsAreCollectedWhileRunning(t *testing.T) {
 	b := newFakeBackend(filepath.Join(dir, "cache"))
 	b.push(testRef, "v1")
 	sock := filepath.Join(dir, "csi.sock")
-	d, err := New(Options{NodeID: "n", Endpoint: "unix://" + sock, StateDir: filepath.Join(dir, "state"), Backend: b,
+	d, err := New(Options{NodeID: "n", Endpoint: "unix://" + sock, StateDir: filepath.Join(dir, "state"), OwnDirs: []string{filepath.Join(dir, "cache")}, Backend: b,
 		Logger: discardLogger(), GCInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

@@ -45,6 +45,10 @@ type Options struct {
 	Endpoint string
 	// StateDir holds the persisted state (state.json).
 	StateDir string
+	// OwnDirs are the other directories the driver keeps content in (the cache root): no target may lie in or
+	// over them or StateDir, and a mount left on a target the state does not know is taken off only when it is
+	// a view from one of them.
+	OwnDirs []string
 	// Backend is the node cache and registry transport.
 	Backend Backend
 	// MetricsAddr, if set, serves /metrics, /healthz and HTTPHandlers over HTTP.
