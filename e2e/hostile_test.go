@@ -7,11 +7,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -328,6 +331,77 @@ func TestDriverRefusesOneFileInTwoLayers(t *testing.T) {
 		t.Cleanup(func() { drvUnpublish(t, node, "vol-image", target) })
 		if got := drvRead(t, filepath.Join(target, "etc/motd")); got != "upper" {
 			t.Fatalf("etc/motd = %q, want the upper layer's", got)
+		}
+	})
+}
+
+// TestDriverRefusesRedirectsToLocalAddresses: a registry that answers a blob GET with a redirect to a loopback or
+// link-local address that is not itself (the kubelet's 127.0.0.1:10250, the metadata service 169.254.169.254, ::1,
+// a DNS name resolving to loopback) must not make the node's driver connect there. The publish fails with
+// FAILED_PRECONDITION naming the address and the local server sees no request; a redirect to the registry's own
+// address is still followed.
+func TestDriverRefusesRedirectsToLocalAddresses(t *testing.T) {
+	h := testenv.StartHostileRegistry(t)
+	var kubeletHits atomic.Int64
+	kubelet := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		kubeletHits.Add(1)
+		w.Write([]byte("secrets of the node"))
+	}))
+	t.Cleanup(kubelet.Close)
+	kubelet6, err := net.Listen("tcp6", "[::1]:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv6 := &http.Server{Handler: kubelet.Config.Handler}
+	go srv6.Serve(kubelet6)
+	t.Cleanup(func() { srv6.Close() })
+	_, kport, _ := net.SplitHostPort(strings.TrimPrefix(kubelet.URL, "http://"))
+
+	cfg := h.Blob("application/vnd.cncf.model.config.v1+json", []byte(`{"descriptor":{},"config":{},"modelfs":{"type":"layers","diffIds":[]}}`))
+	weights := h.Blob("application/vnd.cncf.model.weight.v1.raw", []byte("weights to redirect"))
+	weights.Annotations = map[string]string{"org.cncf.model.filepath": "model.safetensors"}
+	h.Manifest(t, "v1", ocispec.Manifest{Versioned: specsV2, MediaType: ocispec.MediaTypeImageManifest,
+		ArtifactType: "application/vnd.cncf.model.manifest.v1+json", Config: cfg, Layers: []ocispec.Descriptor{weights}}, ocispec.MediaTypeImageManifest)
+	targets := map[string]string{
+		"loopback":        "http://127.0.0.1:" + kport + "/pods",
+		"localhost":       "http://localhost:" + kport + "/pods",
+		"ipv6-loopback":   "http://" + kubelet6.Addr().String() + "/pods",
+		"metadata":        "http://169.254.169.254/latest/meta-data/",
+		"ipv6-link-local": "http://[fe80::1]:" + kport + "/",
+		"self":            "http://" + h.Host + "/v2/r/blobs/" + weights.Digest.String() + "?redirected=1",
+	}
+	h.OnBlob = func(w http.ResponseWriter, r *http.Request, d digest.Digest, _ []byte) bool {
+		if r.URL.Query().Get("redirected") != "" || d != weights.Digest {
+			return false
+		}
+		repo := strings.TrimPrefix(r.URL.Path[:strings.LastIndex(r.URL.Path, "/blobs/")], "/v2/")
+		http.Redirect(w, r, targets[strings.TrimPrefix(repo, "redirect/")], http.StatusTemporaryRedirect)
+		return true
+	}
+	root := t.TempDir()
+	drvCleanupMounts(t, root)
+	p := drvStart(t, root, h.Host)
+	node := p.node()
+	for _, name := range []string{"loopback", "localhost", "ipv6-loopback", "metadata", "ipv6-link-local"} {
+		t.Run(name, func(t *testing.T) {
+			target := drvKubelet(t, root, name)
+			err := drvPublish(node, drvPublishReq("vol-"+name, target, map[string]string{
+				"reference": h.Host + "/redirect/" + name + ":v1", "csi.storage.k8s.io/ephemeral": "true"}), time.Minute)
+			drvWantCode(t, err, codes.FailedPrecondition, "loopback or link-local address refused")
+		})
+	}
+	if n := kubeletHits.Load(); n != 0 {
+		t.Fatalf("the local server got %d requests through redirects", n)
+	}
+	t.Run("a redirect to the registry itself is followed", func(t *testing.T) {
+		target := drvKubelet(t, root, "self")
+		if err := drvPublish(node, drvPublishReq("vol-self", target, map[string]string{
+			"reference": h.Host + "/redirect/self:v1", "csi.storage.k8s.io/ephemeral": "true"}), time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { drvUnpublish(t, node, "vol-self", target) })
+		if got := drvRead(t, filepath.Join(target, "model.safetensors")); got != "weights to redirect" {
+			t.Fatalf("read %q", got)
 		}
 	})
 }

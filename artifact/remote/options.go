@@ -225,10 +225,10 @@ func httpTransport(ep endpoint, origin string, conns int, tm Timeouts, wrap func
 	}
 	base := &http.Transport{
 		Proxy: http.ProxyFromEnvironment,
-		DialContext: (&net.Dialer{
+		DialContext: guardDial(&net.Dialer{
 			Timeout:   30 * time.Second,
 			KeepAlive: 30 * time.Second,
-		}).DialContext,
+		}, ep),
 		ForceAttemptHTTP2:     true,
 		TLSClientConfig:       tc,
 		TLSHandshakeTimeout:   15 * time.Second,

@@ -273,7 +273,7 @@ func classify(err error) error {
 	}
 	var sentinel error
 	switch remote.Classify(err) {
-	case remote.ErrDigestMismatch, remote.ErrSizeMismatch:
+	case remote.ErrDigestMismatch, remote.ErrSizeMismatch, remote.ErrRedirectRefused:
 		sentinel = csidriver.ErrBadContent
 	case remote.ErrUnauthorized:
 		sentinel = csidriver.ErrUnauthorized
