@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"oras.land/oras-go/v2/registry"
+
+	"github.com/modelpack/modelpack/artifact"
 )
 
 // Volume attribute keys, as written in a pod's csi.volumeAttributes, a PV's volumeAttributes or a StorageClass's
@@ -91,6 +93,9 @@ func ParseAttributes(ctx map[string]string) (*Attributes, error) {
 		a.Given[k] = v
 		switch k {
 		case AttrReference:
+			if err := artifact.RefuseCredentials(v); err != nil {
+				return nil, attrErr("%s: %v", k, err) // never repeat the value: it holds a password
+			}
 			ref, err := normalReference(v)
 			if err != nil {
 				return nil, attrErr("%s %q: %v", k, v, err)

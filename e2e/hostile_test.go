@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -404,4 +405,55 @@ func TestDriverRefusesRedirectsToLocalAddresses(t *testing.T) {
 			t.Fatalf("read %q", got)
 		}
 	})
+}
+
+// TestPasswordInReferenceIsNeverRepeated: a reference with credentials in it (user:password@host/…) is refused by
+// the real driver (INVALID_ARGUMENT) and by every CLI command that takes a reference, and the password appears in
+// no answer, no output and no log line.
+func TestPasswordInReferenceIsNeverRepeated(t *testing.T) {
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	const secret = "hunter2-s3cret"
+	bad := "alice:" + secret + "@" + reg.Host + "/models/m:v1"
+
+	root := t.TempDir()
+	drvCleanupMounts(t, root)
+	p := drvStart(t, root, reg.Host)
+	for _, ref := range []string{bad, "https://alice:" + secret + "@" + reg.Host + "/models/m:v1"} {
+		err := drvPublish(p.node(), drvPublishReq("vol-pw", drvKubelet(t, root, "pw"), map[string]string{
+			"reference": ref, "csi.storage.k8s.io/ephemeral": "true"}), time.Minute)
+		drvWantCode(t, err, codes.InvalidArgument, "may not carry credentials")
+		if strings.Contains(err.Error(), secret) {
+			t.Fatalf("the answer repeats the password: %v", err)
+		}
+	}
+	p.stop()
+	if b, _ := os.ReadFile(p.log); strings.Contains(string(b), secret) {
+		t.Fatalf("the driver's log holds the password:\n%s", b)
+	}
+
+	mp := testenv.Modelpack(t)
+	home := t.TempDir()
+	for _, args := range [][]string{
+		{"pull", bad, "--plain-http"},
+		{"fetch", bad, filepath.Join(home, "out"), "--plain-http"},
+		{"inspect", bad, "--remote", "--plain-http"},
+		{"tags", "alice:" + secret + "@" + reg.Host + "/models/m", "--plain-http"},
+		{"copy", bad, reg.Host + "/models/copy:v1", "--plain-http"},
+		{"verify", bad, "--key", "none.pub", "--plain-http"},
+		{"push", bad, "--from", "x", "--plain-http"},
+		{"pull", bad, "--plain-http", "-o", "json"},
+	} {
+		cmd := exec.Command(mp, args...)
+		cmd.Env = append(os.Environ(), "MODELPACK_HOME="+home, "HOME="+home)
+		out, err := cmd.CombinedOutput()
+		if err == nil {
+			t.Errorf("modelpack %s succeeded", args[0])
+		}
+		if strings.Contains(string(out), secret) {
+			t.Errorf("modelpack %s repeats the password:\n%s", args[0], out)
+		}
+		if !strings.Contains(string(out), "may not carry credentials") {
+			t.Errorf("modelpack %s does not say why:\n%s", args[0], out)
+		}
+	}
 }

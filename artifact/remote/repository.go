@@ -17,6 +17,8 @@ import (
 	"oras.land/oras-go/v2/registry/remote"
 	"oras.land/oras-go/v2/registry/remote/auth"
 	"oras.land/oras-go/v2/registry/remote/errcode"
+
+	"github.com/modelpack/modelpack/artifact"
 )
 
 // Repository is a repository on a registry, reached directly or through mirrors. It is an oras.Target (and a
@@ -42,6 +44,9 @@ type endpointRepo struct {
 
 // NewRepository parses ref (registry/repository[:tag|@digest]) and returns the repository and the parsed reference.
 func NewRepository(ref string, opts Options) (*Repository, registry.Reference, error) {
+	if err := artifact.RefuseCredentials(ref); err != nil {
+		return nil, registry.Reference{}, err
+	}
 	parsed, err := registry.ParseReference(ref)
 	if err != nil {
 		return nil, registry.Reference{}, fmt.Errorf("invalid reference %q: %w", ref, err)

@@ -288,6 +288,8 @@ func classify(err error) error {
 	}
 	switch {
 	case sentinel != nil:
+	case errors.Is(err, artifact.ErrCredentialsInReference):
+		sentinel = csidriver.ErrInvalidReference
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
 		sentinel = csidriver.ErrNoSpace
 	case isBadContent(err):
