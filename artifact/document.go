@@ -50,8 +50,9 @@ func ReadDocument(r io.Reader, declared int64, what string) ([]byte, error) {
 	return b, nil
 }
 
-// ErrMalformed is a document that is not JSON.
-var ErrMalformed = errors.New("malformed JSON document")
+// ErrMalformed is a document that is not JSON, or whose descriptors are not well formed (a negative size, an
+// invalid digest).
+var ErrMalformed = errors.New("malformed document")
 
 // CheckDocument streams over b, a JSON document, and refuses it when it is over MaxManifestBytes or nests, counts
 // or lists more than the limits allow, before anything decodes it into structures. Only the shape is checked.

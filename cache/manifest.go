@@ -157,13 +157,13 @@ func parseManifest(desc ocispec.Descriptor, b []byte) (*parsed, error) {
 
 func checkDescriptor(d ocispec.Descriptor) error {
 	if err := d.Digest.Validate(); err != nil {
-		return fmt.Errorf("invalid digest %q: %w", d.Digest, err)
+		return fmt.Errorf("%w: invalid digest %q: %w", artifact.ErrMalformed, d.Digest, err)
 	}
 	if d.Digest.Algorithm() != digest.SHA256 {
 		return fmt.Errorf("%w digest algorithm %s (sha256 only)", ErrUnsupported, d.Digest.Algorithm())
 	}
 	if d.Size < 0 {
-		return fmt.Errorf("negative size %d for %s", d.Size, d.Digest)
+		return fmt.Errorf("%w: negative size %d for %s", artifact.ErrMalformed, d.Size, d.Digest)
 	}
 	return nil
 }

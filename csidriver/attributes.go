@@ -14,6 +14,7 @@ import (
 	"oras.land/oras-go/v2/registry"
 
 	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/artifact/archive"
 )
 
 // Volume attribute keys, as written in a pod's csi.volumeAttributes, a PV's volumeAttributes or a StorageClass's
@@ -252,6 +253,14 @@ func cleanSubPath(p string) (string, error) {
 	}
 	if filepath.IsAbs(p) {
 		return "", fmt.Errorf("must be relative")
+	}
+	if len(p) > archive.MaxPathBytes {
+		return "", fmt.Errorf("is %d bytes long, over the limit of %d", len(p), archive.MaxPathBytes)
+	}
+	for _, part := range strings.Split(p, "/") {
+		if len(part) > archive.MaxNameBytes {
+			return "", fmt.Errorf("has a name of %d bytes, over the limit of %d", len(part), archive.MaxNameBytes)
+		}
 	}
 	c := filepath.Clean(p)
 	if c == ".." || strings.HasPrefix(c, "../") {

@@ -457,3 +457,64 @@ func TestPasswordInReferenceIsNeverRepeated(t *testing.T) {
 		}
 	}
 }
+
+// TestDriverNamesContentOverTheLimits: content the file system would refuse halfway through a pull (a name of 256
+// bytes, a path over the limit, in a raw layer's annotation or in a tar layer) and a descriptor of size -1 are the
+// content's fault: the real driver answers FAILED_PRECONDITION naming the layer and the limit (it answered
+// INTERNAL), and a subPath over the limits is INVALID_ARGUMENT.
+func TestDriverNamesContentOverTheLimits(t *testing.T) {
+	h := testenv.StartHostileRegistry(t)
+	cfg := h.Blob("application/vnd.cncf.model.config.v1+json", []byte(`{"descriptor":{},"config":{},"modelfs":{"type":"layers","diffIds":[]}}`))
+	long := strings.Repeat("n", 256)
+	deep := strings.Repeat(strings.Repeat("d", 200)+"/", 20) + "f"
+	model := func(tag string, layers ...ocispec.Descriptor) {
+		h.Manifest(t, tag, ocispec.Manifest{Versioned: specsV2, MediaType: ocispec.MediaTypeImageManifest,
+			ArtifactType: artifact.ArtifactTypeModelManifest, Config: cfg, Layers: layers}, ocispec.MediaTypeImageManifest)
+	}
+	raw := func(path, body string) ocispec.Descriptor {
+		d := h.Blob("application/vnd.cncf.model.weight.v1.raw", []byte(body))
+		d.Annotations = map[string]string{artifact.AnnotationFilepath: path}
+		return d
+	}
+	tarLayer := func(name string) ocispec.Descriptor {
+		d := h.Blob("application/vnd.cncf.model.doc.v1.tar", tarOf(t, name, "x"))
+		d.Annotations = map[string]string{artifact.AnnotationFilepath: "docs"}
+		return d
+	}
+	negative := raw("w.bin", "weights")
+	negative.Size = -1
+	model("negative", negative)
+	model("rawname", raw(long, "a long name"))
+	model("rawpath", raw(deep, "a deep path"))
+	tarName := tarLayer("docs/" + long)
+	model("tarname", tarName)
+	tarPath := tarLayer("docs/" + deep)
+	model("tarpath", tarPath)
+	model("ok", raw("w.bin", "weights"))
+
+	root := t.TempDir()
+	drvCleanupMounts(t, root)
+	p := drvStart(t, root, h.Host)
+	node := p.node()
+	for _, c := range []struct{ tag, want, layer string }{
+		{"negative", "negative size -1", ""},
+		{"rawname", "over the limit of 255", ""},
+		{"rawpath", "over the limit of 3072", ""},
+		{"tarname", "over the limit of 255", tarName.Digest.String()},
+		{"tarpath", "over the limit of 3072", tarPath.Digest.String()},
+	} {
+		t.Run(c.tag, func(t *testing.T) {
+			err := drvPublish(node, drvPublishReq("vol-"+c.tag, drvKubelet(t, root, c.tag), map[string]string{
+				"reference": h.Host + "/m:" + c.tag, "csi.storage.k8s.io/ephemeral": "true"}), time.Minute)
+			drvWantCode(t, err, codes.FailedPrecondition, c.want)
+			if c.layer != "" && !strings.Contains(err.Error(), c.layer) {
+				t.Fatalf("%v does not name the layer %s", err, c.layer)
+			}
+		})
+	}
+	for _, sub := range []string{long, deep + "/" + deep} {
+		err := drvPublish(node, drvPublishReq("vol-sub", drvKubelet(t, root, "sub"), map[string]string{
+			"reference": h.Host + "/m:ok", "subPath": sub, "csi.storage.k8s.io/ephemeral": "true"}), time.Minute)
+		drvWantCode(t, err, codes.InvalidArgument, "over the limit")
+	}
+}
