@@ -154,6 +154,10 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags) error {
 	if f.maxExtractRatio < 1 {
 		return fmt.Errorf("--max-extract-ratio %g: want 1 or more", f.maxExtractRatio)
 	}
+	// A hosts.toml the pulls cannot use would fail every publish of its registry: refuse to start instead.
+	if err := remote.ValidateHostsDir(f.hostsDir); err != nil {
+		return fmt.Errorf("--hosts-dir: %w", err)
+	}
 	if parent == nil {
 		parent = context.Background()
 	}

@@ -518,3 +518,60 @@ func TestDriverNamesContentOverTheLimits(t *testing.T) {
 		drvWantCode(t, err, codes.InvalidArgument, "over the limit")
 	}
 }
+
+// TestDriverValidatesHostsToml: a hosts.toml with a mirror the driver cannot use (file://) stops the real driver at
+// start with an error naming the file and its line (it started silently and answered INTERNAL to every publish);
+// a file that turns invalid while the driver runs keeps serving its last good content, and says so in the log.
+func TestDriverValidatesHostsToml(t *testing.T) {
+	testenv.RequireRoot(t)
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	drvPush(t, reg.Host, "models/m", "v1", drvModel{"w.safetensors": []byte("weights")}, nil)
+	hosts := t.TempDir()
+	file := filepath.Join(hosts, reg.Host, "hosts.toml")
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bad := "server = \"http://" + reg.Host + "\"\n\n[host.\"file:///var/lib/mirror\"]\n  capabilities = [\"pull\"]\n"
+	if err := os.WriteFile(file, []byte(bad), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, testenv.Modelpack(t), "csi-driver", "--endpoint", "unix://"+filepath.Join(root, "csi.sock"),
+		"--node-id", "n", "--root", root, "--metrics-addr", testenv.FreeAddr(t), "--hosts-dir", hosts).CombinedOutput()
+	if err == nil || ctx.Err() != nil {
+		t.Fatalf("the driver started with an unusable hosts.toml (%v):\n%s", err, out)
+	}
+	if !strings.Contains(string(out), file+":3") || !strings.Contains(string(out), "unsupported scheme") {
+		t.Fatalf("the error does not name the file, the line and the cause:\n%s", out)
+	}
+
+	good := "server = \"http://" + reg.Host + "\"\n"
+	if err := os.WriteFile(file, []byte(good), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	drvCleanupMounts(t, root)
+	p := drvStartWith(t, root, []string{"--hosts-dir", hosts}, reg.Host)
+	node := p.node()
+	publish := func(pod string) error {
+		return drvPublish(node, drvPublishReq("vol-"+pod, drvKubelet(t, root, pod), map[string]string{
+			"reference": reg.Host + "/models/m:v1", "pullPolicy": "Always", "csi.storage.k8s.io/ephemeral": "true"}), time.Minute)
+	}
+	if err := publish("a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, []byte(bad), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := publish("b"); err != nil {
+		t.Fatalf("a hosts.toml turned invalid broke the registry it served: %v", err)
+	}
+	for _, pod := range []string{"a", "b"} {
+		drvUnpublish(t, node, "vol-"+pod, drvKubelet(t, root, pod))
+	}
+	p.stop()
+	if b, _ := os.ReadFile(p.log); !strings.Contains(string(b), "keeping its last good content") {
+		t.Fatalf("the driver's log does not say hosts.toml turned invalid:\n%s", b)
+	}
+}

@@ -290,6 +290,8 @@ func classify(err error) error {
 	case sentinel != nil:
 	case errors.Is(err, artifact.ErrCredentialsInReference):
 		sentinel = csidriver.ErrInvalidReference
+	case errors.Is(err, remote.ErrHostsConfig):
+		sentinel = csidriver.ErrUnavailable // the node's configuration: fixed there, then retried
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
 		sentinel = csidriver.ErrNoSpace
 	case isBadContent(err):
