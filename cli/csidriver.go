@@ -109,7 +109,7 @@ UNAUTHENTICATED; PERMISSION_DENIED registry or signature policy; RESOURCE_EXHAUS
 		fl.StringVar(&f.nodeID, "node-id", os.Getenv("NODE_NAME"), "node id reported to Kubernetes, normally the node name (env NODE_NAME)")
 		fl.StringVar(&f.root, "root", "/var/lib/modelpack", "node directory for the cache and the driver's state")
 		fl.StringVar(&f.driverName, "driver-name", csidriver.DefaultDriverName, "CSI driver name")
-		fl.StringVar(&f.metricsAddr, "metrics-addr", csidriver.DefaultMetricsAddr, "address serving /metrics and /healthz (empty disables)")
+		fl.StringVar(&f.metricsAddr, "metrics-addr", csidriver.DefaultMetricsAddr("9808"), "address serving /metrics and /healthz (empty disables; default: $POD_IP, else 127.0.0.1)")
 		fl.StringVar(&f.hostsDir, "hosts-dir", "", "containerd-style hosts directory with per-registry mirrors and TLS (hosts.toml)")
 		fl.StringVar(&f.registryConfig, "registry-config", "", "docker config.json with the node's registry credentials and helpers (default: docker's)")
 		fl.StringVar(&f.caFile, "ca-file", "", "PEM CA bundle trusted for registries in addition to the system roots")

@@ -88,3 +88,15 @@ func TestProbeNotReadyWhileStateCannotBeWritten(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Metrics never listen on every interface by default: on the pod's address when POD_IP is set, else loopback.
+func TestDefaultMetricsAddrIsNotEveryInterface(t *testing.T) {
+	t.Setenv("POD_IP", "")
+	if got := DefaultMetricsAddr("9808"); got != "127.0.0.1:9808" {
+		t.Errorf("without POD_IP: %s", got)
+	}
+	t.Setenv("POD_IP", "fd00::7")
+	if got := DefaultMetricsAddr("9808"); got != "[fd00::7]:9808" {
+		t.Errorf("with an IPv6 POD_IP: %s", got)
+	}
+}

@@ -28,10 +28,20 @@ import (
 
 // Defaults the deployment manifests rely on.
 const (
-	DefaultDriverName  = "modelpack.csi.dev"
-	DefaultEndpoint    = "unix:///csi/csi.sock"
-	DefaultMetricsAddr = ":9808"
+	DefaultDriverName = "modelpack.csi.dev"
+	DefaultEndpoint   = "unix:///csi/csi.sock"
 )
+
+// DefaultMetricsAddr is where metrics listen unless told: the pod's own address (the POD_IP environment variable,
+// from the downward API; the node's address with the host network), else loopback. Never every interface, as the
+// CSI sidecars do it.
+func DefaultMetricsAddr(port string) string {
+	host := os.Getenv("POD_IP")
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port)
+}
 
 // Options configure a Driver.
 type Options struct {
