@@ -61,7 +61,9 @@ type Options struct {
 	// (a CSI call after a deadline) joins it instead of starting over. Default 5 minutes; negative cancels at once.
 	PullLinger time.Duration
 	// MinAge protects content pulled or used this recently from eviction, so a pull is not evicted before the
-	// volume that asked for it acquires it. Default 5 minutes; negative means no protection.
+	// volume that asked for it acquires it (a running pull and a mounted view are protected whatever their age).
+	// Meanwhile the cache may exceed MaxBytes by what was used within MinAge. Default DefaultMinAge; negative
+	// means no protection.
 	MinAge time.Duration
 	// LockTimeout is how long Open waits for another process holding the cache (default 10 s).
 	LockTimeout time.Duration
@@ -74,6 +76,9 @@ type Options struct {
 
 const defaultPullLinger = 5 * time.Minute
 
+// DefaultMinAge is Options.MinAge's default: long enough for a kubelet retry to acquire what its pull brought.
+const DefaultMinAge = time.Minute
+
 func (o Options) withDefaults() Options {
 	if o.Concurrency <= 0 {
 		o.Concurrency = 8
@@ -85,7 +90,7 @@ func (o Options) withDefaults() Options {
 		o.Logger = slog.Default()
 	}
 	if o.MinAge == 0 {
-		o.MinAge = 5 * time.Minute
+		o.MinAge = DefaultMinAge
 	}
 	if o.MinAge < 0 {
 		o.MinAge = 0

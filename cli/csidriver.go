@@ -64,7 +64,7 @@ type csiDriverFlags struct {
 	maxExtractRatio                                 float64
 	registryTimeouts                                remote.Timeouts
 	gcInterval                                      time.Duration
-	verifyInterval                                  time.Duration
+	verifyInterval, cacheMinAge                     time.Duration
 	logFormat, logLevel                             string
 }
 
@@ -115,6 +115,7 @@ UNAUTHENTICATED; PERMISSION_DENIED registry or signature policy; RESOURCE_EXHAUS
 		fl.StringVar(&f.caFile, "ca-file", "", "PEM CA bundle trusted for registries in addition to the system roots")
 		fl.StringSliceVar(&f.plainHTTP, "plain-http-registries", nil, "registries (host[:port]) reached over plain HTTP")
 		fl.StringVar(&f.cacheMax, "cache-max-size", "0", "evict least recently used models above this size (e.g. 200GiB; 0 = no limit)")
+		fl.DurationVar(&f.cacheMinAge, "cache-min-age", cache.DefaultMinAge, "never evict content used this recently (the cache may exceed --cache-max-size by it meanwhile; 0 = no protection)")
 		fl.StringVar(&f.maxExtract, "max-extract-bytes", "1TiB", "largest a tar layer may expand to (decompression and sparse-file bombs)")
 		fl.Float64Var(&f.maxExtractRatio, "max-extract-ratio", archive.DefaultLimits.MaxRatio, "largest a tar layer may expand to, as a multiple of its declared size (never below 64MiB)")
 		fl.DurationVar(&f.registryTimeouts.ResponseHeader, "registry-response-timeout", remote.DefaultTimeouts.ResponseHeader, "how long a registry request waits for the response headers")
@@ -166,7 +167,7 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags) error {
 
 	c, err := cache.Open(cache.Options{Root: filepath.Join(f.root, "cache"), MaxBytes: maxBytes,
 		Limits:         archive.Limits{MaxBytes: maxExtract, MaxRatio: f.maxExtractRatio},
-		VerifyInterval: f.verifyInterval, Logger: log})
+		VerifyInterval: f.verifyInterval, MinAge: minAge(f.cacheMinAge), Logger: log})
 	if err != nil {
 		return fmt.Errorf("open cache: %w", err)
 	}
@@ -266,4 +267,12 @@ func parseByteSize(s string) (int64, error) {
 		return 0, fmt.Errorf("invalid size %q (e.g. 512MiB, 200GiB)", s)
 	}
 	return int64(n), nil
+}
+
+// minAge maps the flag's 0 (no protection) to cache.Options' negative.
+func minAge(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }
