@@ -319,6 +319,12 @@ func TestDriverRefusesOneFileInTwoLayers(t *testing.T) {
 			if m, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(m), target) {
 				t.Fatal("refused volume is mounted")
 			}
+			// The CLI's fetch, which writes model layers concurrently, refuses it too (the winner depended on
+			// timing).
+			out, err := exec.Command(testenv.Modelpack(t), "fetch", reg.Host+"/"+repo+":v1", filepath.Join(t.TempDir(), "out"), "--plain-http").CombinedOutput()
+			if err == nil || !strings.Contains(string(out), "conflicting layer paths") {
+				t.Fatalf("modelpack fetch: %v\n%s", err, out)
+			}
 		})
 	}
 	t.Run("a container image keeps overlay semantics", func(t *testing.T) {
