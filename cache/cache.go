@@ -21,6 +21,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sync/singleflight"
 
+	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/artifact/archive"
 	"github.com/modelpack/modelpack/cas"
 	"github.com/modelpack/modelpack/internal/errdef"
@@ -32,8 +33,8 @@ var (
 	ErrNotFound = errdef.ErrNotFound
 	// ErrInUse: the content is referenced by a volume or pin, or is being pulled.
 	ErrInUse = errors.New("in use")
-	// ErrTooLarge: a manifest, index or config over MaxManifestBytes.
-	ErrTooLarge = errors.New("too large")
+	// ErrTooLarge: a manifest, index or config over artifact's document limits.
+	ErrTooLarge = artifact.ErrTooLarge
 	// ErrUnsupported: a media type or manifest shape the cache cannot serve.
 	ErrUnsupported = errors.New("unsupported")
 	// ErrSizeMismatch and ErrDigestMismatch: bytes that do not match their descriptor.
@@ -41,9 +42,8 @@ var (
 	ErrDigestMismatch = cas.ErrDigestMismatch
 )
 
-// MaxManifestBytes caps manifests, indexes and configs, which are read into memory. Registries enforce the same
-// 4 MiB limit on manifests.
-const MaxManifestBytes = 4 << 20
+// MaxManifestBytes caps manifests, indexes and configs, which are read into memory (artifact's limit).
+const MaxManifestBytes = artifact.MaxManifestBytes
 
 // Options configure a Cache.
 type Options struct {
@@ -61,7 +61,9 @@ type Options struct {
 	// (a CSI call after a deadline) joins it instead of starting over. Default 5 minutes; negative cancels at once.
 	PullLinger time.Duration
 	// MinAge protects content pulled or used this recently from eviction, so a pull is not evicted before the
-	// volume that asked for it acquires it. Default 5 minutes; negative means no protection.
+	// volume that asked for it acquires it (a running pull and a mounted view are protected whatever their age).
+	// Meanwhile the cache may exceed MaxBytes by what was used within MinAge. Default DefaultMinAge; negative
+	// means no protection.
 	MinAge time.Duration
 	// LockTimeout is how long Open waits for another process holding the cache (default 10 s).
 	LockTimeout time.Duration
@@ -80,6 +82,9 @@ const defaultPullLinger = 5 * time.Minute
 // DefaultScrubRate paces the scrub: a tenth of a SATA SSD's sequential reads, a 1 TiB cache every ~2.3 h.
 const DefaultScrubRate = 128 << 20
 
+// DefaultMinAge is Options.MinAge's default: long enough for a kubelet retry to acquire what its pull brought.
+const DefaultMinAge = time.Minute
+
 func (o Options) withDefaults() Options {
 	if o.Concurrency <= 0 {
 		o.Concurrency = 8
@@ -91,7 +96,7 @@ func (o Options) withDefaults() Options {
 		o.Logger = slog.Default()
 	}
 	if o.MinAge == 0 {
-		o.MinAge = 5 * time.Minute
+		o.MinAge = DefaultMinAge
 	}
 	if o.MinAge < 0 {
 		o.MinAge = 0

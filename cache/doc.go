@@ -53,7 +53,7 @@
 // Selector{Kinds []artifact.Kind; Include []string} narrows a view to some layer kinds and to files matching
 // globs ("*.safetensors", "tokenizer/**"); the zero Selector is the whole artifact.
 //
-// Errors: ErrNotFound, ErrInUse, ErrTooLarge (manifest or config over 4 MiB), ErrUnsupported (media types,
+// Errors: ErrNotFound, ErrInUse, ErrTooLarge (manifest or config over artifact's document limits), ErrUnsupported (media types,
 // schema 1, escaping file paths), ErrSizeMismatch and ErrDigestMismatch (= cas's), and archive.ErrUnsafePath,
 // ErrLinkEscape, ErrSpecialFile, ErrLimit from layer extraction.
 //

@@ -247,7 +247,23 @@ func (c *Cache) gcLocked(ctx context.Context, st *GCStats, remove *digest.Digest
 	if err != nil {
 		return err
 	}
+	c.logEvictions(s, evict, u)
 	return c.sweep(s, evict, st)
+}
+
+// logEvictions says at info what GC evicted and why, and when the cache stays over MaxBytes because what is left
+// is in use or younger than MinAge: an operator sizing --cache-max-size needs both.
+func (c *Cache) logEvictions(s *snapshot, evict map[digest.Digest]bool, u Usage) {
+	for _, m := range s.manifests {
+		if evict[m.Descriptor.Digest] {
+			c.opts.Logger.Info("evicted from the cache", "manifest", m.Descriptor.Digest.String(), "name", m.Name,
+				"lastUsed", m.LastUsed.UTC().Format(time.RFC3339), "usageBytes", u.Bytes, "maxBytes", c.opts.MaxBytes)
+		}
+	}
+	if c.opts.MaxBytes > 0 && u.Bytes > c.opts.MaxBytes && len(evict) == 0 {
+		c.opts.Logger.Info("the cache is over its maximum size, and all of it is in use or used within the minimum age",
+			"usageBytes", u.Bytes, "maxBytes", c.opts.MaxBytes, "minAge", c.opts.MinAge.String())
+	}
 }
 
 // chooseEvictions picks LRU victims among unused manifests until what remains fits MaxBytes. A victim frees the

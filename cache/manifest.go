@@ -23,7 +23,7 @@ const (
 
 // maxLayers bounds a manifest's layer list; real images stay under 128 layers and models under a few thousand
 // files, so more is a crafted manifest meant to exhaust memory or inodes.
-const maxLayers = 65536
+const maxLayers = artifact.MaxEntries
 
 // parsed is a manifest or an index, decoded and validated.
 type parsed struct {
@@ -53,8 +53,12 @@ func parseManifest(desc ocispec.Descriptor, b []byte) (*parsed, error) {
 		Config        json.RawMessage `json:"config"`
 		Manifests     json.RawMessage `json:"manifests"`
 	}
+	// The shape first: a document nested or listing past the limits is refused before it is decoded.
+	if err := artifact.CheckDocument(b); err != nil {
+		return nil, fmt.Errorf("manifest %s: %w", desc.Digest, err)
+	}
 	if err := json.Unmarshal(b, &head); err != nil {
-		return nil, fmt.Errorf("manifest %s: invalid JSON: %w", desc.Digest, err)
+		return nil, fmt.Errorf("manifest %s: %w: %v", desc.Digest, artifact.ErrMalformed, err)
 	}
 	mt := desc.MediaType
 	switch {
@@ -153,13 +157,13 @@ func parseManifest(desc ocispec.Descriptor, b []byte) (*parsed, error) {
 
 func checkDescriptor(d ocispec.Descriptor) error {
 	if err := d.Digest.Validate(); err != nil {
-		return fmt.Errorf("invalid digest %q: %w", d.Digest, err)
+		return fmt.Errorf("%w: invalid digest %q: %w", artifact.ErrMalformed, d.Digest, err)
 	}
 	if d.Digest.Algorithm() != digest.SHA256 {
 		return fmt.Errorf("%w digest algorithm %s (sha256 only)", ErrUnsupported, d.Digest.Algorithm())
 	}
 	if d.Size < 0 {
-		return fmt.Errorf("negative size %d for %s", d.Size, d.Digest)
+		return fmt.Errorf("%w: negative size %d for %s", artifact.ErrMalformed, d.Size, d.Digest)
 	}
 	return nil
 }

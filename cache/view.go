@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -239,9 +240,9 @@ func (c *Cache) ensureView(md digest.Digest, sel Selector) (string, error) {
 type node struct {
 	mode     fs.FileMode   // type and permission bits
 	src      string        // file to hardlink, for regular files
-	blob     digest.Digest // the blob src is, for a raw layer's file: linked through cas, which keeps its stamp
 	target   string        // for symlinks
 	layer    int           // index of the layer that put it here
+	blob     digest.Digest // that layer's digest
 	children map[string]*node
 }
 
@@ -258,16 +259,21 @@ func (c *Cache) buildView(rec *manifestRecord, sel Selector, dir string) error {
 		if !sel.layer(l) {
 			continue
 		}
+		var err error
 		if l.Format == artifact.FormatRaw {
-			if err := root.put(l.Path, &node{mode: 0o444, src: c.blobs.Path(l.Digest), blob: l.Digest, layer: i}); err != nil {
-				return fmt.Errorf("layer %s: %w", l.Digest, err)
-			}
-			continue
-		}
-		if err := c.ensureLayer(c.ctx, l); err != nil {
+			err = root.put(l.Path, &node{mode: 0o444, src: c.blobs.Path(l.Digest), layer: i, blob: l.Digest}, !rec.Image)
+		} else if err = c.ensureLayer(c.ctx, l); err != nil {
 			return err
+		} else {
+			err = root.mergeLayer(c.layerDir(l.Digest), i, l.Digest, rec.Image)
 		}
-		if err := root.mergeLayer(c.layerDir(l.Digest), i, rec.Image); err != nil {
+		var lc *layerConflict
+		if errors.As(err, &lc) {
+			lower := rec.Layers[lc.lower]
+			return fmt.Errorf("%w: layer %d (%s, %s) and layer %d (%s, %s): %s", artifact.ErrPathConflict,
+				lc.lower, lower.Digest, layerName(lower), i, l.Digest, layerName(l), lc)
+		}
+		if err != nil {
 			return fmt.Errorf("layer %s: %w", l.Digest, err)
 		}
 	}
@@ -317,28 +323,52 @@ func (c *Cache) buildView(rec *manifestRecord, sel Selector, dir string) error {
 	return nil
 }
 
-// put places n at path p, replacing what a lower layer had there and creating parent directories.
-func (root *node) put(p string, n *node) error {
+// put places n at path p, creating parent directories. In a container image an upper layer replaces what a lower
+// one had there, as overlayfs does. In a model no two layers may claim one path (the same blob listed twice
+// aside), whether a file of two layers or a file where another layer has a directory: which one wins would
+// depend on the order of the layers, so put refuses it, as Layers refuses two raw layers at one path.
+func (root *node) put(p string, n *node, model bool) error {
 	parts := strings.Split(p, "/")
 	d := root
-	for _, part := range parts[:len(parts)-1] {
+	for i, part := range parts[:len(parts)-1] {
 		child := d.children[part]
+		if child != nil && !child.mode.IsDir() && model && child.blob != n.blob {
+			return &layerConflict{path: strings.Join(parts[:i+1], "/"), lower: child.layer, why: "is a file there, and the other needs a directory"}
+		}
 		if child == nil || !child.mode.IsDir() {
 			// Missing, or a file of a lower layer that this layer turns into a directory (as overlayfs does).
 			child = newDir(0o555, n.layer)
+			child.blob = n.blob
 			d.children[part] = child
 		}
 		d = child
 	}
 	name := parts[len(parts)-1]
-	if old := d.children[name]; old != nil && old.mode.IsDir() && n.mode.IsDir() {
+	old := d.children[name]
+	if old != nil && old.mode.IsDir() && n.mode.IsDir() {
 		// Directory over directory: the upper one's mode, both one's contents.
 		old.mode, old.layer = n.mode, n.layer
 		return nil
 	}
+	if old != nil && model && old.blob != n.blob {
+		why := "both hold that file"
+		if old.mode.IsDir() || n.mode.IsDir() {
+			why = "put a file and a directory there"
+		}
+		return &layerConflict{path: p, lower: old.layer, why: why}
+	}
 	d.children[name] = n
 	return nil
 }
+
+// layerConflict is a path two layers of a model claim; the caller names the layers.
+type layerConflict struct {
+	path  string
+	lower int // the layer that claimed it first
+	why   string
+}
+
+func (e *layerConflict) Error() string { return fmt.Sprintf("%q: %s", e.path, e.why) }
 
 func (root *node) lookup(p string) *node {
 	d := root
@@ -356,7 +386,7 @@ func (root *node) lookup(p string) *node {
 // mergeLayer adds an extracted layer: whiteout markers delete what lower layers put at their path, an opaque
 // marker empties its directory of lower layers' entries, everything else replaces what is below it. Absolute
 // symlinks are for images only: a layer extracted for an image and reused, by digest, in a model is refused.
-func (root *node) mergeLayer(dir string, layer int, image bool) error {
+func (root *node) mergeLayer(dir string, layer int, blob digest.Digest, image bool) error {
 	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -395,7 +425,9 @@ func (root *node) mergeLayer(dir string, layer int, image bool) error {
 		}
 		switch {
 		case d.IsDir():
-			return root.put(rel, newDir(info.Mode(), layer))
+			n := newDir(info.Mode(), layer)
+			n.blob = blob
+			return root.put(rel, n, !image)
 		case d.Type()&fs.ModeSymlink != 0:
 			target, err := os.Readlink(p)
 			if err != nil {
@@ -404,12 +436,20 @@ func (root *node) mergeLayer(dir string, layer int, image bool) error {
 			if !image && path.IsAbs(target) {
 				return fmt.Errorf("%w: symlink %q -> %q is absolute", archive.ErrLinkEscape, rel, target)
 			}
-			return root.put(rel, &node{mode: fs.ModeSymlink | 0o777, target: target, layer: layer})
+			return root.put(rel, &node{mode: fs.ModeSymlink | 0o777, target: target, layer: layer, blob: blob}, !image)
 		case d.Type().IsRegular():
-			return root.put(rel, &node{mode: info.Mode().Perm(), src: p, layer: layer})
+			return root.put(rel, &node{mode: info.Mode().Perm(), src: p, layer: layer, blob: blob}, !image)
 		}
 		return fmt.Errorf("%w: %s in an extracted layer", archive.ErrSpecialFile, rel)
 	})
+}
+
+// layerName is how a conflict names a layer: its path in the model, or its media type.
+func layerName(l artifact.Layer) string {
+	if l.Path != "" {
+		return "path " + strconv.Quote(l.Path)
+	}
+	return l.MediaType
 }
 
 // prune drops files no glob keeps and directories left empty by that; it reports whether n keeps anything.

@@ -65,7 +65,7 @@ type csiDriverFlags struct {
 	maxExtractRatio                                 float64
 	registryTimeouts                                remote.Timeouts
 	gcInterval                                      time.Duration
-	verifyInterval                                  time.Duration
+	verifyInterval, cacheMinAge                     time.Duration
 	scrubRate                                       string
 	logFormat, logLevel                             string
 	verificationPolicy                              string
@@ -119,12 +119,13 @@ UNAUTHENTICATED; PERMISSION_DENIED registry or signature policy; RESOURCE_EXHAUS
 		fl.StringVar(&f.nodeID, "node-id", os.Getenv("NODE_NAME"), "node id reported to Kubernetes, normally the node name (env NODE_NAME)")
 		fl.StringVar(&f.root, "root", "/var/lib/modelpack", "node directory for the cache and the driver's state")
 		fl.StringVar(&f.driverName, "driver-name", csidriver.DefaultDriverName, "CSI driver name")
-		fl.StringVar(&f.metricsAddr, "metrics-addr", csidriver.DefaultMetricsAddr, "address serving /metrics and /healthz (empty disables)")
+		fl.StringVar(&f.metricsAddr, "metrics-addr", csidriver.DefaultMetricsAddr("9808"), "address serving /metrics and /healthz (empty disables; default: $POD_IP, else 127.0.0.1)")
 		fl.StringVar(&f.hostsDir, "hosts-dir", "", "containerd-style hosts directory with per-registry mirrors and TLS (hosts.toml)")
 		fl.StringVar(&f.registryConfig, "registry-config", "", "docker config.json with the node's registry credentials and helpers (default: docker's)")
 		fl.StringVar(&f.caFile, "ca-file", "", "PEM CA bundle trusted for registries in addition to the system roots")
 		fl.StringSliceVar(&f.plainHTTP, "plain-http-registries", nil, "registries (host[:port]) reached over plain HTTP")
 		fl.StringVar(&f.cacheMax, "cache-max-size", "0", "evict least recently used models above this size (e.g. 200GiB; 0 = no limit)")
+		fl.DurationVar(&f.cacheMinAge, "cache-min-age", cache.DefaultMinAge, "never evict content used this recently (the cache may exceed --cache-max-size by it meanwhile; 0 = no protection)")
 		fl.StringVar(&f.maxExtract, "max-extract-bytes", "1TiB", "largest a tar layer may expand to (decompression and sparse-file bombs)")
 		fl.Float64Var(&f.maxExtractRatio, "max-extract-ratio", archive.DefaultLimits.MaxRatio, "largest a tar layer may expand to, as a multiple of its declared size (never below 64MiB)")
 		fl.DurationVar(&f.registryTimeouts.ResponseHeader, "registry-response-timeout", remote.DefaultTimeouts.ResponseHeader, "how long a registry request waits for the response headers (manifest reads get --registry-idle-timeout)")
@@ -182,6 +183,10 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags) error {
 	if err != nil {
 		return err // it names the setting and its valid values
 	}
+	// A hosts.toml the pulls cannot use would fail every publish of its registry: refuse to start instead.
+	if err := remote.ValidateHostsDir(f.hostsDir); err != nil {
+		return fmt.Errorf("--hosts-dir: %w", err)
+	}
 	if parent == nil {
 		parent = context.Background()
 	}
@@ -190,7 +195,7 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags) error {
 
 	c, err := cache.Open(cache.Options{Root: filepath.Join(f.root, "cache"), MaxBytes: maxBytes,
 		Limits:         archive.Limits{MaxBytes: maxExtract, MaxRatio: f.maxExtractRatio},
-		VerifyInterval: f.verifyInterval, ScrubRate: scrubRate, Logger: log})
+		VerifyInterval: f.verifyInterval, ScrubRate: scrubRate, MinAge: minAge(f.cacheMinAge), Logger: log})
 	if err != nil {
 		return fmt.Errorf("open cache: %w", err)
 	}
@@ -207,6 +212,7 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags) error {
 		GCInterval:   f.gcInterval,
 		Collectors:   []prometheus.Collector{c.Collector()},
 		AccessPolicy: accessPolicy,
+		OwnDirs:      []string{filepath.Join(f.root, "cache")},
 	}
 	env := &CSIDriverEnv{
 		Cache: c,
@@ -290,4 +296,12 @@ func parseByteSize(s string) (int64, error) {
 		return 0, fmt.Errorf("invalid size %q (e.g. 512MiB, 200GiB)", s)
 	}
 	return int64(n), nil
+}
+
+// minAge maps the flag's 0 (no protection) to cache.Options' negative.
+func minAge(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }

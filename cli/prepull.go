@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/modelpack/modelpack/csidriver"
 	"github.com/modelpack/modelpack/prepull"
 )
 
@@ -92,7 +93,7 @@ Prometheus metrics on --metrics-addr. It needs no Kubernetes API access.`,
 		l.BoolVar(&f.detach, "detach", false, "return once the references are queued instead of following them")
 		l.DurationVar(&f.timeout, "timeout", 0, "stop following after this long (the pulls go on; 0 = until done)")
 		l.StringVar(&f.watch, "watch", "", "DaemonSet mode: keep the list equal to this file, reconciling on every change")
-		l.StringVar(&f.metricsAddr, "metrics-addr", ":9809", "with --watch: address serving /metrics and /healthz (empty disables)")
+		l.StringVar(&f.metricsAddr, "metrics-addr", csidriver.DefaultMetricsAddr("9809"), "with --watch: address serving /metrics and /healthz (empty disables; default: $POD_IP, else 127.0.0.1)")
 		l.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "with --watch: node label on the metrics (env NODE_NAME)")
 		l.DurationVar(&f.poll, "poll", 2*time.Second, "with --watch: how often the file is re-read")
 		l.DurationVar(&f.resync, "resync", time.Minute, "with --watch: how often the list is sent again unchanged, restoring a restarted driver")

@@ -15,6 +15,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
+
+	"github.com/modelpack/modelpack/artifact"
 )
 
 // Version is set at build time with -ldflags "-X github.com/modelpack/modelpack/cli.Version=…".
@@ -48,6 +50,12 @@ func newRoot() (*cobra.Command, *Globals) {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			// Before anything can echo it: a reference with a password is refused without being repeated.
+			for _, a := range args {
+				if err := artifact.RefuseCredentials(a); err != nil {
+					return err
+				}
+			}
 			return validateOutput(g.Output)
 		},
 	}

@@ -101,7 +101,7 @@ func describeManifest(ctx context.Context, src content.Fetcher, ref string, desc
 	for _, l := range m.Layers {
 		info.Size += l.Size
 	}
-	if m.Config.Size <= 4<<20 {
+	if m.Config.Size <= artifact.MaxManifestBytes {
 		if cb, err := content.FetchAll(ctx, src, m.Config); err == nil && json.Valid(cb) {
 			info.Config = cb
 			if artifact.IsModelManifest(m.ArtifactType, m.Config.MediaType) {

@@ -12,6 +12,9 @@ import (
 	"strings"
 
 	"oras.land/oras-go/v2/registry"
+
+	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/artifact/archive"
 )
 
 // Volume attribute keys, as written in a pod's csi.volumeAttributes, a PV's volumeAttributes or a StorageClass's
@@ -91,6 +94,9 @@ func ParseAttributes(ctx map[string]string) (*Attributes, error) {
 		a.Given[k] = v
 		switch k {
 		case AttrReference:
+			if err := artifact.RefuseCredentials(v); err != nil {
+				return nil, attrErr("%s: %v", k, err) // never repeat the value: it holds a password
+			}
 			ref, err := normalReference(v)
 			if err != nil {
 				return nil, attrErr("%s %q: %v", k, v, err)
@@ -247,6 +253,14 @@ func cleanSubPath(p string) (string, error) {
 	}
 	if filepath.IsAbs(p) {
 		return "", fmt.Errorf("must be relative")
+	}
+	if len(p) > archive.MaxPathBytes {
+		return "", fmt.Errorf("is %d bytes long, over the limit of %d", len(p), archive.MaxPathBytes)
+	}
+	for _, part := range strings.Split(p, "/") {
+		if len(part) > archive.MaxNameBytes {
+			return "", fmt.Errorf("has a name of %d bytes, over the limit of %d", len(part), archive.MaxNameBytes)
+		}
 	}
 	c := filepath.Clean(p)
 	if c == ".." || strings.HasPrefix(c, "../") {

@@ -38,23 +38,27 @@
 // Every failure maps to one code (errorCodes in puller.go implements this table; INTERNAL is left for bugs of
 // the driver and for the node failing under it: a mount or a state write that fails):
 //
-//	INVALID_ARGUMENT     missing field, unknown or bad attribute, bad reference, subPath not in the model
+//	INVALID_ARGUMENT     missing field, unknown or bad attribute, bad reference (one carrying credentials is
+//	                     refused without being repeated), subPath not in the model or over the path limits,
+//	                     a target that is a symbolic link or lies in or over the driver's own directories
 //	                     → fix the volume's attributes
 //	ALREADY_EXISTS       the target is published with other arguments → unpublish it first
 //	ABORTED              the pull continues in the background, or another call on the target is running
 //	                     → nothing: kubelet retries and joins the pull
 //	FAILED_PRECONDITION  pullPolicy Never and absent → prepull it, or allow pulls;
-//	                     content the node cannot mount (unknown media type, a manifest over 4 MiB, a layer
-//	                     over the extract limits --max-extract-bytes / --max-extract-ratio) → republish it,
-//	                     or raise the limits;
-//	                     hostile or corrupt content (bytes that do not match their digest or size, a tar entry
-//	                     escaping the model, a link escape, a device node, a file at the model root, two
-//	                     layers claiming one path) → republish the artifact; the bytes were dropped
+//	                     content the node cannot mount (unknown media type, a manifest, signature manifest or
+//	                     referrers list over artifact's document limits, a layer over the extract limits
+//	                     --max-extract-bytes / --max-extract-ratio) → republish it, or raise the limits;
+//	                     hostile or corrupt content (bytes that do not match their digest or size, a malformed
+//	                     manifest or a negative size, a tar entry escaping the model, a link escape, a device
+//	                     node, a file at the model root, a name over 255 or a path over 3072 bytes, one path
+//	                     claimed by two layers of a model, a redirect to a loopback or link-local address)
+//	                     → republish the artifact, or fix the registry; the bytes were dropped
 //	NOT_FOUND            no such manifest (or platform in the index), also in the repository a volume names for
 //	                     content the node holds under another → fix the reference or platform
 //	UNAVAILABLE          registry unreachable, stalled (no byte for the idle timeout, bounded retries), TLS
-//	                     not trusted → check the registry; trust its CA with --ca-file or --hosts-dir, list
-//	                     plain-HTTP registries in --plain-http-registries
+//	                     not trusted, a hosts.toml never valid → check the registry; trust its CA with
+//	                     --ca-file or --hosts-dir, list plain-HTTP registries in --plain-http-registries
 //	UNAUTHENTICATED      no or wrong credentials (the registry's 401, also when it is asked to confirm content
 //	                     the node holds), or a pull secret that is not a docker config → fix the
 //	                     nodePublishSecretRef or the node's docker config

@@ -4,6 +4,8 @@ import (
 	"context"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -28,9 +30,17 @@ func (s *identityServer) GetPluginCapabilities(context.Context, *csi.GetPluginCa
 	}}}, nil
 }
 
-// Probe is ready only once the cache is open: before that a publish could not be served.
+// Probe is ready only once the cache is open and while the state can be written: without either a publish could
+// not be served. A state that cannot be written is not ready, with the cause (FAILED_PRECONDITION), so the
+// liveness probe and the operator see why every publish would fail.
 func (s *identityServer) Probe(context.Context, *csi.ProbeRequest) (*csi.ProbeResponse, error) {
 	ready := s.d.backend.Ready() == nil
+	var cause error
+	if ready {
+		if cause = s.d.state.Writable(); cause != nil {
+			ready = false
+		}
+	}
 	answer := "ready"
 	if !ready {
 		answer = "not_ready"
@@ -40,6 +50,10 @@ func (s *identityServer) Probe(context.Context, *csi.ProbeRequest) (*csi.ProbeRe
 		s.d.m.ready.Set(1)
 	} else {
 		s.d.m.ready.Set(0)
+	}
+	if cause != nil {
+		s.d.log.Warn("not ready", "error", cause.Error())
+		return nil, status.Errorf(codes.FailedPrecondition, "not ready: %v", cause)
 	}
 	return &csi.ProbeResponse{Ready: wrapperspb.Bool(ready)}, nil
 }

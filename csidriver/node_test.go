@@ -310,7 +310,7 @@ func startDriverAt(t *testing.T, dir string, b Backend) (runningDriver, string) 
 func startDriverWith(t *testing.T, dir string, b Backend, set func(*Options)) (runningDriver, string) {
 	t.Helper()
 	sock := filepath.Join(dir, "csi.sock")
-	opts := Options{NodeID: "n", Endpoint: "unix://" + sock, StateDir: filepath.Join(dir, "state"), Backend: b,
+	opts := Options{NodeID: "n", Endpoint: "unix://" + sock, StateDir: filepath.Join(dir, "state"), OwnDirs: []string{filepath.Join(dir, "cache")}, Backend: b,
 		Logger: discardLogger()}
 	set(&opts)
 	d, err := New(opts)
@@ -356,7 +356,7 @@ func TestVolumesOfVanishedPodsAreCollectedWhileRunning(t *testing.T) {
 	b := newFakeBackend(filepath.Join(dir, "cache"))
 	b.push(testRef, "v1")
 	sock := filepath.Join(dir, "csi.sock")
-	d, err := New(Options{NodeID: "n", Endpoint: "unix://" + sock, StateDir: filepath.Join(dir, "state"), Backend: b,
+	d, err := New(Options{NodeID: "n", Endpoint: "unix://" + sock, StateDir: filepath.Join(dir, "state"), OwnDirs: []string{filepath.Join(dir, "cache")}, Backend: b,
 		Logger: discardLogger(), GCInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

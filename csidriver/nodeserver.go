@@ -46,6 +46,12 @@ func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublish
 		return nil, status.Errorf(codes.InvalidArgument, "target path %q is not absolute", target)
 	}
 	target = filepath.Clean(target)
+	if err := d.checkTarget(target); err != nil {
+		return nil, err
+	}
+	if err := refuseLinkTarget(target); err != nil {
+		return nil, err
+	}
 	if req.GetVolumeCapability() == nil {
 		return nil, status.Error(codes.InvalidArgument, "volume capability is required")
 	}
@@ -187,6 +193,9 @@ func (s *nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpub
 		return nil, status.Error(codes.InvalidArgument, "target path is required")
 	}
 	target = filepath.Clean(target)
+	if err := d.checkTarget(target); err != nil {
+		return nil, err
+	}
 	if !d.lockTarget(ctx, target) {
 		return nil, status.Errorf(codes.Aborted, "an operation on target %s is already in progress", target)
 	}
@@ -194,13 +203,8 @@ func (s *nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpub
 
 	vol, ok := d.state.Snapshot().Volumes[target]
 	if !ok {
-		// Unknown to the state (never published, already unpublished, or state lost): still leave no mount and no
-		// empty directory behind, which is what the caller wants. A directory with content is not ours to delete.
-		if err := d.unmountTarget(target, false); err != nil {
-			return nil, status.Errorf(codes.Internal, "unmount %s: %v", target, err)
-		}
-		if err := os.Remove(target); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			d.log.Warn("unpublish of an unknown target leaves its directory, which is not empty", "target", target, "error", err.Error())
+		if err := d.unpublishUnknown(target); err != nil {
+			return nil, err
 		}
 		if err := d.backend.Release(ownerOf(target)); err != nil {
 			return nil, status.Errorf(codes.Internal, "release view of %s: %v", target, err)

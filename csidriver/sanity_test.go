@@ -23,6 +23,7 @@ func startDriver(t *testing.T, dir string, b Backend) (*Driver, string) {
 		NodeID:   "test-node",
 		Endpoint: "unix://" + sock,
 		StateDir: filepath.Join(dir, "state"),
+		OwnDirs:  []string{filepath.Join(dir, "cache")},
 		Backend:  b,
 		Logger:   discardLogger(),
 	})

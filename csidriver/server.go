@@ -29,10 +29,20 @@ import (
 
 // Defaults the deployment manifests rely on.
 const (
-	DefaultDriverName  = "modelpack.csi.dev"
-	DefaultEndpoint    = "unix:///csi/csi.sock"
-	DefaultMetricsAddr = ":9808"
+	DefaultDriverName = "modelpack.csi.dev"
+	DefaultEndpoint   = "unix:///csi/csi.sock"
 )
+
+// DefaultMetricsAddr is where metrics listen unless told: the pod's own address (the POD_IP environment variable,
+// from the downward API; the node's address with the host network), else loopback. Never every interface, as the
+// CSI sidecars do it.
+func DefaultMetricsAddr(port string) string {
+	host := os.Getenv("POD_IP")
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port)
+}
 
 // Options configure a Driver.
 type Options struct {
@@ -46,6 +56,10 @@ type Options struct {
 	Endpoint string
 	// StateDir holds the persisted state (state.json).
 	StateDir string
+	// OwnDirs are the other directories the driver keeps content in (the cache root): no target may lie in or
+	// over them or StateDir, and a mount left on a target the state does not know is taken off only when it is
+	// a view from one of them.
+	OwnDirs []string
 	// Backend is the node cache and registry transport.
 	Backend Backend
 	// MetricsAddr, if set, serves /metrics, /healthz and HTTPHandlers over HTTP.

@@ -458,7 +458,7 @@ func checkInstall(t *testing.T, objs []object) {
 	if got := portNumber(t, plugin, plugin.LivenessProbe.HTTPGet.Port.String()); got != lport {
 		t.Errorf("plugin liveness probe on port %s, liveness-probe sidecar serves %s", got, lport)
 	}
-	if _, mport, _ := net.SplitHostPort(flags["metrics-addr"]); mport == lport {
+	if _, mport, _ := net.SplitHostPort(metricsAddr(t, *plugin)); mport == lport {
 		t.Errorf("metrics and liveness share port %s in one pod", mport)
 	}
 
@@ -644,7 +644,7 @@ func checkMetricsServices(t *testing.T, ix map[string]object, objs []object) {
 						continue
 					}
 					found = true
-					if addr := parseFlags(c.Args)["metrics-addr"]; !strings.HasSuffix(addr, fmt.Sprintf(":%d", p.ContainerPort)) {
+					if addr := metricsAddr(t, c); !strings.HasSuffix(addr, fmt.Sprintf(":%d", p.ContainerPort)) {
 						t.Errorf("%s container %s: metrics port %d, but --metrics-addr=%q", w.name, c.Name, p.ContainerPort, addr)
 					}
 				}
@@ -718,8 +718,8 @@ func checkPrepull(t *testing.T, ix map[string]object, pre object, hostSocket str
 			t.Errorf("the prepull ServiceAccount has a %s: it needs no API permissions", kind)
 		}
 	}
-	if _, mport, _ := net.SplitHostPort(f["metrics-addr"]); portNumber(t, c, "metrics") != mport {
-		t.Errorf("prepull metrics on %s, port named metrics differs", f["metrics-addr"])
+	if addr := metricsAddr(t, *c); portNumber(t, c, "metrics") != portOf(addr) {
+		t.Errorf("prepull metrics on %s, port named metrics differs", addr)
 	}
 	checkRequests(t, pre, ps)
 }
@@ -916,6 +916,34 @@ func container(ps *corev1.PodSpec, name string) *corev1.Container {
 }
 
 // parseFlags reads --name=value arguments; a flag given twice takes its last value, as pflag does.
+// metricsAddr is the address a modelpack container's metrics listen on: its --metrics-addr, or the binary's
+// default, POD_IP's address (the container must then take POD_IP from the downward API's status.podIP) on the
+// command's port. A container that would listen on every interface fails the test.
+func metricsAddr(t *testing.T, c corev1.Container) string {
+	t.Helper()
+	addr, ok := parseFlags(c.Args)["metrics-addr"]
+	if !ok {
+		podIP := false
+		for _, e := range c.Env {
+			if e.Name == "POD_IP" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "status.podIP" {
+				podIP = true
+			}
+		}
+		if !podIP {
+			t.Errorf("container %s: no --metrics-addr and no POD_IP from status.podIP: metrics would listen on loopback only", c.Name)
+		}
+		port := "9808"
+		if len(c.Args) > 0 && c.Args[0] == "prepull" {
+			port = "9809"
+		}
+		addr = "$(POD_IP):" + port
+	}
+	if host, _, err := net.SplitHostPort(addr); err != nil || host == "" || host == "0.0.0.0" || host == "::" {
+		t.Errorf("container %s: metrics on %q listen on every interface", c.Name, addr)
+	}
+	return addr
+}
+
 func parseFlags(args []string) map[string]string {
 	m := map[string]string{}
 	for _, a := range args {
@@ -927,6 +955,8 @@ func parseFlags(args []string) map[string]string {
 	}
 	return m
 }
+
+func portOf(addr string) string { _, p, _ := net.SplitHostPort(addr); return p }
 
 // mountOf returns the volume mounted at dir in c, or "".
 func mountOf(ps *corev1.PodSpec, c *corev1.Container, dir string) string {

@@ -47,7 +47,17 @@ type client struct {
 	remote []remote.Option // the same, for go-containerregistry's own calls (OMS reads the manifest and blobs)
 }
 
+// transport is the base transport of registries reached without TransportFor. Whichever it is, documents
+// (signature manifests, referrers lists) are held to artifact's limits, not go-containerregistry's 100 MiB.
 func (o RegistryOptions) transport() (http.RoundTripper, error) {
+	t, err := o.baseTransport()
+	if err != nil {
+		return nil, err
+	}
+	return mpremote.LimitDocuments(t), nil
+}
+
+func (o RegistryOptions) baseTransport() (http.RoundTripper, error) {
 	if o.Transport != nil {
 		return o.Transport, nil
 	}

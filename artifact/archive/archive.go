@@ -56,6 +56,14 @@ var DefaultLimits = Limits{MaxBytes: 1 << 40, MaxFiles: 1 << 20, MaxRatio: 100}
 // of configuration) still fit.
 const RatioFloor = 64 << 20
 
+// Limits of a path in a layer, which the file system would otherwise refuse halfway through a pull
+// (ENAMETOOLONG, an error of the node rather than of the content): a name is at most NAME_MAX bytes, and a path at
+// most PATH_MAX (4096) less what the cache, a view and a pod's mount put before it.
+const (
+	MaxNameBytes = 255
+	MaxPathBytes = 3072
+)
+
 func (l Limits) withDefaults() Limits {
 	if l.MaxBytes <= 0 {
 		l.MaxBytes = DefaultLimits.MaxBytes
@@ -248,12 +256,18 @@ func CleanPath(name string) (string, error) {
 	if strings.ContainsRune(name, 0) {
 		return "", fmt.Errorf("%w: %q contains NUL", ErrUnsafePath, name)
 	}
+	if len(name) > MaxPathBytes {
+		return "", fmt.Errorf("%w: a path of %d bytes (%.40q…) is over the limit of %d", ErrUnsafePath, len(name), name, MaxPathBytes)
+	}
 	if strings.HasPrefix(name, "/") {
 		return "", fmt.Errorf("%w: %q is absolute", ErrUnsafePath, name)
 	}
 	for _, c := range strings.Split(name, "/") {
 		if c == ".." {
 			return "", fmt.Errorf("%w: %q has a \"..\" component", ErrUnsafePath, name)
+		}
+		if len(c) > MaxNameBytes {
+			return "", fmt.Errorf("%w: a name of %d bytes (%.40q…) in %.80q is over the limit of %d", ErrUnsafePath, len(c), c, name, MaxNameBytes)
 		}
 	}
 	p := path.Clean(name)
@@ -561,6 +575,9 @@ func (x *extractor) file(name string, hdr *tar.Header, r io.Reader) error {
 func (x *extractor) symlink(name, target string) error {
 	if target == "" || strings.ContainsRune(target, 0) {
 		return fmt.Errorf("%w: symlink %q has an empty or invalid target", ErrLinkEscape, name)
+	}
+	if len(target) > MaxPathBytes {
+		return fmt.Errorf("%w: symlink %q has a target of %d bytes, over the limit of %d", ErrUnsafePath, name, len(target), MaxPathBytes)
 	}
 	if path.IsAbs(target) {
 		if !x.opts.AbsoluteSymlinks {

@@ -35,6 +35,7 @@ import (
 	"oras.land/oras-go/v2/errdef"
 	"oras.land/oras-go/v2/registry"
 
+	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/cas"
 	"github.com/modelpack/modelpack/internal/diskio"
 )
@@ -55,9 +56,7 @@ const (
 	layoutFile    = "oci-layout"
 	indexLockFile = "index.json.lock"
 	gcLockFile    = "gc.lock"
-	// maxManifestSize bounds the manifests and indexes the store parses (the distribution registry's limit).
-	maxManifestSize = 4 << 20
-	lockRetry       = 20 * time.Millisecond
+	lockRetry     = 20 * time.Millisecond
 )
 
 // Store is an OCI image layout directory.
@@ -440,12 +439,15 @@ func (s *Store) Manifest(ctx context.Context, reference string) (ocispec.Descrip
 	default:
 		return desc, ocispec.Manifest{}, fmt.Errorf("%s is a %s, not an image manifest", reference, desc.MediaType)
 	}
-	if desc.Size > maxManifestSize {
-		return desc, ocispec.Manifest{}, fmt.Errorf("manifest %s: %d bytes: %w", desc.Digest, desc.Size, errdef.ErrSizeExceedsLimit)
+	if desc.Size > artifact.MaxManifestBytes {
+		return desc, ocispec.Manifest{}, fmt.Errorf("manifest %s: %d bytes: %w (limit %d)", desc.Digest, desc.Size, artifact.ErrTooLarge, artifact.MaxManifestBytes)
 	}
 	b, err := content.FetchAll(ctx, s, desc)
 	if err != nil {
 		return desc, ocispec.Manifest{}, err
+	}
+	if err := artifact.CheckDocument(b); err != nil {
+		return desc, ocispec.Manifest{}, fmt.Errorf("manifest %s: %w", desc.Digest, err)
 	}
 	var m ocispec.Manifest
 	if err := json.Unmarshal(b, &m); err != nil {
@@ -456,8 +458,8 @@ func (s *Store) Manifest(ctx context.Context, reference string) (ocispec.Descrip
 
 // readManifest fetches and decodes a manifest (or the fields an index shares with it).
 func (s *Store) readManifest(desc ocispec.Descriptor) (*manifestish, error) {
-	if desc.Size > maxManifestSize {
-		return nil, fmt.Errorf("manifest %s: %d bytes exceeds %d: %w", desc.Digest, desc.Size, maxManifestSize, errdef.ErrSizeExceedsLimit)
+	if desc.Size > artifact.MaxManifestBytes {
+		return nil, fmt.Errorf("manifest %s: %d bytes: %w (limit %d)", desc.Digest, desc.Size, artifact.ErrTooLarge, artifact.MaxManifestBytes)
 	}
 	rc, err := s.Fetch(context.Background(), desc)
 	if err != nil {
@@ -467,6 +469,9 @@ func (s *Store) readManifest(desc ocispec.Descriptor) (*manifestish, error) {
 	b, err := content.ReadAll(rc, desc)
 	if err != nil {
 		return nil, err
+	}
+	if err := artifact.CheckDocument(b); err != nil {
+		return nil, fmt.Errorf("manifest %s: %w", desc.Digest, err)
 	}
 	var m manifestish
 	if err := json.Unmarshal(b, &m); err != nil {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/cas"
 	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -219,8 +220,8 @@ func collectBlobs(ctx context.Context, src content.Fetcher, root ocispec.Descrip
 			}
 			return nil
 		}
-		if d.Size > maxManifestBytes {
-			return fmt.Errorf("manifest %s of %d bytes exceeds the %d byte limit", d.Digest, d.Size, maxManifestBytes)
+		if d.Size > artifact.MaxManifestBytes {
+			return fmt.Errorf("manifest %s is %d bytes: %w (limit %d)", d.Digest, d.Size, artifact.ErrTooLarge, artifact.MaxManifestBytes)
 		}
 		succ, err := content.Successors(ctx, src, d)
 		if err != nil {

@@ -35,7 +35,7 @@ var (
 	ErrTLS = errors.New("TLS failure")
 )
 
-var sentinels = []error{ErrUnauthorized, ErrForbidden, ErrNotFound, ErrNoSpace, ErrSizeMismatch, ErrDigestMismatch, ErrNotOCI, ErrTLS, ErrUnavailable}
+var sentinels = []error{ErrUnauthorized, ErrForbidden, ErrNotFound, ErrNoSpace, ErrSizeMismatch, ErrDigestMismatch, ErrNotOCI, ErrTLS, ErrRedirectRefused, ErrUnavailable}
 
 // Classify returns the sentinel that describes err, or err itself when it is none of the known causes (and nil for
 // nil). Context cancellation is returned as is.
@@ -64,6 +64,9 @@ func kindOf(err error) error {
 	}
 	if errors.Is(err, ErrSizeMismatch) || errors.Is(err, content.ErrTrailingData) {
 		return ErrSizeMismatch
+	}
+	if errors.Is(err, ErrRedirectRefused) {
+		return ErrRedirectRefused
 	}
 	if errors.Is(err, ErrDigestMismatch) || errors.Is(err, content.ErrMismatchedDigest) {
 		return ErrDigestMismatch
@@ -244,7 +247,7 @@ func retryable(err error) bool {
 		return false
 	}
 	switch kindOf(err) {
-	case ErrUnauthorized, ErrForbidden, ErrNotFound, ErrSizeMismatch, ErrDigestMismatch, ErrNoSpace, ErrTLS, ErrNotOCI:
+	case ErrUnauthorized, ErrForbidden, ErrNotFound, ErrSizeMismatch, ErrDigestMismatch, ErrNoSpace, ErrTLS, ErrNotOCI, ErrRedirectRefused:
 		return false
 	}
 	var dnsErr *net.DNSError

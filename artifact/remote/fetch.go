@@ -99,7 +99,7 @@ func fetch(ctx context.Context, src *Repository, dir string, opts FetchOptions) 
 	if conc <= 0 {
 		conc = src.opts.concurrency()
 	}
-	// Model layers have disjoint paths: write them concurrently. A layer that fails does not stop the others,
+	// Model layers have disjoint paths (each claims its own: see claims): write them concurrently. A layer that fails does not stop the others,
 	// which land and stay.
 	files := make([][]string, len(model))
 	wait := each(ctx, len(model), conc, func(i int) (err error) {
@@ -167,14 +167,19 @@ func resolveManifest(ctx context.Context, src *Repository, reference string) (oc
 	return desc, m, nil
 }
 
-const maxManifestBytes = 4 << 20
-
 func readManifest(rc io.ReadCloser, desc ocispec.Descriptor) ([]byte, error) {
 	defer rc.Close()
-	if desc.Size > maxManifestBytes {
-		return nil, fmt.Errorf("manifest of %d bytes exceeds the %d byte limit", desc.Size, maxManifestBytes)
+	if desc.Size > artifact.MaxManifestBytes {
+		return nil, fmt.Errorf("manifest %s is %d bytes: %w (limit %d)", desc.Digest, desc.Size, artifact.ErrTooLarge, artifact.MaxManifestBytes)
 	}
-	return content.ReadAll(rc, desc)
+	b, err := content.ReadAll(rc, desc)
+	if err != nil {
+		return nil, err
+	}
+	if err := artifact.CheckDocument(b); err != nil {
+		return nil, fmt.Errorf("manifest %s: %w", desc.Digest, err)
+	}
+	return b, nil
 }
 
 type fetcher struct {
@@ -183,6 +188,7 @@ type fetcher struct {
 	staging string
 	opts    FetchOptions
 	t       *tracker
+	claims  claims // the paths model layers write
 }
 
 // verifiedStream reads a layer through a hash. finish drains what the consumer left (tar padding after the end
@@ -263,6 +269,13 @@ func (f *fetcher) writeLayer(ctx context.Context, l artifact.Layer) ([]string, e
 	if err := v.finish(); err != nil {
 		return nil, err
 	}
+	files, err := filesUnder(stage)
+	if err != nil {
+		return nil, err
+	}
+	if err := f.claims.take(l, files); err != nil {
+		return nil, err
+	}
 	return mergeInto(stage, f.dir)
 }
 
@@ -270,6 +283,9 @@ func (f *fetcher) writeLayer(ctx context.Context, l artifact.Layer) ([]string, e
 func (f *fetcher) rawFile(v *verifiedStream, l artifact.Layer) ([]string, error) {
 	rel, err := archive.CleanPath(l.Path)
 	if err != nil {
+		return nil, err
+	}
+	if err := f.claims.take(l, []string{rel}); err != nil {
 		return nil, err
 	}
 	dst := filepath.Join(f.dir, filepath.FromSlash(rel))

@@ -1,14 +1,18 @@
 package remote
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/BurntSushi/toml"
 )
@@ -93,6 +97,74 @@ func loadEndpoints(opts Options, host string) ([]endpoint, error) {
 	if err != nil || data == nil {
 		return []endpoint{origin}, err
 	}
+	eps, err := endpointsFrom(origin, path, data)
+	if err == nil {
+		lastGoodHosts.Store(path, data)
+		return eps, nil
+	}
+	err = fmt.Errorf("%w: %w", ErrHostsConfig, err)
+	// A file that was good and turned bad (an edit under way, a mistake) keeps serving its last good content:
+	// the registry stays reachable as it was, and the error is logged and counted at each use.
+	if good, ok := lastGoodHosts.Load(path); ok {
+		if eps, gerr := endpointsFrom(origin, path, good.([]byte)); gerr == nil {
+			hostsReloadFailures.Add(1)
+			slog.Warn("hosts.toml is invalid; keeping its last good content", "file", path, "error", err.Error())
+			return eps, nil
+		}
+	}
+	return nil, err
+}
+
+// ErrHostsConfig is a hosts.toml the driver or the CLI cannot use; the error names the file and the line.
+var ErrHostsConfig = errors.New("invalid hosts.toml")
+
+var (
+	lastGoodHosts       sync.Map // path → the bytes of its last valid content
+	hostsReloadFailures atomic.Int64
+)
+
+// HostsReloadFailures counts the uses of a hosts.toml that had turned invalid, served from its last good content.
+func HostsReloadFailures() int64 { return hostsReloadFailures.Load() }
+
+// ValidateHostsDir checks every hosts.toml under dir (DIR/HOST/hosts.toml, DIR/_default/hosts.toml) as a pull
+// would read it, so that a driver starts only with files it can use; the error names the file and the line.
+func ValidateHostsDir(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	files, err := filepath.Glob(filepath.Join(dir, "*", "hosts.toml"))
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, p := range files {
+		host := filepath.Base(filepath.Dir(p))
+		if _, err := loadEndpoints(Options{HostsDir: dir}, host); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// lineOf is the 1-based line of data where needle first appears, 0 if nowhere.
+func lineOf(data []byte, needle string) int {
+	i := bytes.Index(data, []byte(needle))
+	if i < 0 {
+		return 0
+	}
+	return bytes.Count(data[:i], []byte("\n")) + 1
+}
+
+// at names path and the line of needle in it.
+func at(path string, data []byte, needle string) string {
+	if n := lineOf(data, needle); n > 0 {
+		return fmt.Sprintf("%s:%d", path, n)
+	}
+	return path
+}
+
+// endpointsFrom is loadEndpoints for the hosts file at path holding data.
+func endpointsFrom(origin endpoint, path string, data []byte) ([]endpoint, error) {
 	var f hostsFile
 	md, err := toml.Decode(string(data), &f)
 	if err != nil {
@@ -102,7 +174,7 @@ func loadEndpoints(opts Options, host string) ([]endpoint, error) {
 	if f.Server != "" {
 		u, err := parseHostURL(f.Server)
 		if err != nil {
-			return nil, fmt.Errorf("%s: server: %w", path, err)
+			return nil, fmt.Errorf("%s: server %q: %w", at(path, data, "server"), f.Server, err)
 		}
 		origin.scheme, origin.host, origin.path = u.Scheme, u.Host, strings.TrimSuffix(u.Path, "/")
 	}
@@ -122,19 +194,19 @@ func loadEndpoints(opts Options, host string) ([]endpoint, error) {
 		seen[key[1]] = true
 		u, err := parseHostURL(key[1])
 		if err != nil {
-			return nil, fmt.Errorf("%s: host %q: %w", path, key[1], err)
+			return nil, fmt.Errorf("%s: host %q: %w", at(path, data, key[1]), key[1], err)
 		}
 		if u.Scheme == origin.scheme && u.Host == origin.host && strings.TrimSuffix(u.Path, "/") == origin.path {
 			// The origin's own entry (containerd's way to give it a ca or client certificate): not a mirror.
 			if err := applyEntry(&origin, f.Host[key[1]], base); err != nil {
-				return nil, fmt.Errorf("%s: host %q: %w", path, key[1], err)
+				return nil, fmt.Errorf("%s: host %q: %w", at(path, data, key[1]), key[1], err)
 			}
 			continue
 		}
 		ep := endpoint{scheme: u.Scheme, host: u.Host, path: strings.TrimSuffix(u.Path, "/"), mirror: true,
 			pull: true, resolve: true}
 		if err := applyEntry(&ep, f.Host[key[1]], base); err != nil {
-			return nil, fmt.Errorf("%s: host %q: %w", path, key[1], err)
+			return nil, fmt.Errorf("%s: host %q: %w", at(path, data, key[1]), key[1], err)
 		}
 		eps = append(eps, ep)
 	}

@@ -207,18 +207,28 @@ const ioBufferSize = 256 << 10
 const fileBufferSize = 1 << 20
 
 // httpClient builds the HTTP client of one endpoint. Requests are retried by oras-go's retry transport (5xx, 429,
-// resets, with exponential backoff); whole-blob retries and resumption are layered above it.
+// resets, with exponential backoff); whole-blob retries and resumption are layered above it. Documents are
+// limited above the retries (see LimitDocuments).
 func httpClient(ep endpoint, origin string, conns int, tm Timeouts, wrap func(http.RoundTripper) http.RoundTripper) (*http.Client, error) {
+	t, err := httpTransport(ep, origin, conns, tm, wrap)
+	if err != nil {
+		return nil, err
+	}
+	return &http.Client{Transport: LimitDocuments(t)}, nil
+}
+
+// httpTransport is httpClient's transport, before the document limit.
+func httpTransport(ep endpoint, origin string, conns int, tm Timeouts, wrap func(http.RoundTripper) http.RoundTripper) (http.RoundTripper, error) {
 	tc, err := tlsConfig(ep)
 	if err != nil {
 		return nil, err
 	}
 	base := &http.Transport{
 		Proxy: http.ProxyFromEnvironment,
-		DialContext: (&net.Dialer{
+		DialContext: guardDial(&net.Dialer{
 			Timeout:   30 * time.Second,
 			KeepAlive: 30 * time.Second,
-		}).DialContext,
+		}, ep),
 		ForceAttemptHTTP2:     true,
 		TLSClientConfig:       tc,
 		TLSHandshakeTimeout:   15 * time.Second,
@@ -243,7 +253,7 @@ func httpClient(ep endpoint, origin string, conns int, tm Timeouts, wrap func(ht
 	if ep.path != "" || ep.overridePath || ns != "" || len(ep.header) > 0 {
 		rt = &rewriteTransport{base: rt, ep: ep, ns: ns}
 	}
-	return &http.Client{Transport: &retry.Transport{Base: rt, Policy: func() retry.Policy { return requestPolicy }}}, nil
+	return &retry.Transport{Base: rt, Policy: func() retry.Policy { return requestPolicy }}, nil
 }
 
 // requestPolicy is oras-go's retry of one request (5xx, 429, resets, dial timeouts) except for a registry that

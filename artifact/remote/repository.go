@@ -17,6 +17,8 @@ import (
 	"oras.land/oras-go/v2/registry/remote"
 	"oras.land/oras-go/v2/registry/remote/auth"
 	"oras.land/oras-go/v2/registry/remote/errcode"
+
+	"github.com/modelpack/modelpack/artifact"
 )
 
 // Repository is a repository on a registry, reached directly or through mirrors. It is an oras.Target (and a
@@ -42,6 +44,9 @@ type endpointRepo struct {
 
 // NewRepository parses ref (registry/repository[:tag|@digest]) and returns the repository and the parsed reference.
 func NewRepository(ref string, opts Options) (*Repository, registry.Reference, error) {
+	if err := artifact.RefuseCredentials(ref); err != nil {
+		return nil, registry.Reference{}, err
+	}
 	parsed, err := registry.ParseReference(ref)
 	if err != nil {
 		return nil, registry.Reference{}, fmt.Errorf("invalid reference %q: %w", ref, err)
@@ -151,7 +156,7 @@ func (r *Repository) FetchReference(ctx context.Context, reference string) (ocis
 	return f.desc, f.rc, r.manifestErr(ctx, reference, err)
 }
 
-// readManifest reads a whole manifest (at most maxManifestBytes, checked against its descriptor) within twice the
+// readManifest reads a whole manifest (at most artifact.MaxManifestBytes, checked against its descriptor) within twice the
 // idle limit (its answer within one, as a blob read's, and its few megabytes at most within another), so a registry
 // that stalls, before or after the headers, holds neither the caller nor the callers sharing its pull for long.
 func (r *Repository) readManifest(ctx context.Context, fetch func(context.Context) (ocispec.Descriptor, io.ReadCloser, error)) (fetched, error) {

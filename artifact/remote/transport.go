@@ -249,12 +249,12 @@ func discard(resp *http.Response) {
 // pull bounds its own (see stallBound).
 func boundedClient(o Options, ep endpoint, host string) (*http.Client, error) {
 	tm := o.Timeouts.orDefault()
-	hc, err := httpClient(ep, host, o.concurrency(), tm, o.WrapTransport)
+	t, err := httpTransport(ep, host, o.concurrency(), tm, o.WrapTransport)
 	if err != nil {
 		return nil, err
 	}
-	hc.Transport = stallBound{next: hc.Transport, idle: tm.Idle}
-	return hc, nil
+	// The document limit reads a document's body above the stall bound, which keeps watching it.
+	return &http.Client{Transport: LimitDocuments(stallBound{next: t, idle: tm.Idle})}, nil
 }
 
 // stallBound gives up a read (GET of a manifest or blob) that goes silent for idle, as the pull's reads do: its

@@ -309,7 +309,7 @@ func pickPlatform(ctx context.Context, repo *remote.Repository, desc ocispec.Des
 // isBadContent reports hostile or corrupt content: the artifact is at fault, not the node or the registry's health.
 func isBadContent(err error) bool {
 	for _, cause := range []error{archive.ErrUnsafePath, archive.ErrLinkEscape, archive.ErrSpecialFile,
-		artifact.ErrPathConflict, cache.ErrDigestMismatch, cache.ErrSizeMismatch} {
+		artifact.ErrPathConflict, artifact.ErrMalformed, cache.ErrDigestMismatch, cache.ErrSizeMismatch} {
 		if errors.Is(err, cause) {
 			return true
 		}
@@ -324,7 +324,7 @@ func classify(err error) error {
 	}
 	var sentinel error
 	switch remote.Classify(err) {
-	case remote.ErrDigestMismatch, remote.ErrSizeMismatch:
+	case remote.ErrDigestMismatch, remote.ErrSizeMismatch, remote.ErrRedirectRefused:
 		sentinel = csidriver.ErrBadContent
 	case remote.ErrUnauthorized:
 		sentinel = csidriver.ErrUnauthorized
@@ -339,6 +339,10 @@ func classify(err error) error {
 	}
 	switch {
 	case sentinel != nil:
+	case errors.Is(err, artifact.ErrCredentialsInReference):
+		sentinel = csidriver.ErrInvalidReference
+	case errors.Is(err, remote.ErrHostsConfig):
+		sentinel = csidriver.ErrUnavailable // the node's configuration: fixed there, then retried
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
 		sentinel = csidriver.ErrNoSpace
 	case isBadContent(err):

@@ -205,6 +205,17 @@ func (s *Store) update(fn func(*State) error, sync bool) error {
 	return nil
 }
 
+// Writable rewrites the current state (without a flush: the bytes are those on disk already) and reports why it
+// cannot, as every publish would find: a state file made immutable, a file system gone read-only, a full disk.
+func (s *Store) Writable() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.write(s.st, false); err != nil {
+		return fmt.Errorf("state %s cannot be written: %w", s.path, err)
+	}
+	return nil
+}
+
 func (s *Store) write(st *State, sync bool) error {
 	b, err := json.MarshalIndent(st, "", " ")
 	if err != nil {

@@ -108,6 +108,18 @@ func (h *HostileRegistry) Manifest(t testing.TB, tag string, m any, mediaType st
 	return ocispec.Descriptor{MediaType: mediaType, Digest: d, Size: int64(len(b))}
 }
 
+// Raw adds b, served as is (however malformed), under its digest and tag.
+func (h *HostileRegistry) Raw(tag, mediaType string, b []byte) ocispec.Descriptor {
+	d := digest.FromBytes(b)
+	h.mu.Lock()
+	h.manifests[d.String()] = served{mediaType, b}
+	if tag != "" {
+		h.manifests[tag] = served{mediaType, b}
+	}
+	h.mu.Unlock()
+	return ocispec.Descriptor{MediaType: mediaType, Digest: d, Size: int64(len(b))}
+}
+
 // Gets counts the GETs of blob d.
 func (h *HostileRegistry) Gets(d digest.Digest) int {
 	h.mu.Lock()

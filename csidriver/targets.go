@@ -1,0 +1,157 @@
+package csidriver
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	mount "k8s.io/mount-utils"
+)
+
+// ownDirs are the directories the driver keeps its content in: its state and Options.OwnDirs (the cache).
+func (d *Driver) ownDirs() []string {
+	dirs := []string{d.opts.StateDir}
+	for _, o := range d.opts.OwnDirs {
+		if o != "" {
+			dirs = append(dirs, o)
+		}
+	}
+	for i, o := range dirs {
+		dirs[i] = realPath(o)
+	}
+	return dirs
+}
+
+// realPath resolves the symlinks of p's longest existing prefix, so that a path reaching a directory through a
+// link compares as the directory.
+func realPath(p string) string {
+	p = filepath.Clean(p)
+	rest := ""
+	for {
+		if r, err := filepath.EvalSymlinks(p); err == nil {
+			return filepath.Join(r, rest)
+		}
+		parent := filepath.Dir(p)
+		if parent == p {
+			return filepath.Join(p, rest)
+		}
+		rest = filepath.Join(filepath.Base(p), rest)
+		p = parent
+	}
+}
+
+// within reports whether p is dir or lies under it (both clean and absolute).
+func within(p, dir string) bool {
+	return p == dir || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
+}
+
+// checkTarget refuses a target the driver must never mount on or unmount: one inside its own directories (or
+// above them, which a mount would hide), reached directly or through a link.
+func (d *Driver) checkTarget(target string) error {
+	real := realPath(target)
+	for _, dir := range d.ownDirs() {
+		if within(real, dir) || within(dir, real) {
+			return status.Errorf(codes.InvalidArgument, "target path %q lies in or over the driver's own directory %s; kubelet never asks for that", target, dir)
+		}
+	}
+	return nil
+}
+
+// refuseLinkTarget refuses a publish on a target that is a symbolic link: the bind mount would follow it and land
+// wherever it points.
+func refuseLinkTarget(target string) error {
+	if fi, err := os.Lstat(target); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+		return status.Errorf(codes.InvalidArgument, "target path %q is a symbolic link; kubelet creates a directory or nothing there", target)
+	}
+	return nil
+}
+
+// unpublishUnknown is the unpublish of a target the state does not know (never published, already unpublished,
+// or state lost). It still leaves no mount of the driver's and no empty directory behind, which is what the
+// caller wants, and acts on nothing else: a symbolic link is not followed (nor deleted), a mount that is not a
+// view of this driver is left in place, and a directory with content is not ours to delete.
+func (d *Driver) unpublishUnknown(target string) error {
+	fi, err := os.Lstat(target)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return status.Errorf(codes.Internal, "unpublish %s: %v", target, err)
+	}
+	if !fi.IsDir() {
+		d.log.Warn("unpublish of an unknown target that is not a directory: left alone", "target", target, "type", fi.Mode().Type().String())
+		return nil
+	}
+	ours, err := d.mountedView(target)
+	if err != nil {
+		return status.Errorf(codes.Internal, "unpublish %s: %v", target, err)
+	}
+	if ours {
+		if err := d.unmountTarget(target, false); err != nil {
+			return status.Errorf(codes.Internal, "unmount %s: %v", target, err)
+		}
+	}
+	if err := os.Remove(target); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		d.log.Warn("unpublish of an unknown target leaves it: not empty, or a mount that is not the driver's", "target", target, "error", err.Error())
+	}
+	return nil
+}
+
+// mountedView reports whether target is itself a mount point of a bind mount whose source lies in one of the
+// driver's own directories, as read from mountinfo: the mount's device and root (the path inside its file
+// system) against those of the own directories.
+func (d *Driver) mountedView(target string) (bool, error) {
+	infos, err := mount.ParseMountInfo("/proc/self/mountinfo")
+	if err != nil {
+		return false, err
+	}
+	type fsPath struct {
+		dev  string
+		path string
+	}
+	// containing is the mount holding p: the longest mount point that is p or a parent of it (the last one wins
+	// when mounts stack).
+	containing := func(p string) (mount.MountInfo, bool) {
+		var best mount.MountInfo
+		found := false
+		for _, mi := range infos {
+			if within(p, mi.MountPoint) && (!found || len(mi.MountPoint) >= len(best.MountPoint)) {
+				best, found = mi, true
+			}
+		}
+		return best, found
+	}
+	var own []fsPath
+	for _, dir := range d.ownDirs() {
+		if mi, ok := containing(dir); ok {
+			rel, err := filepath.Rel(mi.MountPoint, dir)
+			if err != nil {
+				continue
+			}
+			own = append(own, fsPath{fmt.Sprintf("%d:%d", mi.Major, mi.Minor), filepath.Join(mi.Root, rel)})
+		}
+	}
+	found := false
+	for _, mi := range infos {
+		if mi.MountPoint != target {
+			continue
+		}
+		found = true
+		dev := fmt.Sprintf("%d:%d", mi.Major, mi.Minor)
+		ours := false
+		for _, o := range own {
+			if dev == o.dev && within(mi.Root, o.path) {
+				ours = true
+			}
+		}
+		if !ours {
+			return false, nil // a foreign mount, possibly under or over one of ours: leave it all
+		}
+	}
+	return found, nil
+}
