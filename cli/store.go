@@ -339,7 +339,8 @@ records (the epoch for a reproducible pack), as fetch gives them.`,
 					selected = append(selected, l)
 				}
 			}
-			if err := wf.check(args[0], args[1])(selected); err != nil {
+			// Existing paths are checked by pack.Unpack, which skips the files already there byte for byte first.
+			if err := wf.checkImage(args[0], args[1], selected); err != nil {
 				return err
 			}
 			var bar *progressBar
