@@ -46,6 +46,16 @@ type TransferOptions struct {
 	// Referrers also copies the artifacts that refer to the root (signatures, SBOMs), found through the OCI 1.1
 	// referrers API or, on registries without it, the referrers tag.
 	Referrers bool
+	// Sources, if set, remembers which repositories of a registry hold each blob: a push asks the registry to
+	// mount a blob from such a repository (POST ?mount=&from=) instead of sending it, and every transfer records
+	// the registry's repository it pushed to or pulled from.
+	Sources BlobSources
+}
+
+// BlobSources is where blobs were last seen in a registry (layout.Store keeps it beside the local store).
+type BlobSources interface {
+	BlobRepos(registry string, d digest.Digest) []string
+	RecordBlobRepos(registry, repo string, ds []digest.Digest) error
 }
 
 // Push sends the artifact tagged srcRef in a local store (or any oras target) to dst, tagging it with dst's
@@ -149,7 +159,16 @@ func transfer(ctx context.Context, src oras.ReadOnlyTarget, srcRef string, dst o
 	}
 	errs := each(ctx, len(blobs), conc, func(i int) error {
 		desc := blobs[i]
-		status, err := copyBlob(ctx, src, dst, ing, desc, mountFrom, t)
+		from := mountFrom
+		if from == "" && dstIsRepo && opts.Sources != nil {
+			for _, r := range opts.Sources.BlobRepos(d.Reference.Registry, desc.Digest) {
+				if r != d.Reference.Repository {
+					from = r
+					break
+				}
+			}
+		}
+		status, err := copyBlob(ctx, src, dst, ing, desc, from, t)
 		if err != nil {
 			t.finish(desc, StatusFailed, err)
 			return remote.wrap(subjectOf(desc), err)
@@ -162,6 +181,14 @@ func transfer(ctx context.Context, src oras.ReadOnlyTarget, srcRef string, dst o
 	}
 	if err := joinBlobErrors(errs); err != nil {
 		return nil, err
+	}
+	if opts.Sources != nil {
+		ds := make([]digest.Digest, len(blobs))
+		for i, b := range blobs {
+			ds[i] = b.Digest
+		}
+		// A hint for later pushes: failing to record it costs a later upload, never this transfer.
+		_ = opts.Sources.RecordBlobRepos(remote.Reference.Registry, remote.Reference.Repository, ds)
 	}
 
 	g := oras.CopyGraphOptions{Concurrency: conc}
