@@ -25,7 +25,8 @@ corrupt or interrupted download never leaves a partial file under a final name. 
 HTTP Range. --filter and --include select layers as for unpack.
 
 Files that already exist in DIR are refused before anything is written, unless --force; files already there
-byte for byte are skipped, so a fetch interrupted (Ctrl-C) completes when run again. A container image is refused
+byte for byte are skipped, and a file interrupted part way (Ctrl-C) is kept aside in DIR/.modelpack-partial, so a
+fetch run again asks the registry only for the bytes it lacks (HTTP Range). A container image is refused
 unless --image-rootfs. Files get the modification time the artifact records.`,
 			Example: `  modelpack fetch registry.local:5000/org/llama3:8b ./llama3
   modelpack fetch registry.local:5000/org/llama3:8b ./cfg --filter config,docs
