@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"encoding/json"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -113,4 +114,37 @@ func TestPipedProgressLabelsLayersByFile(t *testing.T) {
 	image := reg.Host + "/labels/image:v1"
 	pushContainerImage(t, image)
 	check("pull of an image", nil, map[string]bool{"(config)": true, "": true}, "--home", t.TempDir(), "pull", image, "--plain-http")
+}
+
+// Item: one failure, one message. A registry that is not there (nothing listening, a name DNS does not know) is
+// one line naming the cause and the action, for every blob-moving command, piped and under -o json; no
+// "failed <blob>" line per layer.
+func TestUnreachableRegistryIsOneLine(t *testing.T) {
+	run := binaryRunner(t, "DOCKER_CONFIG="+t.TempDir())
+	home := t.TempDir()
+	if code, _, stderr := run("--home", home, "pack", smallModel(t), "-t", "m:v1", "-q"); code != 0 {
+		t.Fatal(stderr)
+	}
+	down := testenv.FreeAddr(t) // nothing listens there
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"push", down + "/x/m:v1", "--from", "m:v1"}, "connection refused: no registry listens at " + down},
+		{[]string{"pull", down + "/x/m:v1"}, "connection refused"},
+		{[]string{"fetch", down + "/x/m:v1", t.TempDir()}, "connection refused"},
+		{[]string{"copy", down + "/x/m:v1", down + "/y/m:v1"}, "connection refused"},
+		{[]string{"push", "registry.invalid:5000/x/m:v1", "--from", "m:v1"}, `unknown host "registry.invalid"`},
+	} {
+		args := append(append([]string{"--home", home}, c.args...), "--plain-http")
+		code, _, stderr := run(args...)
+		if code != 1 || strings.Count(strings.TrimSpace(stderr), "\n") != 0 || !strings.Contains(stderr, c.want) || strings.Contains(stderr, "http://") {
+			t.Errorf("%v: exit %d, want one line saying %q:\n%s", c.args, code, c.want, stderr)
+		}
+		code, _, stderr = run(append(args, "-o", "json")...)
+		var doc struct{ Error struct{ Message string } }
+		if err := json.Unmarshal([]byte(stderr), &doc); code != 1 || err != nil || strings.Contains(doc.Error.Message, "\n") || !strings.Contains(doc.Error.Message, c.want) {
+			t.Errorf("%v -o json: exit %d, .error.message %q (%v)", c.args, code, doc.Error.Message, err)
+		}
+	}
 }

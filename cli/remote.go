@@ -303,6 +303,9 @@ func (r *lineReporter) Finish(d ocispec.Descriptor, status remote.Status, err er
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.active, d.Digest.String())
+	if status == remote.StatusFailed && remote.Unreachable(err) {
+		return // no blob failed: the registry is not there, which the command's error says once
+	}
 	line := fmt.Sprintf("%-8s %s  %s", verbFor(r.verb, status), blobLabel(d), humanBytes(d.Size))
 	if start, ok := r.started[d.Digest.String()]; ok && status == remote.StatusTransferred {
 		secs := time.Since(start).Seconds()

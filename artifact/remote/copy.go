@@ -226,6 +226,13 @@ func joinBlobErrors(errs []error) error {
 		case ErrUnauthorized, ErrForbidden, ErrTLS, ErrNotOCI:
 			return err
 		}
+		var e *Error
+		if Unreachable(err) && errors.As(err, &e) {
+			// The registry cannot be reached: no blob in particular failed.
+			registryWide := *e
+			registryWide.Subject = ""
+			return &registryWide
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -155,7 +155,7 @@ func (e *Error) describe() string {
 	var dnsErr *net.DNSError
 	switch {
 	case errors.As(e.Err, &dnsErr) && dnsErr.IsNotFound:
-		return fmt.Sprintf("unknown host %q: %v", dnsErr.Name, e.Err)
+		return fmt.Sprintf("unknown host %q (no such host in DNS): check the registry's name", dnsErr.Name)
 	case e.Kind == ErrUnauthorized:
 		return fmt.Sprintf("authentication required or credentials rejected (run `modelpack login %s`): %s", e.Registry, cause)
 	case e.Kind == ErrForbidden:
@@ -186,11 +186,20 @@ func (e *Error) describe() string {
 	case e.Kind == ErrTLS:
 		return "TLS verification failed (" + e.Hints.orCLI().TLS + "): " + cause
 	case e.Kind == ErrUnavailable && (errors.Is(e.Err, syscall.ECONNREFUSED)):
-		return "connection refused: " + cause
+		// One line, as oras says it: the request and dial details repeat the registry named before it.
+		return fmt.Sprintf("connection refused: no registry listens at %s; start it or check the host and port", e.Registry)
 	case e.Kind == ErrUnavailable:
 		return "registry unavailable: " + cause
 	}
 	return cause
+}
+
+// Unreachable reports whether err is a failure to reach the registry at all (connection refused, unknown host, no
+// route): it concerns the registry, not one blob, and is worth saying once.
+func Unreachable(err error) bool {
+	var dnsErr *net.DNSError
+	var opErr *net.OpError
+	return errors.As(err, &dnsErr) || (errors.As(err, &opErr) && opErr.Op == "dial")
 }
 
 // Unwrap exposes both the sentinel and the underlying error to errors.Is/As.
