@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -19,6 +20,10 @@ import (
 
 // Version is set at build time with -ldflags "-X github.com/modelpack/modelpack/cli.Version=…".
 var Version = "dev"
+
+// Revision is the commit the binary was built from, set by make build (-X …cli.Revision=…, "-dirty" appended for
+// uncommitted changes); Go's build info gives it otherwise.
+var Revision = ""
 
 // Each command file registers its constructor in init, so command files stay independent of each other.
 var commands []func(*Globals) *cobra.Command
@@ -158,14 +163,38 @@ func init() {
 			Args:    cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				v := struct {
-					Version string `json:"version"`
-					Go      string `json:"go"`
-				}{Version: Version}
+					Version  string `json:"version"`
+					Revision string `json:"revision,omitempty"`
+					Time     string `json:"revisionTime,omitempty"`
+					Modified bool   `json:"modified,omitempty"`
+					Go       string `json:"go"`
+				}{Version: Version, Revision: strings.TrimSuffix(Revision, "-dirty"), Modified: strings.HasSuffix(Revision, "-dirty")}
 				if bi, ok := debug.ReadBuildInfo(); ok {
 					v.Go = bi.GoVersion
+					// Go stamps the commit a binary was built from (go build in a git checkout).
+					for _, s := range bi.Settings {
+						switch s.Key {
+						case "vcs.revision":
+							if v.Revision == "" {
+								v.Revision = s.Value
+							}
+						case "vcs.time":
+							v.Time = s.Value
+						case "vcs.modified":
+							v.Modified = v.Modified || s.Value == "true"
+						}
+					}
 				}
 				if g.IsJSON() {
 					return PrintJSON(cmd.OutOrStdout(), v)
+				}
+				if v.Revision != "" {
+					rev := v.Revision[:min(12, len(v.Revision))]
+					if v.Modified {
+						rev += "-dirty"
+					}
+					_, err := fmt.Fprintf(cmd.OutOrStdout(), "modelpack %s (commit %s, %s)\n", v.Version, rev, v.Go)
+					return err
 				}
 				_, err := fmt.Fprintf(cmd.OutOrStdout(), "modelpack %s (%s)\n", v.Version, v.Go)
 				return err
