@@ -77,6 +77,24 @@ func Main() int {
 	return Run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 }
 
+// wantsJSON reports whether args ask for -o json, for the errors cobra returns before it has parsed that flag (an
+// unknown command, or a bad flag before it): they are JSON documents too. A "--" ends the flags.
+func wantsJSON(args []string) bool {
+	for i, a := range args {
+		switch {
+		case a == "--":
+			return false
+		case a == "-o" || a == "--output":
+			if i+1 < len(args) && args[i+1] == "json" {
+				return true
+			}
+		case a == "-ojson" || a == "-o=json" || a == "--output=json":
+			return true
+		}
+	}
+	return false
+}
+
 // Run executes the command line args and returns the exit code: 0, 1 for an error, 130 when ctx was cancelled
 // (SIGINT or SIGTERM). Under -o json an error is printed as {"error": {"message": …, "warnings": […]}} on stderr,
 // with the warnings the command gave before it failed.
@@ -95,7 +113,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		// Transfers keep what they verified (partial blobs resume with HTTP Range), so the next run continues.
 		code, msg = 130, "interrupted; run again to resume"
 	}
-	if f := root.PersistentFlags().Lookup("output"); f != nil && f.Value.String() == "json" {
+	if f := root.PersistentFlags().Lookup("output"); (f != nil && f.Value.String() == "json") || wantsJSON(args) {
 		_ = PrintJSON(stderr, errorJSON{Error: errorBody{Message: msg, Warnings: g.warned.all()}})
 		return code
 	}
