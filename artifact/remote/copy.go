@@ -12,6 +12,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2"
 	"oras.land/oras-go/v2/content"
+	"oras.land/oras-go/v2/errdef"
 )
 
 // Ingester is a local store that takes a blob from a source it can reopen at an offset, keeping a partial blob
@@ -215,7 +216,52 @@ func transfer(ctx context.Context, src oras.ReadOnlyTarget, srcRef string, dst o
 	if err != nil {
 		return nil, unwrapCopyError(err)
 	}
+	if opts.Referrers {
+		if err := copyCosignTags(ctx, src, dst, root, func(tag string) error {
+			_, err := transfer(ctx, src, tag, dst, tag, remote, TransferOptions{Concurrency: conc, Reporter: opts.Reporter})
+			return err
+		}); err != nil {
+			return nil, err
+		}
+	}
 	return t.result("", root), nil
+}
+
+// cosignTagSuffixes are the tags cosign attaches to a manifest sha256:<hex> as sha256-<hex><suffix>: signatures,
+// attestations and SBOMs. They refer to their subject by name only, so the referrers API does not find them;
+// cosign copy carries them along, and so does copy -r.
+var cosignTagSuffixes = []string{".sig", ".att", ".sbom"}
+
+// copyCosignTags copies, with copyTag, every cosign tag src holds for root and, if root is an index, for each of
+// its manifests.
+func copyCosignTags(ctx context.Context, src oras.ReadOnlyTarget, dst oras.Target, root ocispec.Descriptor, copyTag func(tag string) error) error {
+	subjects := []ocispec.Descriptor{root}
+	if root.MediaType == ocispec.MediaTypeImageIndex || root.MediaType == "application/vnd.docker.distribution.manifest.list.v2+json" {
+		succ, err := content.Successors(ctx, src, root)
+		if err != nil {
+			return err
+		}
+		for _, s := range succ {
+			if isManifest(s) {
+				subjects = append(subjects, s)
+			}
+		}
+	}
+	for _, s := range subjects {
+		for _, suffix := range cosignTagSuffixes {
+			tag := s.Digest.Algorithm().String() + "-" + s.Digest.Encoded() + suffix
+			if _, err := src.Resolve(ctx, tag); err != nil {
+				if errors.Is(err, errdef.ErrNotFound) {
+					continue
+				}
+				return err
+			}
+			if err := copyTag(tag); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // joinBlobErrors reports the failed blobs together; a failure that is about the registry rather than one blob
