@@ -333,12 +333,17 @@ records (the epoch for a reproducible pack), as fetch gives them.`,
 			if info.Manifest == nil {
 				return fmt.Errorf("%s is a %s, not a manifest", args[0], info.Descriptor.MediaType)
 			}
-			var selected []artifact.Layer
+			var selected, kinds []artifact.Layer
+			byKind := pack.UnpackOptions{Kinds: opts.Kinds}
 			for _, l := range info.Layers {
 				if opts.Select(l) {
 					selected = append(selected, l)
 				}
+				if byKind.Select(l) {
+					kinds = append(kinds, l)
+				}
 			}
+			warnUnmatched(newWarnings(cmd, g), args[0], include, kinds)
 			// Existing paths are checked by pack.Unpack, which skips the files already there byte for byte first.
 			if err := wf.checkImage(args[0], args[1], selected); err != nil {
 				return err
@@ -363,7 +368,7 @@ records (the epoch for a reproducible pack), as fetch gives them.`,
 		},
 	}
 	cmd.Flags().StringArrayVar(&filters, "filter", nil, "only layers of these kinds: weights, config, docs, code, dataset (repeatable or comma-separated)")
-	cmd.Flags().StringArrayVar(&include, "include", nil, "only layers whose path (or a parent directory) matches this glob (repeatable)")
+	cmd.Flags().StringArrayVar(&include, "include", nil, "only layers whose path (or a parent directory) matches this glob: ** spans directories, a glob without / matches at any depth (repeatable)")
 	_ = cmd.RegisterFlagCompletionFunc("filter", cobra.FixedCompletions([]string{"weights", "config", "docs", "code", "dataset"}, cobra.ShellCompDirectiveNoFileComp))
 	wf.register(cmd)
 	return cmd

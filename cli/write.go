@@ -47,6 +47,18 @@ func (w *writeFlags) checkImage(ref, dir string, layers []artifact.Layer) error 
 	return nil
 }
 
+// warnUnmatched says which --include globs keep no file of the layers the kind filter left: a typo otherwise ends
+// in an empty directory and exit 0.
+func warnUnmatched(ws *warnings, ref string, include []string, candidates []artifact.Layer) {
+	paths := make([]string, len(candidates))
+	for i, l := range candidates {
+		paths[i] = l.Path
+	}
+	for _, g := range artifact.UnmatchedGlobs(include, paths) {
+		ws.add(fmt.Sprintf("--include %q matches no file of %s", g, ref))
+	}
+}
+
 // skipIdentical wraps a layer selection so that files DIR already holds byte for byte are not written again: a
 // fetch run again after an interruption writes what is missing instead of refusing what it wrote before. unpack
 // follows the same rule inside pack.Unpack (pack.Identical there too).
