@@ -87,7 +87,7 @@ fuzz:
 	  done; \
 	done
 
-demo: tools build
+demo: $(TOOLS)/registry build
 	bash e2e/demo.sh
 
 bench: tools build
