@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -37,7 +38,7 @@ func binaryRunner(t *testing.T, env ...string) func(args ...string) (int, string
 }
 
 var blobVerbs = map[string]bool{"pushing": true, "pushed": true, "pulling": true, "pulled": true, "copying": true, "copied": true,
-	"fetching": true, "fetched": true, "exists": true, "mounted": true, "failed": true}
+	"fetching": true, "fetched": true, "exists": true, "mounted": true, "failed": true, "packed": true}
 
 // progressLabels are the blob labels of piped progress lines ("pushing  LABEL  SIZE…"), each with its line.
 func progressLabels(t *testing.T, stderr string) map[string]string {
@@ -146,5 +147,56 @@ func TestUnreachableRegistryIsOneLine(t *testing.T) {
 		if err := json.Unmarshal([]byte(stderr), &doc); code != 1 || err != nil || strings.Contains(doc.Error.Message, "\n") || !strings.Contains(doc.Error.Message, c.want) {
 			t.Errorf("%v -o json: exit %d, .error.message %q (%v)", c.args, code, doc.Error.Message, err)
 		}
+	}
+}
+
+// inPty runs the binary under script(1), in a pseudo-terminal of the given width (0: a pty that reports no size),
+// and returns what the terminal showed.
+func inPty(t *testing.T, cols int, args ...string) string {
+	t.Helper()
+	script, err := exec.LookPath("script")
+	if err != nil {
+		testenv.Unavailable(t, "script(1) (util-linux) not installed")
+	}
+	line := fmt.Sprintf("stty cols %d rows 40; exec %s", cols, testenv.Modelpack(t))
+	for _, a := range args {
+		line += " '" + a + "'"
+	}
+	out, err := exec.Command(script, "-qec", line, "/dev/null").CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", line, err, out)
+	}
+	return string(out)
+}
+
+var ansi = regexp.MustCompile(`\x1b\[[0-9;?]*[A-Za-z]`)
+
+// Item: progress fits the terminal. In a pty 60 columns wide no line drawn is wider than that (a wider one wraps and
+// the block redrawn in place stacks fragments); in a pty with no size pack draws no empty "||"; piped, pack prints a
+// line per blob.
+func TestProgressFitsTerminal(t *testing.T) {
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	t.Setenv("DOCKER_CONFIG", t.TempDir())
+	model := smallModel(t)
+	home := t.TempDir()
+	ref := reg.Host + "/org/a-rather-long-repository-name-for-the-progress-bar/model:v1"
+	mustRemoteCLI(t, "--home", home, "pack", model, "-t", ref, "--push", "--plain-http", "-q")
+	shown := inPty(t, 60, "--home", t.TempDir(), "pull", ref, "--plain-http")
+	for _, l := range strings.FieldsFunc(ansi.ReplaceAllString(shown, ""), func(r rune) bool { return r == '\n' || r == '\r' }) {
+		f := strings.Fields(l)
+		if len(f) == 0 || (!blobVerbs[f[0]] && !strings.Contains(l, "%")) {
+			continue // the summary is printed once, not redrawn: it may wrap
+		}
+		if n := len([]rune(l)); n > 60 {
+			t.Errorf("a %d-column line in a 60-column terminal: %q", n, l)
+		}
+	}
+	if shown := inPty(t, 0, "--home", t.TempDir(), "pack", model, "-t", "sizeless:v1"); strings.Contains(shown, "||") {
+		t.Errorf("pack in a pty without a size drew an empty bar:\n%q", shown)
+	}
+	code, _, stderr := binaryRunner(t)("--home", t.TempDir(), "pack", model, "-t", "piped:v1")
+	labels := progressLabels(t, stderr)
+	if code != 0 || labels["config.json"] == "" || !strings.HasPrefix(labels["config.json"], "packed") {
+		t.Errorf("piped pack: exit %d, no line per blob:\n%s", code, stderr)
 	}
 }

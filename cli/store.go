@@ -544,6 +544,11 @@ func (p *progressBar) Start(total int64) {
 
 // newBytesBar is progressbar.DefaultBytes in binary units (MiB, GiB), as every other size modelpack prints.
 func newBytesBar(w io.Writer, total int64, desc string) *progressbar.ProgressBar {
+	// Full width only where the terminal says how wide it is: a pty without a size would get an empty "||".
+	width := progressbar.OptionFullWidth()
+	if termWidth() < 40 {
+		width = progressbar.OptionSetWidth(20)
+	}
 	return progressbar.NewOptions64(total,
 		progressbar.OptionSetDescription(desc),
 		progressbar.OptionSetWriter(w),
@@ -555,7 +560,7 @@ func newBytesBar(w io.Writer, total int64, desc string) *progressbar.ProgressBar
 		progressbar.OptionShowCount(),
 		progressbar.OptionOnCompletion(func() { fmt.Fprint(w, "\n") }),
 		progressbar.OptionSpinnerType(14),
-		progressbar.OptionFullWidth(),
+		width,
 		progressbar.OptionSetRenderBlankState(true),
 	)
 }
