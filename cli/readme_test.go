@@ -45,6 +45,8 @@ func TestReadmeTourRunsAsWritten(t *testing.T) {
 	if err := testmodel.Generate(filepath.Join(work, "llama-3-8b"), testmodel.Small); err != nil {
 		t.Fatal(err)
 	}
+	// The promoted copy keeps its signature (the tour's copy -r line): verify it as the driver would.
+	script += "\nmodelpack verify localhost" + port + "/prod/llama3:8b --key cosign.pub --insecure-ignore-tlog --plain-http\n"
 	cmd := exec.Command("bash", "-euo", "pipefail", "-c", script)
 	cmd.Dir = work
 	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(bin)+":"+os.Getenv("PATH"), "MODELPACK_HOME="+filepath.Join(work, "home"),
@@ -53,7 +55,7 @@ func TestReadmeTourRunsAsWritten(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the README tour failed: %v\n%s", err, out)
 	}
-	for _, want := range []string{"packed llama3:8b", "Pushed localhost" + port + "/models/llama3:8b", "Signed ", "\n8b\n", "Verified localhost" + port + "/models/llama3@sha256:"} {
+	for _, want := range []string{"packed llama3:8b", "Pushed localhost" + port + "/models/llama3:8b", "Signed ", "\n8b\n", "Verified localhost" + port + "/models/llama3@sha256:", "Verified localhost" + port + "/prod/llama3@sha256:"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("the tour's output lacks %q:\n%s", want, out)
 		}
