@@ -336,8 +336,10 @@ func (f *fetcher) rawFile(ctx context.Context, l artifact.Layer) (_ []string, er
 		err = cerr
 	}
 	if err != nil {
-		// What arrived before an interruption is kept for the next run; bytes that failed their digest are not.
-		keep = !errors.Is(err, ErrDigestMismatch) && !errors.Is(err, ErrSizeMismatch)
+		// What arrived before an interruption is kept for the next run; bytes that failed their digest are not,
+		// nor is a partial that holds nothing (a disk too full to reserve the file).
+		fi, serr := os.Stat(name)
+		keep = serr == nil && fi.Size() > 0 && !errors.Is(err, ErrDigestMismatch) && !errors.Is(err, ErrSizeMismatch)
 		return nil, err
 	}
 	mode, mtime := fileMeta(l.Annotations)
