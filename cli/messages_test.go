@@ -68,6 +68,15 @@ func TestMessagesSayWhatToDo(t *testing.T) {
 			t.Errorf("%v: exit %d, want %q in %q", c.args, code, c.want, stderr)
 		}
 	}
+	// --plain-http against a TLS registry: it answers 400 Bad Request, which says nothing by itself.
+	_, cert, key := testenv.WriteCA(t)
+	tlsReg := testenv.StartRegistry(t, testenv.RegistryOptions{CertFile: cert, KeyFile: key})
+	for _, args := range [][]string{{"pull", tlsReg.Host + "/org/m:v1", "--plain-http"}, {"tags", tlsReg.Host + "/org/m", "--plain-http"}} {
+		code, _, stderr := run(args...)
+		if code != 1 || !strings.Contains(stderr, "the registry speaks HTTPS, not plain HTTP: drop --plain-http") || strings.Contains(stderr, "Error:  ") {
+			t.Errorf("%v: exit %d %q", args, code, stderr)
+		}
+	}
 	cfg := filepath.Join(t.TempDir(), "config.json")
 	if code, out, stderr := run("logout", "registry.example:5000", "--registry-config", cfg); code != 0 || !strings.Contains(out, "Not logged in to registry.example:5000") {
 		t.Errorf("logout with no credentials: exit %d %q %q", code, out, stderr)

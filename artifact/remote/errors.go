@@ -70,6 +70,9 @@ func kindOf(err error) error {
 	}
 	var resp *errcode.ErrorResponse
 	if errors.As(err, &resp) {
+		if httpToHTTPS(resp) {
+			return ErrTLS
+		}
 		switch resp.StatusCode {
 		case http.StatusUnauthorized:
 			return ErrUnauthorized
@@ -132,8 +135,10 @@ type Error struct {
 
 func (e *Error) Error() string {
 	var b strings.Builder
-	b.WriteString(e.Op)
-	b.WriteString(" ")
+	if e.Op != "" {
+		b.WriteString(e.Op)
+		b.WriteString(" ")
+	}
 	b.WriteString(e.Registry)
 	if e.Repository != "" {
 		b.WriteString("/")
@@ -181,6 +186,8 @@ func (e *Error) describe() string {
 		return "disk full: " + cause
 	case e.Kind == ErrNotOCI:
 		return "the server does not speak the OCI distribution API: " + cause
+	case e.Kind == ErrTLS && isHTTPToHTTPS(e.Err):
+		return "the registry speaks HTTPS, not plain HTTP: drop --plain-http (or the host from --plain-http-registries); it answered 400 Bad Request"
 	case e.Kind == ErrTLS && strings.Contains(cause, "HTTP response to HTTPS client"):
 		return "the registry serves plain HTTP (" + e.Hints.orCLI().PlainHTTP + "): " + cause
 	case e.Kind == ErrTLS:
@@ -192,6 +199,17 @@ func (e *Error) describe() string {
 		return "registry unavailable: " + cause
 	}
 	return cause
+}
+
+// httpToHTTPS recognises a TLS server's answer to a plain-HTTP request: Go's (the distribution registry's) says
+// 400 Bad Request with no distribution error body.
+func httpToHTTPS(resp *errcode.ErrorResponse) bool {
+	return resp.StatusCode == http.StatusBadRequest && len(resp.Errors) == 0 && resp.URL != nil && resp.URL.Scheme == "http"
+}
+
+func isHTTPToHTTPS(err error) bool {
+	var resp *errcode.ErrorResponse
+	return errors.As(err, &resp) && httpToHTTPS(resp)
 }
 
 // Unreachable reports whether err is a failure to reach the registry at all (connection refused, unknown host, no
