@@ -15,6 +15,12 @@ COSIGN_VERSION     := v2.6.5
 KUSTOMIZE_VERSION  := v5.7.1
 HELM_VERSION       := v3.22.0
 
+# modelpack's own version: the image tag deploy/ pins (Chart.yaml appVersion, deploy/base newTag) — a test checks
+# they agree. The commit is stamped too: Go's build info lacks it where go cannot read the checkout (GOFLAGS
+# -buildvcs=false, git worktrees on some setups).
+VERSION := v0.1.0
+REVISION := $(shell git rev-parse HEAD 2>/dev/null)$(shell git diff --quiet HEAD 2>/dev/null || echo -dirty)
+
 TOOL_BINS := $(TOOLS)/registry $(TOOLS)/csi-sanity $(TOOLS)/oras $(TOOLS)/crane $(TOOLS)/cosign $(TOOLS)/kustomize $(TOOLS)/helm
 
 # The official Hugging Face Hub JS client (@huggingface/hub, version and dependencies pinned by the lockfile), which
@@ -27,7 +33,7 @@ HUB_JS := $(BIN)/npm/node_modules/@huggingface/hub/package.json
 all: build
 
 build:
-	$(GO) build -trimpath -o $(BIN)/modelpack ./cli/modelpack
+	$(GO) build -trimpath -ldflags "-X github.com/modelpack/modelpack/cli.Version=$(VERSION) -X github.com/modelpack/modelpack/cli.Revision=$(REVISION)" -o $(BIN)/modelpack ./cli/modelpack
 
 tools: $(TOOL_BINS) $(HUB_JS)
 
@@ -92,7 +98,7 @@ fuzz:
 	  done; \
 	done
 
-demo: tools build
+demo: $(TOOLS)/registry build
 	bash e2e/demo.sh
 
 bench: tools build

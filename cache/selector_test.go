@@ -16,7 +16,7 @@ func TestSelectorMatch(t *testing.T) {
 	}{
 		{nil, "anything/at/all", true},
 		{[]string{"*.safetensors"}, "model-00001.safetensors", true},
-		{[]string{"*.safetensors"}, "sub/model.safetensors", false},
+		{[]string{"*.safetensors"}, "sub/model.safetensors", true}, // no "/": any depth, as the CLI's --include
 		{[]string{"**/*.safetensors"}, "sub/deep/model.safetensors", true},
 		{[]string{"**/*.safetensors"}, "model.safetensors", true},
 		{[]string{"tokenizer/**"}, "tokenizer/vocab.json", true},

@@ -28,9 +28,9 @@ type Selector struct {
 	// Kinds keeps only layers of these kinds (weight, weight.config, doc, code, dataset). Container-image layers
 	// have no kind and are kept only when Kinds is empty.
 	Kinds []artifact.Kind `json:"kinds,omitempty"`
-	// Include keeps only files whose model-relative path matches one of these globs. A glob matches the whole
-	// path with path.Match syntax per component, and "**" matches any number of components ("**/*.json",
-	// "tokenizer/**"). A glob that matches a directory keeps everything under it.
+	// Include keeps only files whose model-relative path matches one of these globs (artifact.MatchInclude):
+	// path.Match syntax per component, "**" matches any number of components ("**/*.json", "tokenizer/**"), a
+	// glob without "/" matches a name at any depth, and a glob that matches a directory keeps everything under it.
 	Include []string `json:"include,omitempty"`
 }
 
@@ -45,13 +45,8 @@ func (s Selector) Validate() error {
 		}
 	}
 	for _, g := range s.Include {
-		if g == "" || strings.HasPrefix(g, "/") {
-			return fmt.Errorf("include glob %q must be a non-empty relative path", g)
-		}
-		for _, part := range strings.Split(g, "/") {
-			if _, err := path.Match(part, ""); err != nil {
-				return fmt.Errorf("include glob %q: %w", g, err)
-			}
+		if err := artifact.ValidateGlob(g); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -85,7 +80,9 @@ func viewKey(m digest.Digest, s Selector) string {
 	for _, k := range s.Kinds {
 		kinds = append(kinds, string(k))
 	}
-	h := sha256.Sum256([]byte(strings.Join(kinds, ",") + "\x00" + strings.Join(s.Include, "\x00")))
+	// "include2": globs without "/" match at any depth since the CLI and volumes share one rule; views built under
+	// the old rule get other names and age out instead of being served for the new one.
+	h := sha256.Sum256([]byte("include2\x00" + strings.Join(kinds, ",") + "\x00" + strings.Join(s.Include, "\x00")))
 	return m.Encoded() + "-" + hex.EncodeToString(h[:8])
 }
 
@@ -93,43 +90,10 @@ func (s Selector) layer(l artifact.Layer) bool {
 	return len(s.Kinds) == 0 || slices.Contains(s.Kinds, l.Kind)
 }
 
-// file reports whether p is kept: it, or one of its parent directories, matches a glob.
+// file reports whether p is kept: it, or one of its parent directories, matches a glob (artifact.MatchInclude, the
+// rule the CLI's --include follows too).
 func (s Selector) file(p string) bool {
-	if len(s.Include) == 0 {
-		return true
-	}
-	parts := strings.Split(p, "/")
-	for _, g := range s.Include {
-		gp := strings.Split(g, "/")
-		for n := 1; n <= len(parts); n++ {
-			if matchGlob(gp, parts[:n]) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// matchGlob matches path components against glob components, "**" spanning any number of them.
-func matchGlob(g, p []string) bool {
-	for len(g) > 0 {
-		if g[0] == "**" {
-			for i := 0; i <= len(p); i++ {
-				if matchGlob(g[1:], p[i:]) {
-					return true
-				}
-			}
-			return false
-		}
-		if len(p) == 0 {
-			return false
-		}
-		if ok, _ := path.Match(g[0], p[0]); !ok {
-			return false
-		}
-		g, p = g[1:], p[1:]
-	}
-	return len(p) == 0
+	return len(s.Include) == 0 || artifact.MatchInclude(s.Include, p)
 }
 
 // Acquire returns the read-only view of manifest (a manifest or index digest in the cache) narrowed by sel, building

@@ -53,7 +53,7 @@ does (a TLS registry with its own CA on one side, a plain-HTTP one on the other)
 		rf.register(cmd.Flags())
 		from.register(cmd.Flags(), "from", "source")
 		to.register(cmd.Flags(), "to", "destination")
-		cmd.Flags().BoolVarP(&referrers, "referrers", "r", false, "also copy the artifacts referring to it (signatures, SBOMs)")
+		cmd.Flags().BoolVarP(&referrers, "referrers", "r", false, "also copy the artifacts referring to it (signatures, SBOMs) and cosign's sha256-<hex>.sig/.att/.sbom tags, as cosign copy does")
 		return cmd
 	})
 }

@@ -3,6 +3,7 @@ package cli
 import (
 	"strings"
 
+	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/artifact/pack"
 	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/spf13/cobra"
@@ -25,7 +26,8 @@ corrupt or interrupted download never leaves a partial file under a final name. 
 HTTP Range. --filter and --include select layers as for unpack.
 
 Files that already exist in DIR are refused before anything is written, unless --force; files already there
-byte for byte are skipped, so a fetch interrupted (Ctrl-C) completes when run again. A container image is refused
+byte for byte are skipped, and a file interrupted part way (Ctrl-C) is kept aside in DIR/.modelpack-partial, so a
+fetch run again asks the registry only for the bytes it lacks (HTTP Range). A container image is refused
 unless --image-rootfs. Files get the modification time the artifact records.`,
 			Example: `  modelpack fetch registry.local:5000/org/llama3:8b ./llama3
   modelpack fetch registry.local:5000/org/llama3:8b ./cfg --filter config,docs
@@ -62,7 +64,21 @@ unless --image-rootfs. Files get the modification time the artifact records.`,
 					return err
 				}
 				ui := newTransferUI(cmd, g, "fetched")
-				res, err := remote.Fetch(cmd.Context(), src, args[1], remote.FetchOptions{Reporter: ui.reporter(), Select: wf.skipIdentical(args[1], sel.Select), Sync: sync, Check: wf.check(args[0], args[1])})
+				// The layers the kind filter keeps, to say which --include globs keep none of them.
+				var kinds []artifact.Layer
+				byKind := pack.UnpackOptions{Kinds: sel.Kinds}
+				selectFn := func(l artifact.Layer) bool {
+					if byKind.Select(l) {
+						kinds = append(kinds, l)
+					}
+					return sel.Select(l)
+				}
+				check := wf.check(args[0], args[1])
+				res, err := remote.Fetch(cmd.Context(), src, args[1], remote.FetchOptions{Reporter: ui.reporter(), Select: wf.skipIdentical(args[1], selectFn), Sync: sync,
+					Check: func(ls []artifact.Layer) error {
+						warnUnmatched(newWarnings(cmd, g), args[0], include, kinds)
+						return check(ls)
+					}})
 				ui.stop()
 				if err != nil {
 					return err
@@ -73,7 +89,7 @@ unless --image-rootfs. Files get the modification time the artifact records.`,
 		}
 		rf.register(cmd.Flags())
 		cmd.Flags().StringArrayVar(&filters, "filter", nil, "only layers of these kinds: weights, config, docs, code, dataset (repeatable or comma-separated)")
-		cmd.Flags().StringArrayVar(&include, "include", nil, "only layers whose path (or a parent directory) matches this glob (repeatable)")
+		cmd.Flags().StringArrayVar(&include, "include", nil, "only layers whose path (or a parent directory) matches this glob: ** spans directories, a glob without / matches at any depth (repeatable)")
 		cmd.Flags().BoolVar(&sync, "sync", false, "flush each file to disk before renaming it into place (survives power loss, runs at disk speed)")
 		wf.register(cmd)
 		_ = cmd.RegisterFlagCompletionFunc("filter", cobra.FixedCompletions([]string{"weights", "config", "docs", "code", "dataset"}, cobra.ShellCompDirectiveNoFileComp))

@@ -243,3 +243,23 @@ func backquoted(s string) []string {
 	}
 	return out
 }
+
+// Item: under -o json, errors cobra gives before the command runs (an unknown command, an unknown flag, a missing
+// argument) are one JSON document on stderr too, wherever -o json stands, through the binary.
+func TestJSONForFlagAndCommandErrors(t *testing.T) {
+	run := binaryRunner(t)
+	for _, args := range [][]string{
+		{"frobnicate", "-o", "json"},
+		{"-o", "json", "frobnicate"},
+		{"push", "--bogus", "-o", "json"},
+		{"push", "--output=json", "--bogus"},
+		{"-ojson", "tags"},
+		{"pack", "-o", "json"},
+	} {
+		code, stdout, stderr := run(args...)
+		var doc struct{ Error struct{ Message string } }
+		if err := json.Unmarshal([]byte(stderr), &doc); code != 1 || err != nil || doc.Error.Message == "" || stdout != "" {
+			t.Errorf("%v: exit %d, stdout %q, stderr not one JSON error document (%v):\n%s", args, code, stdout, err, stderr)
+		}
+	}
+}

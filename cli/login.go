@@ -100,14 +100,19 @@ with docker login. The password is read from --password-stdin, --password, or a 
   modelpack logout --registry-config ./config.json 127.0.0.1:5000`,
 			Args: cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				if err := remote.Logout(cmd.Context(), args[0], rf.options()); err != nil {
+				removed, err := remote.Logout(cmd.Context(), args[0], rf.options())
+				if err != nil {
 					return err
 				}
+				status, msg := "logged out", "Removed credentials for "+args[0]
+				if !removed {
+					status, msg = "not logged in", "Not logged in to "+args[0]+": no credentials to remove"
+				}
 				if g.IsJSON() {
-					return PrintJSON(cmd.OutOrStdout(), map[string]string{"registry": args[0], "status": "logged out"})
+					return PrintJSON(cmd.OutOrStdout(), map[string]string{"registry": args[0], "status": status})
 				}
 				if !g.Quiet {
-					fmt.Fprintf(cmd.OutOrStdout(), "Removed credentials for %s\n", args[0])
+					fmt.Fprintln(cmd.OutOrStdout(), msg)
 				}
 				return nil
 			},

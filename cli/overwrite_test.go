@@ -76,3 +76,44 @@ func TestUnpackAndFetchRefuseToOverwrite(t *testing.T) {
 		})
 	}
 }
+
+// Item: unpack and fetch follow one rule, run through the binary: run again, they skip the files already there
+// byte for byte and succeed; a file that differs is refused (named, --force offered) and left as it was.
+func TestRerunSkipsIdenticalFiles(t *testing.T) {
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	docker := t.TempDir()
+	run := binaryRunner(t, "DOCKER_CONFIG="+docker)
+	model := smallModel(t)
+	home := t.TempDir()
+	ref := reg.Host + "/org/rerun:v1"
+	for _, args := range [][]string{
+		{"--home", home, "pack", model, "-t", ref, "--push", "--plain-http", "-q"},
+		{"--home", home, "pack", model, "-t", "local/rerun:v1", "-q"},
+	} {
+		if code, _, stderr := run(args...); code != 0 {
+			t.Fatalf("%v: %s", args, stderr)
+		}
+	}
+	for name, args := range map[string]func(dir string) []string{
+		"unpack": func(dir string) []string { return []string{"--home", home, "unpack", "local/rerun:v1", dir} },
+		"fetch":  func(dir string) []string { return []string{"fetch", "--plain-http", ref, dir} },
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "out")
+			for i := range 2 {
+				if code, _, stderr := run(args(dir)...); code != 0 {
+					t.Fatalf("%s run %d into %s: exit %d: %s", name, i+1, dir, code, stderr)
+				}
+			}
+			cfg := filepath.Join(dir, "config.json")
+			os.WriteFile(cfg, []byte("edited"), 0o644)
+			code, _, stderr := run(args(dir)...)
+			if code == 0 || !strings.Contains(stderr, "config.json") || !strings.Contains(stderr, "--force") || strings.Contains(stderr, "README.md") {
+				t.Fatalf("%s over one edited file: exit %d: %s", name, code, stderr)
+			}
+			if b, _ := os.ReadFile(cfg); string(b) != "edited" {
+				t.Fatal("the refused command replaced config.json")
+			}
+		})
+	}
+}

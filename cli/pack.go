@@ -3,7 +3,9 @@ package cli
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/url"
+	"sync"
 	"time"
 
 	humanize "github.com/dustin/go-humanize"
@@ -152,6 +154,9 @@ func runPack(cmd *cobra.Command, g *Globals, f *packFlags, dir string, pushSink 
 		}
 		defer store.Close()
 		sink = store.Sink()
+		if g.ShowLines() && !g.ShowProgress() {
+			sink = &packedLines{Sink: store.Sink(), w: cmd.ErrOrStderr()}
+		}
 	}
 	desc, err := pack.Pack(ctx, dir, opts, sink)
 	bar.finish()
@@ -273,3 +278,25 @@ func printPacked(cmd *cobra.Command, g *Globals, ref, where string, desc ocispec
 
 // humanBytes writes a size in binary units (1.5 GiB).
 func humanBytes(n int64) string { return humanize.IBytes(uint64(max(n, 0))) }
+
+// packedLines prints a line per blob stored ("packed  FILE  SIZE") when stderr is no terminal, where the bar is
+// not drawn: a piped pack (CI) shows what it did, as push and pull do.
+type packedLines struct {
+	*layout.Sink
+	w  io.Writer
+	mu sync.Mutex
+}
+
+func (s *packedLines) AddBlob(ctx context.Context, desc ocispec.Descriptor, open func() (io.ReadCloser, error)) (ocispec.Descriptor, error) {
+	d, err := s.Sink.AddBlob(ctx, desc, open)
+	if err == nil {
+		named := d
+		if named.Annotations == nil {
+			named.Annotations = desc.Annotations
+		}
+		s.mu.Lock()
+		fmt.Fprintf(s.w, "%-8s %s  %s\n", "packed", blobLabel(named), humanBytes(d.Size))
+		s.mu.Unlock()
+	}
+	return d, err
+}

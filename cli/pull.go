@@ -43,7 +43,7 @@ Mirrors configured in --hosts-dir are tried before the registry itself.`,
 				}
 				defer store.Close()
 				ui := newTransferUI(cmd, g, "pulled")
-				res, err := remote.Pull(cmd.Context(), src, store, local, remote.TransferOptions{Reporter: ui.reporter(), Referrers: referrers})
+				res, err := remote.Pull(cmd.Context(), src, store, local, remote.TransferOptions{Reporter: ui.reporter(), Referrers: referrers, Sources: store})
 				ui.stop()
 				if err != nil {
 					return err

@@ -23,8 +23,10 @@ func init() {
 			Long: `Push an artifact from the local store to a registry.
 
 REF is registry/repository[:tag]; the artifact stored under REF (or under --from) is sent. Blobs the registry
-already has are skipped after a HEAD request, so pushing the same model twice sends no layer bytes. Layers move
-concurrently and each is retried with backoff on its own.`,
+already has are skipped after a HEAD request, so pushing the same model twice sends no layer bytes. A blob this
+store pushed to or pulled from another repository of the same registry is mounted from there (the distribution
+API's cross-repository mount), so it is not sent again either. Layers move concurrently and each is retried with
+backoff on its own.`,
 			Example: `  modelpack pack ./model -t registry.local:5000/org/model:v1 && modelpack push registry.local:5000/org/model:v1
   modelpack push registry.local:5000/org/model:v1 --from llama3:8b`,
 			Args: cobra.ExactArgs(1),
@@ -51,7 +53,7 @@ concurrently and each is retried with backoff on its own.`,
 					return err
 				}
 				ui := newTransferUI(cmd, g, "pushed")
-				res, err := remote.Push(cmd.Context(), store, local, dst, remote.TransferOptions{Reporter: ui.reporter(), Referrers: referrers})
+				res, err := remote.Push(cmd.Context(), store, local, dst, remote.TransferOptions{Reporter: ui.reporter(), Referrers: referrers, Sources: store})
 				ui.stop()
 				if err != nil {
 					return err

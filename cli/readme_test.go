@@ -57,6 +57,8 @@ func TestReadmeTourRunsAsWritten(t *testing.T) {
 		files[e.Name()], _ = os.ReadFile(filepath.Join(hubModel, e.Name()))
 	}
 	hub := hubserver.Start(t, hubserver.Repo{Name: "Qwen/Qwen2.5-0.5B-Instruct", Files: files, CardData: map[string]any{"license": "apache-2.0"}})
+	// The promoted copy keeps its signature (the tour's copy -r line): verify it as the driver would.
+	script += "\nmodelpack verify localhost" + port + "/prod/llama3:8b --key cosign.pub --insecure-ignore-tlog --plain-http\n"
 	cmd := exec.Command("bash", "-euo", "pipefail", "-c", script)
 	cmd.Dir = work
 	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(bin)+":"+os.Getenv("PATH"), "MODELPACK_HOME="+filepath.Join(work, "home"),
@@ -65,7 +67,7 @@ func TestReadmeTourRunsAsWritten(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the README tour failed: %v\n%s", err, out)
 	}
-	for _, want := range []string{"packed llama3:8b", "packed qwen2.5:0.5b", "Pushed localhost" + port + "/models/qwen2.5:0.5b", "Pushed localhost" + port + "/models/llama3:8b", "Signed ", "\n8b\n", "Verified localhost" + port + "/models/llama3@sha256:"} {
+	for _, want := range []string{"packed llama3:8b", "packed qwen2.5:0.5b", "Pushed localhost" + port + "/models/qwen2.5:0.5b", "Pushed localhost" + port + "/models/llama3:8b", "Signed ", "\n8b\n", "Verified localhost" + port + "/models/llama3@sha256:", "Verified localhost" + port + "/prod/llama3@sha256:"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("the tour's output lacks %q:\n%s", want, out)
 		}

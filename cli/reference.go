@@ -17,9 +17,36 @@ func namesRegistry(s string) bool {
 	return ok && rest != "" && (strings.ContainsAny(host, ".:") || host == "localhost")
 }
 
+// checkSyntax says what to write instead of a reference the distribution grammar refuses in ways users make: a URL
+// scheme, upper case in the repository.
+func checkSyntax(s string) error {
+	for _, scheme := range []string{"http://", "https://", "oci://"} {
+		if rest, ok := strings.CutPrefix(strings.ToLower(s), scheme); ok {
+			hint := ""
+			if scheme == "http://" {
+				hint = " and add --plain-http for a plain-HTTP registry"
+			}
+			return fmt.Errorf("%q: a reference has no scheme: write %s%s", s, s[len(scheme):len(scheme)+len(rest)], hint)
+		}
+	}
+	if host, rest, ok := strings.Cut(s, "/"); ok {
+		repo := rest
+		if i := strings.IndexAny(rest, ":@"); i >= 0 {
+			repo = rest[:i]
+		}
+		if repo != strings.ToLower(repo) {
+			return fmt.Errorf("%q: repository names are lowercase: write %s/%s%s", s, host, strings.ToLower(repo), rest[len(repo):])
+		}
+	}
+	return nil
+}
+
 // registryRef checks a reference a command reads from a registry: it must name the registry and a tag or digest.
 // No tag is not quietly "latest": an artifact repository seldom has one, and the failure would name neither.
 func registryRef(s string) (registry.Reference, error) {
+	if err := checkSyntax(s); err != nil {
+		return registry.Reference{}, err
+	}
 	if !namesRegistry(s) {
 		return registry.Reference{}, fmt.Errorf("%q names no registry: a bare name is a local-store name; write REGISTRY/REPOSITORY:TAG (docker.io/library/… for Docker Hub)", s)
 	}
@@ -35,6 +62,9 @@ func registryRef(s string) (registry.Reference, error) {
 
 // registryRepo checks a repository reference for commands that take one without a tag (tags, push's target).
 func registryRepo(s string) (registry.Reference, error) {
+	if err := checkSyntax(s); err != nil {
+		return registry.Reference{}, err
+	}
 	if !namesRegistry(s) {
 		return registry.Reference{}, fmt.Errorf("%q names no registry: a bare name is a local-store name; write REGISTRY/REPOSITORY", s)
 	}

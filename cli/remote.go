@@ -17,6 +17,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"golang.org/x/term"
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/registry/remote/auth"
 )
@@ -303,6 +304,9 @@ func (r *lineReporter) Finish(d ocispec.Descriptor, status remote.Status, err er
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.active, d.Digest.String())
+	if status == remote.StatusFailed && remote.Unreachable(err) {
+		return // no blob failed: the registry is not there, which the command's error says once
+	}
 	line := fmt.Sprintf("%-8s %s  %s", verbFor(r.verb, status), blobLabel(d), humanBytes(d.Size))
 	if start, ok := r.started[d.Digest.String()]; ok && status == remote.StatusTransferred {
 		secs := time.Since(start).Seconds()
@@ -357,6 +361,29 @@ type barRenderer struct {
 	quit   chan struct{}
 	wg     sync.WaitGroup
 	drawn  int
+	cols   int // the terminal's width; 0 when it does not say
+}
+
+// termWidth is stderr's terminal width in columns, 0 when unknown (a pty without a size).
+func termWidth() int {
+	w, _, err := term.GetSize(int(os.Stderr.Fd()))
+	if err != nil || w <= 0 {
+		return 0
+	}
+	return w
+}
+
+// fit cuts a line to the terminal's width: a line longer than it wraps, and the block redrawn in place then
+// climbs over what it drew before, stacking fragments.
+func fit(line string, cols int) string {
+	if cols <= 1 {
+		return line
+	}
+	r := []rune(line)
+	if len(r) < cols {
+		return line
+	}
+	return string(r[:cols-1])
 }
 
 type barState struct {
@@ -368,7 +395,7 @@ type barState struct {
 }
 
 func newBarRenderer(w io.Writer, verb string) *barRenderer {
-	b := &barRenderer{w: w, verb: verb, quit: make(chan struct{})}
+	b := &barRenderer{w: w, verb: verb, quit: make(chan struct{}), cols: termWidth()}
 	b.wg.Add(1)
 	go b.loop()
 	return b
@@ -456,7 +483,7 @@ func (b *barRenderer) draw() {
 			)
 		}
 		if s.over {
-			fmt.Fprintf(&out, "\x1b[2K%-8s %s  %s\n", verbFor(b.verb, s.status), blobLabel(s.desc), humanBytes(s.desc.Size))
+			fmt.Fprintf(&out, "\x1b[2K%s\n", fit(fmt.Sprintf("%-8s %s  %s", verbFor(b.verb, s.status), blobLabel(s.desc), humanBytes(s.desc.Size)), b.cols))
 			finished++
 			continue
 		}
@@ -466,7 +493,7 @@ func (b *barRenderer) draw() {
 	}
 	b.active = keep
 	for _, l := range lines {
-		fmt.Fprintf(&out, "\x1b[2K%s\n", strings.TrimLeft(l, "\r"))
+		fmt.Fprintf(&out, "\x1b[2K%s\n", fit(strings.TrimLeft(l, "\r"), b.cols))
 	}
 	// The finished lines stay; clear what is left below of the previous, taller block of bars.
 	printed := finished + len(lines)

@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -21,6 +22,10 @@ import (
 
 // Version is set at build time with -ldflags "-X github.com/modelpack/modelpack/cli.Version=…".
 var Version = "dev"
+
+// Revision is the commit the binary was built from, set by make build (-X …cli.Revision=…, "-dirty" appended for
+// uncommitted changes); Go's build info gives it otherwise.
+var Revision = ""
 
 // Each command file registers its constructor in init, so command files stay independent of each other.
 var commands []func(*Globals) *cobra.Command
@@ -80,6 +85,24 @@ func Main() int {
 	return Run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 }
 
+// wantsJSON reports whether args ask for -o json, for the errors cobra returns before it has parsed that flag (an
+// unknown command, or a bad flag before it): they are JSON documents too. A "--" ends the flags.
+func wantsJSON(args []string) bool {
+	for i, a := range args {
+		switch {
+		case a == "--":
+			return false
+		case a == "-o" || a == "--output":
+			if i+1 < len(args) && args[i+1] == "json" {
+				return true
+			}
+		case a == "-ojson" || a == "-o=json" || a == "--output=json":
+			return true
+		}
+	}
+	return false
+}
+
 // Run executes the command line args and returns the exit code: 0, 1 for an error, 130 when ctx was cancelled
 // (SIGINT or SIGTERM). Under -o json an error is printed as {"error": {"message": …, "warnings": […]}} on stderr,
 // with the warnings the command gave before it failed.
@@ -98,7 +121,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		// Transfers keep what they verified (partial blobs resume with HTTP Range), so the next run continues.
 		code, msg = 130, "interrupted; run again to resume"
 	}
-	if f := root.PersistentFlags().Lookup("output"); f != nil && f.Value.String() == "json" {
+	if f := root.PersistentFlags().Lookup("output"); (f != nil && f.Value.String() == "json") || wantsJSON(args) {
 		_ = PrintJSON(stderr, errorJSON{Error: errorBody{Message: msg, Warnings: g.warned.all()}})
 		return code
 	}
@@ -166,14 +189,38 @@ func init() {
 			Args:    cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				v := struct {
-					Version string `json:"version"`
-					Go      string `json:"go"`
-				}{Version: Version}
+					Version  string `json:"version"`
+					Revision string `json:"revision,omitempty"`
+					Time     string `json:"revisionTime,omitempty"`
+					Modified bool   `json:"modified,omitempty"`
+					Go       string `json:"go"`
+				}{Version: Version, Revision: strings.TrimSuffix(Revision, "-dirty"), Modified: strings.HasSuffix(Revision, "-dirty")}
 				if bi, ok := debug.ReadBuildInfo(); ok {
 					v.Go = bi.GoVersion
+					// Go stamps the commit a binary was built from (go build in a git checkout).
+					for _, s := range bi.Settings {
+						switch s.Key {
+						case "vcs.revision":
+							if v.Revision == "" {
+								v.Revision = s.Value
+							}
+						case "vcs.time":
+							v.Time = s.Value
+						case "vcs.modified":
+							v.Modified = v.Modified || s.Value == "true"
+						}
+					}
 				}
 				if g.IsJSON() {
 					return PrintJSON(cmd.OutOrStdout(), v)
+				}
+				if v.Revision != "" {
+					rev := v.Revision[:min(12, len(v.Revision))]
+					if v.Modified {
+						rev += "-dirty"
+					}
+					_, err := fmt.Fprintf(cmd.OutOrStdout(), "modelpack %s (commit %s, %s)\n", v.Version, rev, v.Go)
+					return err
 				}
 				_, err := fmt.Fprintf(cmd.OutOrStdout(), "modelpack %s (%s)\n", v.Version, v.Go)
 				return err

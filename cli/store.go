@@ -333,13 +333,19 @@ records (the epoch for a reproducible pack), as fetch gives them.`,
 			if info.Manifest == nil {
 				return fmt.Errorf("%s is a %s, not a manifest", args[0], info.Descriptor.MediaType)
 			}
-			var selected []artifact.Layer
+			var selected, kinds []artifact.Layer
+			byKind := pack.UnpackOptions{Kinds: opts.Kinds}
 			for _, l := range info.Layers {
 				if opts.Select(l) {
 					selected = append(selected, l)
 				}
+				if byKind.Select(l) {
+					kinds = append(kinds, l)
+				}
 			}
-			if err := wf.check(args[0], args[1])(selected); err != nil {
+			warnUnmatched(newWarnings(cmd, g), args[0], include, kinds)
+			// Existing paths are checked by pack.Unpack, which skips the files already there byte for byte first.
+			if err := wf.checkImage(args[0], args[1], selected); err != nil {
 				return err
 			}
 			var bar *progressBar
@@ -362,7 +368,7 @@ records (the epoch for a reproducible pack), as fetch gives them.`,
 		},
 	}
 	cmd.Flags().StringArrayVar(&filters, "filter", nil, "only layers of these kinds: weights, config, docs, code, dataset (repeatable or comma-separated)")
-	cmd.Flags().StringArrayVar(&include, "include", nil, "only layers whose path (or a parent directory) matches this glob (repeatable)")
+	cmd.Flags().StringArrayVar(&include, "include", nil, "only layers whose path (or a parent directory) matches this glob: ** spans directories, a glob without / matches at any depth (repeatable)")
 	_ = cmd.RegisterFlagCompletionFunc("filter", cobra.FixedCompletions([]string{"weights", "config", "docs", "code", "dataset"}, cobra.ShellCompDirectiveNoFileComp))
 	wf.register(cmd)
 	return cmd
@@ -538,6 +544,11 @@ func (p *progressBar) Start(total int64) {
 
 // newBytesBar is progressbar.DefaultBytes in binary units (MiB, GiB), as every other size modelpack prints.
 func newBytesBar(w io.Writer, total int64, desc string) *progressbar.ProgressBar {
+	// Full width only where the terminal says how wide it is: a pty without a size would get an empty "||".
+	width := progressbar.OptionFullWidth()
+	if termWidth() < 40 {
+		width = progressbar.OptionSetWidth(20)
+	}
 	return progressbar.NewOptions64(total,
 		progressbar.OptionSetDescription(desc),
 		progressbar.OptionSetWriter(w),
@@ -549,7 +560,7 @@ func newBytesBar(w io.Writer, total int64, desc string) *progressbar.ProgressBar
 		progressbar.OptionShowCount(),
 		progressbar.OptionOnCompletion(func() { fmt.Fprint(w, "\n") }),
 		progressbar.OptionSpinnerType(14),
-		progressbar.OptionFullWidth(),
+		width,
 		progressbar.OptionSetRenderBlankState(true),
 	)
 }

@@ -26,21 +26,42 @@ func (w *writeFlags) register(cmd *cobra.Command) {
 // without --force.
 func (w *writeFlags) check(ref, dir string) func([]artifact.Layer) error {
 	return func(layers []artifact.Layer) error {
-		n := 0
-		for _, l := range layers {
-			if l.Image {
-				n++
-			}
-		}
-		if n > 0 && !w.imageRootfs {
-			return fmt.Errorf("%s is a container image (%d filesystem layers), not a model: nothing was written; pass --image-rootfs to write its root filesystem into %s", ref, n, dir)
+		if err := w.checkImage(ref, dir, layers); err != nil {
+			return err
 		}
 		return pack.CheckTargets(dir, layers, w.force)
 	}
 }
 
+// checkImage refuses a container image without --image-rootfs.
+func (w *writeFlags) checkImage(ref, dir string, layers []artifact.Layer) error {
+	n := 0
+	for _, l := range layers {
+		if l.Image {
+			n++
+		}
+	}
+	if n > 0 && !w.imageRootfs {
+		return fmt.Errorf("%s is a container image (%d filesystem layers), not a model: nothing was written; pass --image-rootfs to write its root filesystem into %s", ref, n, dir)
+	}
+	return nil
+}
+
+// warnUnmatched says which --include globs keep no file of the layers the kind filter left: a typo otherwise ends
+// in an empty directory and exit 0.
+func warnUnmatched(ws *warnings, ref string, include []string, candidates []artifact.Layer) {
+	paths := make([]string, len(candidates))
+	for i, l := range candidates {
+		paths[i] = l.Path
+	}
+	for _, g := range artifact.UnmatchedGlobs(include, paths) {
+		ws.add(fmt.Sprintf("--include %q matches no file of %s", g, ref))
+	}
+}
+
 // skipIdentical wraps a layer selection so that files DIR already holds byte for byte are not written again: a
-// fetch run again after an interruption writes what is missing instead of refusing what it wrote before.
+// fetch run again after an interruption writes what is missing instead of refusing what it wrote before. unpack
+// follows the same rule inside pack.Unpack (pack.Identical there too).
 func (w *writeFlags) skipIdentical(dir string, sel func(artifact.Layer) bool) func(artifact.Layer) bool {
 	return func(l artifact.Layer) bool {
 		return sel(l) && !pack.Identical(dir, l)

@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"path"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -46,15 +45,6 @@ const (
 	PullIfNotPresent PullPolicy = "IfNotPresent"
 	PullNever        PullPolicy = "Never"
 )
-
-// filterKinds maps the user-facing filter names to ModelPack layer kinds.
-var filterKinds = map[string]string{
-	"weights": "weight",
-	"config":  "weight.config",
-	"docs":    "doc",
-	"code":    "code",
-	"dataset": "dataset",
-}
 
 const validAttributes = `valid keys: reference (required; a tag or digest reference such as registry.example.com/models/llama:v1 or …@sha256:…), ` +
 	`pullPolicy (Always, IfNotPresent or Never; default Always for :latest or no tag, IfNotPresent otherwise), ` +
@@ -112,19 +102,19 @@ func ParseAttributes(ctx map[string]string) (*Attributes, error) {
 			}
 		case AttrFilter:
 			for _, f := range splitList(v) {
-				kind, ok := filterKinds[f]
-				if !ok {
-					return nil, attrErr("%s %q: unknown kind %q (valid: weights, config, docs, code, dataset)", k, v, f)
+				kind, err := artifact.ParseFilter(f)
+				if err != nil {
+					return nil, attrErr("%s %q: unknown kind %q (valid: %s)", k, v, f, strings.Join(artifact.FilterNames, ", "))
 				}
-				a.Selector.Kinds = append(a.Selector.Kinds, kind)
+				a.Selector.Kinds = append(a.Selector.Kinds, string(kind))
 			}
 			if len(a.Selector.Kinds) == 0 {
 				return nil, attrErr("%s is empty", k)
 			}
 		case AttrInclude:
 			for _, g := range splitList(v) {
-				if _, err := path.Match(g, ""); err != nil {
-					return nil, attrErr("%s glob %q: %v", k, g, err)
+				if err := artifact.ValidateGlob(g); err != nil {
+					return nil, attrErr("%s: %v", k, err)
 				}
 				a.Selector.Include = append(a.Selector.Include, g)
 			}

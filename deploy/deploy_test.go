@@ -1082,3 +1082,54 @@ func TestHelmValuesSchema(t *testing.T) {
 		}
 	}
 }
+
+// The chart works as a subchart (a parent sets global values), gives the node plugin a private registry CA and
+// any extra volume (a docker config Secret), and narrows the native-volumes binding to some namespaces; each
+// rendered by the real helm and decoded strictly.
+func TestHelmSubchartCAAndNamespaceSelector(t *testing.T) {
+	parent := t.TempDir()
+	os.MkdirAll(filepath.Join(parent, "charts"), 0o755)
+	if out, err := exec.Command("cp", "-r", "helm/modelpack", filepath.Join(parent, "charts", "modelpack")).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v %s", err, out)
+	}
+	os.WriteFile(filepath.Join(parent, "Chart.yaml"), []byte("apiVersion: v2\nname: platform\nversion: 1.0.0\ndependencies:\n- name: modelpack\n  version: \">=0.0.0\"\n"), 0o644)
+	os.WriteFile(filepath.Join(parent, "values.yaml"), []byte("global:\n  imageRegistry: registry.example.com\nmodelpack:\n  prepull:\n    enabled: false\n"), 0o644)
+	objs := decode(t, "parent chart", run(t, testenv.Tool(t, "helm"), "template", "platform", parent, "--namespace", "modelpack"))
+	if _, ok := index(objs)["DaemonSet/modelpack-node"]; !ok {
+		t.Fatalf("the parent chart did not render the node DaemonSet: %v", objs)
+	}
+
+	objs = helm(t, "global.imageRegistry=registry.example.com",
+		"registryCA.secretName=registry-ca", "registryCA.key=ca.pem",
+		"node.extraVolumes[0].name=docker-config", "node.extraVolumes[0].secret.secretName=registry-creds",
+		"node.extraVolumeMounts[0].name=docker-config", "node.extraVolumeMounts[0].mountPath=/etc/modelpack/docker",
+		"node.extraArgs[0]=--registry-config=/etc/modelpack/docker/config.json",
+		"nativeVolumes.enabled=true", "nativeVolumes.prefixes[0]=registry.example.com/models")
+	checkInstall(t, objs)
+	ix := index(objs)
+	ps := podSpec(ix["DaemonSet/modelpack-node"])
+	plugin := container(ps, "modelpack")
+	flags := parseFlags(plugin.Args)
+	if flags["ca-file"] != "/etc/modelpack/registry-ca/ca.pem" || mountOf(ps, plugin, "/etc/modelpack/registry-ca") != "registry-ca" {
+		t.Errorf("registryCA: args %v", plugin.Args)
+	}
+	if mountOf(ps, plugin, "/etc/modelpack/docker") != "docker-config" || flags["registry-config"] != "/etc/modelpack/docker/config.json" {
+		t.Errorf("extraVolumes/extraVolumeMounts: %v", plugin.VolumeMounts)
+	}
+	for _, v := range ps.Volumes {
+		if v.Name == "registry-ca" && (v.Secret == nil || v.Secret.SecretName != "registry-ca") {
+			t.Errorf("registry-ca volume: %+v", v)
+		}
+		if v.Name == "docker-config" && (v.Secret == nil || v.Secret.SecretName != "registry-creds") {
+			t.Errorf("docker-config volume: %+v", v)
+		}
+	}
+	// checkInstall's admission run creates its pod in an unlabelled namespace, which this selector leaves alone.
+	objs = helm(t, "nativeVolumes.enabled=true", "nativeVolumes.prefixes[0]=registry.example.com/models",
+		`nativeVolumes.namespaceSelector.matchLabels.modelpack\.csi\.dev/native-volumes=enabled`)
+	b := only[*admissionregistrationv1.MutatingAdmissionPolicyBinding](t, objs)
+	if b.Spec.MatchResources == nil || b.Spec.MatchResources.NamespaceSelector == nil ||
+		b.Spec.MatchResources.NamespaceSelector.MatchLabels["modelpack.csi.dev/native-volumes"] != "enabled" {
+		t.Errorf("binding matchResources: %+v", b.Spec.MatchResources)
+	}
+}

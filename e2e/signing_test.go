@@ -256,3 +256,35 @@ func TestSigningCosignCertificateKeyless(t *testing.T) {
 	e.must(e.cosign, "verify", "--certificate-chain", "chain.pem", "--certificate-identity", "builder@example.com",
 		"--certificate-oidc-issuer", issuer, "--insecure-ignore-tlog", "--insecure-ignore-sct", "--allow-http-registry", ref)
 }
+
+// copy -r carries cosign's tag-based signatures and attestations (sha256-<hex>.sig / .att) of the root and of every
+// manifest of an index, as cosign copy does: real cosign verifies the copy, in another repository of the same
+// registry and in another registry.
+func TestSigningCopyCarriesCosignTags(t *testing.T) {
+	e := newSigEnv(t)
+	e.must(e.mp, "key", "generate", "--output-key-prefix", "mp")
+	a, _ := e.push("src/model", "a", "weights a")
+	b, _ := e.push("src/model", "b", "weights b")
+	e.must(e.oras, "manifest", "index", "create", "--plain-http", e.host+"/src/model:v1", "a", "b")
+	for _, r := range []string{a, b, e.host + "/src/model:v1"} {
+		e.must(e.mp, "sign", r, "--key", "mp.key", "--plain-http")
+	}
+	predicate := filepath.Join(e.dir, "predicate.json")
+	os.WriteFile(predicate, []byte(`{"trained":"yes"}`), 0o644)
+	e.must(e.cosign, "attest", "--key", "mp.key", "--predicate", predicate, "--type", "custom", "--tlog-upload=false",
+		"--allow-http-registry", e.host+"/src/model:v1")
+	other := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	digestOf := func(ref string) string { return ref[strings.LastIndex(ref, "@"):] }
+	for _, dst := range []string{e.host + "/promoted/model", other.Host + "/mirror/model"} {
+		e.must(e.mp, "copy", "-r", "--plain-http", e.host+"/src/model:v1", dst+":v1")
+		for _, r := range []string{dst + ":v1", dst + digestOf(a), dst + digestOf(b)} {
+			e.must(e.cosign, "verify", "--key", "mp.pub", "--insecure-ignore-tlog", "--allow-http-registry", r)
+		}
+		e.must(e.cosign, "verify-attestation", "--key", "mp.pub", "--type", "custom", "--insecure-ignore-tlog",
+			"--allow-http-registry", dst+":v1")
+		e.must(e.mp, "verify", dst+":v1", "--key", "mp.pub", "--insecure-ignore-tlog", "--plain-http")
+	}
+	// Without -r, only the artifact travels: cosign finds no signature on the copy.
+	e.must(e.mp, "copy", "--plain-http", e.host+"/src/model:v1", other.Host+"/bare/model:v1")
+	e.mustFail("no signatures found", e.cosign, "verify", "--key", "mp.pub", "--insecure-ignore-tlog", "--allow-http-registry", other.Host+"/bare/model:v1")
+}

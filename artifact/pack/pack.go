@@ -19,6 +19,7 @@ import (
 	"path"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 
@@ -160,6 +161,10 @@ func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Des
 	}
 
 	stated, _ := sink.(StatedSink)
+	taken := map[string]bool{}
+	for _, n := range nodes {
+		taken[n.rel] = true
+	}
 	descs := make([]ocispec.Descriptor, len(layers))
 	diffIDs := make([]digest.Digest, len(layers))
 	g, gctx := errgroup.WithContext(ctx)
@@ -188,7 +193,7 @@ func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Des
 			if l.format == artifact.FormatTarGzip || l.format == artifact.FormatTarZstd {
 				diffIDs[i] = w.diffID()
 			}
-			d.Annotations, err = annotations(l, mtime, diffIDs[i])
+			d.Annotations, err = annotations(l, mtime, diffIDs[i], taken)
 			descs[i] = d
 			return err
 		})
@@ -303,7 +308,8 @@ func loadModelfile(dir, name string) (*Modelfile, string, error) {
 
 // annotations are the layer's file path, its file metadata and its title, which generic OCI tools (oras) use as
 // the file name. A tar+gzip directory also carries ORAS's unpack annotations, so `oras pull` recreates it.
-func annotations(l *layerPlan, mtime time.Time, diffID digest.Digest) (map[string]string, error) {
+// taken holds every model-relative path of the model.
+func annotations(l *layerPlan, mtime time.Time, diffID digest.Digest, taken map[string]bool) (map[string]string, error) {
 	meta := artifact.FileMetadata{Name: path.Base(l.path), ModTime: mtime, Typeflag: '0'}
 	if l.dir {
 		meta.Typeflag = '5'
@@ -321,13 +327,33 @@ func annotations(l *layerPlan, mtime time.Time, diffID digest.Digest) (map[strin
 	a := map[string]string{
 		artifact.AnnotationFilepath:     l.path,
 		artifact.AnnotationFileMetadata: string(b),
-		artifact.AnnotationTitle:        l.path,
+		artifact.AnnotationTitle:        archiveTitle(l, taken),
 	}
 	if l.dir && l.format == artifact.FormatTarGzip {
 		a["io.deis.oras.content.digest"] = diffID.String()
 		a["io.deis.oras.content.unpack"] = "true"
 	}
 	return a, nil
+}
+
+// archiveTitle is the file name generic tools (oras pull) write a layer under. oras unpacks only tar+gzip
+// directories; it writes any other archive as a file named by its title. Titled with the bare directory name, that
+// file would collide with the directory the model's raw files inside it create (onnx/model.onnx beside the archive
+// of onnx/), so such an archive is titled as one: onnx.tar, onnx.tar.zst, which `tar -xf` unpacks in place (its
+// entries are model-relative). A name the model itself uses gets a further .layer suffix.
+func archiveTitle(l *layerPlan, taken map[string]bool) string {
+	if !l.dir || l.format == artifact.FormatTarGzip || l.path == "" {
+		return l.path
+	}
+	ext := ".tar"
+	if l.format == artifact.FormatTarZstd {
+		ext = ".tar.zst"
+	}
+	title := l.path + ext
+	for taken[title] {
+		title = strings.TrimSuffix(title, ext) + ".layer" + ext
+	}
+	return title
 }
 
 // layerWriter produces one layer's bytes each time the sink opens it.

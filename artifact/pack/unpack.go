@@ -23,18 +23,13 @@ import (
 	"github.com/modelpack/modelpack/artifact/archive"
 )
 
-// filters are the names `unpack --filter` takes, mapped to layer kinds.
-var filters = map[string]artifact.Kind{
-	"weights": artifact.KindWeight, "config": artifact.KindWeightConfig, "docs": artifact.KindDoc,
-	"code": artifact.KindCode, "dataset": artifact.KindDataset,
-}
-
-// ParseFilter maps an `unpack --filter` value to a layer kind.
+// ParseFilter maps an `unpack --filter` value to a layer kind (artifact.ParseFilter, the one list of names).
 func ParseFilter(s string) (artifact.Kind, error) {
-	if k, ok := filters[s]; ok {
-		return k, nil
+	k, err := artifact.ParseFilter(s)
+	if err != nil {
+		return "", fmt.Errorf("unknown --filter value %q (valid: %s)", s, strings.Join(artifact.FilterNames, ", "))
 	}
-	return "", fmt.Errorf("unknown --filter value %q (valid: weights, config, docs, code, dataset)", s)
+	return k, nil
 }
 
 // UnpackOptions select what Unpack writes.
@@ -42,7 +37,7 @@ type UnpackOptions struct {
 	// Kinds, if set, keeps only layers of these kinds.
 	Kinds []artifact.Kind
 	// Include, if set, keeps only layers whose path, or a parent directory of it, matches one of these globs
-	// (path.Match syntax against the model-relative path).
+	// (artifact.MatchInclude: "**" spans directories, a glob without "/" matches at any depth).
 	Include []string
 	// Concurrency bounds the layers written at once; 0 means GOMAXPROCS.
 	Concurrency int
@@ -65,14 +60,7 @@ func (o UnpackOptions) Select(l artifact.Layer) bool {
 	if len(o.Include) == 0 {
 		return true
 	}
-	for _, g := range o.Include {
-		for p := l.Path; p != "." && p != "/" && p != ""; p = path.Dir(p) {
-			if ok, _ := path.Match(g, p); ok {
-				return true
-			}
-		}
-	}
-	return false
+	return artifact.MatchInclude(o.Include, l.Path)
 }
 
 // Unpack writes the files of a model manifest, whose blobs src holds, into dir: raw layers as files with the

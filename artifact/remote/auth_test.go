@@ -77,7 +77,7 @@ func TestBasicAuthWithLogin(t *testing.T) {
 		t.Fatalf("fetch with secret credentials: %v", err)
 	}
 
-	if err := Logout(ctx, reg.Host, opts); err != nil {
+	if _, err := Logout(ctx, reg.Host, opts); err != nil {
 		t.Fatal(err)
 	}
 	b, _ = os.ReadFile(cfg)
@@ -128,7 +128,7 @@ func TestBasicAuthWithCredentialHelper(t *testing.T) {
 	if _, err := Push(ctx, m.store, m.ref, repoFor(t, reg.Host+"/h/model:v1", opts), TransferOptions{}); err != nil {
 		t.Fatalf("push with helper credentials: %v", err)
 	}
-	if err := Logout(ctx, reg.Host, opts); err != nil {
+	if _, err := Logout(ctx, reg.Host, opts); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(bin, "creds.json")); !os.IsNotExist(err) {

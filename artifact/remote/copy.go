@@ -13,6 +13,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2"
 	"oras.land/oras-go/v2/content"
+	"oras.land/oras-go/v2/errdef"
 )
 
 // Ingester is a local store that takes a blob from a source it can reopen at an offset, keeping a partial blob
@@ -47,6 +48,16 @@ type TransferOptions struct {
 	// Referrers also copies the artifacts that refer to the root (signatures, SBOMs), found through the OCI 1.1
 	// referrers API or, on registries without it, the referrers tag.
 	Referrers bool
+	// Sources, if set, remembers which repositories of a registry hold each blob: a push asks the registry to
+	// mount a blob from such a repository (POST ?mount=&from=) instead of sending it, and every transfer records
+	// the registry's repository it pushed to or pulled from.
+	Sources BlobSources
+}
+
+// BlobSources is where blobs were last seen in a registry (layout.Store keeps it beside the local store).
+type BlobSources interface {
+	BlobRepos(registry string, d digest.Digest) []string
+	RecordBlobRepos(registry, repo string, ds []digest.Digest) error
 }
 
 // Push sends the artifact tagged srcRef in a local store (or any oras target) to dst, tagging it with dst's
@@ -150,7 +161,16 @@ func transfer(ctx context.Context, src oras.ReadOnlyTarget, srcRef string, dst o
 	}
 	errs := each(ctx, len(blobs), conc, func(i int) error {
 		desc := blobs[i]
-		status, err := copyBlob(ctx, src, dst, ing, desc, mountFrom, t)
+		from := mountFrom
+		if from == "" && dstIsRepo && opts.Sources != nil {
+			for _, r := range opts.Sources.BlobRepos(d.Reference.Registry, desc.Digest) {
+				if r != d.Reference.Repository {
+					from = r
+					break
+				}
+			}
+		}
+		status, err := copyBlob(ctx, src, dst, ing, desc, from, t)
 		if err != nil {
 			t.finish(desc, StatusFailed, err)
 			return remote.wrap(subjectOf(desc), err)
@@ -163,6 +183,14 @@ func transfer(ctx context.Context, src oras.ReadOnlyTarget, srcRef string, dst o
 	}
 	if err := joinBlobErrors(errs); err != nil {
 		return nil, err
+	}
+	if opts.Sources != nil {
+		ds := make([]digest.Digest, len(blobs))
+		for i, b := range blobs {
+			ds[i] = b.Digest
+		}
+		// A hint for later pushes: failing to record it costs a later upload, never this transfer.
+		_ = opts.Sources.RecordBlobRepos(remote.Reference.Registry, remote.Reference.Repository, ds)
 	}
 
 	g := oras.CopyGraphOptions{Concurrency: conc}
@@ -189,7 +217,52 @@ func transfer(ctx context.Context, src oras.ReadOnlyTarget, srcRef string, dst o
 	if err != nil {
 		return nil, unwrapCopyError(err)
 	}
+	if opts.Referrers {
+		if err := copyCosignTags(ctx, src, dst, root, func(tag string) error {
+			_, err := transfer(ctx, src, tag, dst, tag, remote, TransferOptions{Concurrency: conc, Reporter: opts.Reporter})
+			return err
+		}); err != nil {
+			return nil, err
+		}
+	}
 	return t.result("", root), nil
+}
+
+// cosignTagSuffixes are the tags cosign attaches to a manifest sha256:<hex> as sha256-<hex><suffix>: signatures,
+// attestations and SBOMs. They refer to their subject by name only, so the referrers API does not find them;
+// cosign copy carries them along, and so does copy -r.
+var cosignTagSuffixes = []string{".sig", ".att", ".sbom"}
+
+// copyCosignTags copies, with copyTag, every cosign tag src holds for root and, if root is an index, for each of
+// its manifests.
+func copyCosignTags(ctx context.Context, src oras.ReadOnlyTarget, dst oras.Target, root ocispec.Descriptor, copyTag func(tag string) error) error {
+	subjects := []ocispec.Descriptor{root}
+	if root.MediaType == ocispec.MediaTypeImageIndex || root.MediaType == "application/vnd.docker.distribution.manifest.list.v2+json" {
+		succ, err := content.Successors(ctx, src, root)
+		if err != nil {
+			return err
+		}
+		for _, s := range succ {
+			if isManifest(s) {
+				subjects = append(subjects, s)
+			}
+		}
+	}
+	for _, s := range subjects {
+		for _, suffix := range cosignTagSuffixes {
+			tag := s.Digest.Algorithm().String() + "-" + s.Digest.Encoded() + suffix
+			if _, err := src.Resolve(ctx, tag); err != nil {
+				if errors.Is(err, errdef.ErrNotFound) {
+					continue
+				}
+				return err
+			}
+			if err := copyTag(tag); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // joinBlobErrors reports the failed blobs together; a failure that is about the registry rather than one blob
@@ -199,6 +272,13 @@ func joinBlobErrors(errs []error) error {
 		switch Classify(err) {
 		case ErrUnauthorized, ErrForbidden, ErrTLS, ErrNotOCI:
 			return err
+		}
+		var e *Error
+		if Unreachable(err) && errors.As(err, &e) {
+			// The registry cannot be reached: no blob in particular failed.
+			registryWide := *e
+			registryWide.Subject = ""
+			return &registryWide
 		}
 	}
 	return errors.Join(errs...)

@@ -73,6 +73,9 @@ func kindOf(err error) error {
 	}
 	var resp *errcode.ErrorResponse
 	if errors.As(err, &resp) {
+		if httpToHTTPS(resp) {
+			return ErrTLS
+		}
 		switch resp.StatusCode {
 		case http.StatusUnauthorized:
 			return ErrUnauthorized
@@ -135,8 +138,10 @@ type Error struct {
 
 func (e *Error) Error() string {
 	var b strings.Builder
-	b.WriteString(e.Op)
-	b.WriteString(" ")
+	if e.Op != "" {
+		b.WriteString(e.Op)
+		b.WriteString(" ")
+	}
 	b.WriteString(e.Registry)
 	if e.Repository != "" {
 		b.WriteString("/")
@@ -158,7 +163,7 @@ func (e *Error) describe() string {
 	var dnsErr *net.DNSError
 	switch {
 	case errors.As(e.Err, &dnsErr) && dnsErr.IsNotFound:
-		return fmt.Sprintf("unknown host %q: %v", dnsErr.Name, e.Err)
+		return fmt.Sprintf("unknown host %q (no such host in DNS): check the registry's name", dnsErr.Name)
 	case e.Kind == ErrUnauthorized:
 		return fmt.Sprintf("authentication required or credentials rejected (run `modelpack login %s`): %s", e.Registry, cause)
 	case e.Kind == ErrForbidden:
@@ -184,16 +189,38 @@ func (e *Error) describe() string {
 		return "disk full: " + cause
 	case e.Kind == ErrNotOCI:
 		return "the server does not speak the OCI distribution API: " + cause
+	case e.Kind == ErrTLS && isHTTPToHTTPS(e.Err):
+		return "the registry speaks HTTPS, not plain HTTP: drop --plain-http (or the host from --plain-http-registries); it answered 400 Bad Request"
 	case e.Kind == ErrTLS && strings.Contains(cause, "HTTP response to HTTPS client"):
 		return "the registry serves plain HTTP (" + e.Hints.orCLI().PlainHTTP + "): " + cause
 	case e.Kind == ErrTLS:
 		return "TLS verification failed (" + e.Hints.orCLI().TLS + "): " + cause
 	case e.Kind == ErrUnavailable && (errors.Is(e.Err, syscall.ECONNREFUSED)):
-		return "connection refused: " + cause
+		// One line, as oras says it: the request and dial details repeat the registry named before it.
+		return fmt.Sprintf("connection refused: no registry listens at %s; start it or check the host and port", e.Registry)
 	case e.Kind == ErrUnavailable:
 		return "registry unavailable: " + cause
 	}
 	return cause
+}
+
+// httpToHTTPS recognises a TLS server's answer to a plain-HTTP request: Go's (the distribution registry's) says
+// 400 Bad Request with no distribution error body.
+func httpToHTTPS(resp *errcode.ErrorResponse) bool {
+	return resp.StatusCode == http.StatusBadRequest && len(resp.Errors) == 0 && resp.URL != nil && resp.URL.Scheme == "http"
+}
+
+func isHTTPToHTTPS(err error) bool {
+	var resp *errcode.ErrorResponse
+	return errors.As(err, &resp) && httpToHTTPS(resp)
+}
+
+// Unreachable reports whether err is a failure to reach the registry at all (connection refused, unknown host, no
+// route): it concerns the registry, not one blob, and is worth saying once.
+func Unreachable(err error) bool {
+	var dnsErr *net.DNSError
+	var opErr *net.OpError
+	return errors.As(err, &dnsErr) || (errors.As(err, &opErr) && opErr.Op == "dial")
 }
 
 // Unwrap exposes both the sentinel and the underlying error to errors.Is/As.

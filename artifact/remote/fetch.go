@@ -14,6 +14,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/gofrs/flock"
 	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/artifact/archive"
 	"github.com/modelpack/modelpack/internal/diskio"
@@ -94,7 +95,9 @@ func fetch(ctx context.Context, src *Repository, dir string, opts FetchOptions) 
 	}
 	defer os.RemoveAll(staging)
 
-	f := &fetcher{src: src, dir: dir, staging: staging, opts: opts, t: t}
+	partials := filepath.Join(dir, partialDir)
+	defer os.Remove(partials) // once empty: nothing left to resume
+	f := &fetcher{src: src, dir: dir, staging: staging, partials: partials, opts: opts, t: t}
 	conc := opts.Concurrency
 	if conc <= 0 {
 		conc = src.opts.concurrency()
@@ -167,6 +170,9 @@ func resolveManifest(ctx context.Context, src *Repository, reference string) (oc
 	return desc, m, nil
 }
 
+// partialDir, under a fetch's target directory, holds the raw files an interrupted fetch had begun.
+const partialDir = ".modelpack-partial"
+
 func readManifest(rc io.ReadCloser, desc ocispec.Descriptor) ([]byte, error) {
 	defer rc.Close()
 	if desc.Size > artifact.MaxManifestBytes {
@@ -183,12 +189,13 @@ func readManifest(rc io.ReadCloser, desc ocispec.Descriptor) ([]byte, error) {
 }
 
 type fetcher struct {
-	src     *Repository
-	dir     string
-	staging string
-	opts    FetchOptions
-	t       *tracker
-	claims  claims // the paths model layers write
+	src      *Repository
+	dir      string
+	staging  string
+	partials string // raw files being downloaded, kept across runs
+	opts     FetchOptions
+	t        *tracker
+	claims   claims // the paths model layers write
 }
 
 // verifiedStream reads a layer through a hash. finish drains what the consumer left (tar padding after the end
@@ -224,15 +231,23 @@ func (v *verifiedStream) finish() error {
 
 // open starts reading a layer through its hash.
 func (f *fetcher) open(ctx context.Context, desc ocispec.Descriptor) (*verifiedStream, error) {
+	return f.openAt(ctx, desc, nil, 0)
+}
+
+// openAt starts reading a layer at offset, h having hashed the offset bytes before it (a partial file's).
+func (f *fetcher) openAt(ctx context.Context, desc ocispec.Descriptor, h hash.Hash, offset int64) (*verifiedStream, error) {
 	if err := desc.Digest.Validate(); err != nil {
 		return nil, err
 	}
-	m := f.t.meter(desc, 0)
-	rr := newResumableReader(ctx, desc, 0, f.src.openBlob, m.add, f.src.opts.Timeouts)
+	if h == nil {
+		h, offset = desc.Digest.Algorithm().Hash(), 0
+	}
+	m := f.t.meter(desc, offset)
+	rr := newResumableReader(ctx, desc, offset, f.src.openBlob, m.add, f.src.opts.Timeouts)
 	if err := rr.connect(); err != nil {
 		return nil, err
 	}
-	return &verifiedStream{rr: rr, h: desc.Digest.Algorithm().Hash(), desc: desc}, nil
+	return &verifiedStream{rr: rr, h: h, n: offset, desc: desc}, nil
 }
 
 // layer writes one model layer and returns the paths it wrote.
@@ -247,14 +262,14 @@ func (f *fetcher) layer(ctx context.Context, l artifact.Layer) ([]string, error)
 }
 
 func (f *fetcher) writeLayer(ctx context.Context, l artifact.Layer) ([]string, error) {
+	if l.Format == artifact.FormatRaw {
+		return f.rawFile(ctx, l)
+	}
 	v, err := f.open(ctx, l.Descriptor)
 	if err != nil {
 		return nil, err
 	}
 	defer v.rr.Close()
-	if l.Format == artifact.FormatRaw {
-		return f.rawFile(v, l)
-	}
 	stage, err := os.MkdirTemp(f.staging, "layer-")
 	if err != nil {
 		return nil, err
@@ -279,8 +294,11 @@ func (f *fetcher) writeLayer(ctx context.Context, l artifact.Layer) ([]string, e
 	return mergeInto(stage, f.dir)
 }
 
-// rawFile streams a raw layer to a temporary file and renames it to its path once the digest matches.
-func (f *fetcher) rawFile(v *verifiedStream, l artifact.Layer) ([]string, error) {
+// rawFile streams a raw layer to a partial file and renames it to its path once the digest matches. The partial
+// file (DIR/.modelpack-partial/<algorithm>-<hex>) outlives an interrupted fetch: the next one hashes what it
+// holds and asks the registry for the rest only (HTTP Range), as pull's resumable ingest does. Bytes that do not
+// verify are dropped.
+func (f *fetcher) rawFile(ctx context.Context, l artifact.Layer) (_ []string, err error) {
 	rel, err := archive.CleanPath(l.Path)
 	if err != nil {
 		return nil, err
@@ -289,17 +307,43 @@ func (f *fetcher) rawFile(v *verifiedStream, l artifact.Layer) ([]string, error)
 		return nil, err
 	}
 	dst := filepath.Join(f.dir, filepath.FromSlash(rel))
-	tmp, err := os.CreateTemp(f.staging, "file-")
+	if err := os.MkdirAll(f.partials, 0o755); err != nil {
+		return nil, err
+	}
+	name := filepath.Join(f.partials, l.Digest.Algorithm().String()+"-"+l.Digest.Encoded())
+	// Two fetches into one directory share a partial file: the second waits for the first.
+	lock := flock.New(name + ".lock")
+	if _, err := lock.TryLockContext(ctx, 50*time.Millisecond); err != nil {
+		return nil, err
+	}
+	defer func() {
+		lock.Unlock()
+		os.Remove(name + ".lock")
+	}()
+	tmp, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	defer os.Remove(tmp.Name())
-	err = diskio.Preallocate(tmp, l.Size)
+	keep := false
+	defer func() {
+		if !keep {
+			os.Remove(name)
+		}
+	}()
+	h, held, err := hashPrefix(tmp, l)
 	if err == nil {
-		_, err = io.CopyBuffer(onlyWriter{tmp}, v, make([]byte, fileBufferSize))
+		err = diskio.Preallocate(tmp, l.Size)
+	}
+	var v *verifiedStream
+	if err == nil {
+		v, err = f.openAt(ctx, l.Descriptor, h, held)
 	}
 	if err == nil {
-		err = v.finish()
+		defer v.rr.Close()
+		_, err = io.CopyBuffer(onlyWriter{tmp}, v, make([]byte, fileBufferSize))
+		if err == nil {
+			err = v.finish()
+		}
 	}
 	if err == nil && f.opts.Sync {
 		err = tmp.Sync()
@@ -308,6 +352,10 @@ func (f *fetcher) rawFile(v *verifiedStream, l artifact.Layer) ([]string, error)
 		err = cerr
 	}
 	if err != nil {
+		// What arrived before an interruption is kept for the next run; bytes that failed their digest are not,
+		// nor is a partial that holds nothing (a disk too full to reserve the file).
+		fi, serr := os.Stat(name)
+		keep = serr == nil && fi.Size() > 0 && !errors.Is(err, ErrDigestMismatch) && !errors.Is(err, ErrSizeMismatch)
 		return nil, err
 	}
 	mode, mtime := fileMeta(l.Annotations)
@@ -327,6 +375,7 @@ func (f *fetcher) rawFile(v *verifiedStream, l artifact.Layer) ([]string, error)
 	}
 	defer root.Close()
 	tmpRel, err := filepath.Rel(f.dir, tmp.Name())
+	keep = true // renamed below, or kept for the next run
 	if err != nil {
 		return nil, err
 	}
@@ -347,6 +396,27 @@ func (f *fetcher) rawFile(v *verifiedStream, l artifact.Layer) ([]string, error)
 
 // onlyWriter hides *os.File's ReadFrom so io.CopyBuffer uses our large buffer instead of the file's 32 KiB path.
 type onlyWriter struct{ io.Writer }
+
+// hashPrefix hashes what a partial file holds of l and leaves it positioned after it; a file longer than the
+// layer is emptied.
+func hashPrefix(f *os.File, l artifact.Layer) (hash.Hash, int64, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, 0, err
+	}
+	h := l.Digest.Algorithm().Hash()
+	held := fi.Size()
+	if held > l.Size {
+		if err := f.Truncate(0); err != nil {
+			return nil, 0, err
+		}
+		held = 0
+	}
+	if _, err := io.CopyN(h, f, held); err != nil {
+		return nil, 0, err
+	}
+	return h, held, nil
+}
 
 // fileMeta reads a raw layer's mode and mtime from its file-metadata annotation (current or legacy name).
 func fileMeta(ann map[string]string) (fs.FileMode, time.Time) {

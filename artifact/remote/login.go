@@ -27,15 +27,23 @@ func Login(ctx context.Context, host string, cred auth.Credential, opts Options)
 }
 
 // Logout removes the registry's credential from the docker config (or its helper).
-func Logout(ctx context.Context, host string, opts Options) error {
+// It reports whether there were credentials to remove.
+func Logout(ctx context.Context, host string, opts Options) (bool, error) {
 	store, err := NewCredentialStore(opts.RegistryConfig)
 	if err != nil {
-		return fmt.Errorf("registry config: %w", err)
+		return false, fmt.Errorf("registry config: %w", err)
+	}
+	cred, err := store.Get(ctx, credentials.ServerAddressFromHostname(host))
+	if err != nil {
+		return false, wrapErr("logout", host, "", "", opts.Hints, err)
+	}
+	if cred == (auth.Credential{}) {
+		return false, nil
 	}
 	if err := credentials.Logout(ctx, store, host); err != nil {
-		return wrapErr("logout", host, "", "", opts.Hints, err)
+		return false, wrapErr("logout", host, "", "", opts.Hints, err)
 	}
-	return nil
+	return true, nil
 }
 
 // newRegistry returns an oras-go registry client for host configured like the origin endpoint of a Repository.
