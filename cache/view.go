@@ -206,7 +206,8 @@ type node struct {
 	src      string        // file to hardlink, for regular files
 	target   string        // for symlinks
 	layer    int           // index of the layer that put it here
-	blob     digest.Digest // that layer's digest
+	from     digest.Digest // that layer's digest (two layers of a model may not claim one path)
+	blob     digest.Digest // the blob src is, for a raw layer's file: linked through cas, which keeps its stamp
 	children map[string]*node
 }
 
@@ -225,7 +226,7 @@ func (c *Cache) buildView(rec *manifestRecord, sel Selector, dir string) error {
 		}
 		var err error
 		if l.Format == artifact.FormatRaw {
-			err = root.put(l.Path, &node{mode: 0o444, src: c.blobs.Path(l.Digest), layer: i, blob: l.Digest}, !rec.Image)
+			err = root.put(l.Path, &node{mode: 0o444, src: c.blobs.Path(l.Digest), layer: i, from: l.Digest, blob: l.Digest}, !rec.Image)
 		} else if err = c.ensureLayer(c.ctx, l); err != nil {
 			return err
 		} else {
@@ -296,13 +297,13 @@ func (root *node) put(p string, n *node, model bool) error {
 	d := root
 	for i, part := range parts[:len(parts)-1] {
 		child := d.children[part]
-		if child != nil && !child.mode.IsDir() && model && child.blob != n.blob {
+		if child != nil && !child.mode.IsDir() && model && child.from != n.from {
 			return &layerConflict{path: strings.Join(parts[:i+1], "/"), lower: child.layer, why: "is a file there, and the other needs a directory"}
 		}
 		if child == nil || !child.mode.IsDir() {
 			// Missing, or a file of a lower layer that this layer turns into a directory (as overlayfs does).
 			child = newDir(0o555, n.layer)
-			child.blob = n.blob
+			child.from = n.from
 			d.children[part] = child
 		}
 		d = child
@@ -314,7 +315,7 @@ func (root *node) put(p string, n *node, model bool) error {
 		old.mode, old.layer = n.mode, n.layer
 		return nil
 	}
-	if old != nil && model && old.blob != n.blob {
+	if old != nil && model && old.from != n.from {
 		why := "both hold that file"
 		if old.mode.IsDir() || n.mode.IsDir() {
 			why = "put a file and a directory there"
@@ -390,7 +391,7 @@ func (root *node) mergeLayer(dir string, layer int, blob digest.Digest, image bo
 		switch {
 		case d.IsDir():
 			n := newDir(info.Mode(), layer)
-			n.blob = blob
+			n.from = blob
 			return root.put(rel, n, !image)
 		case d.Type()&fs.ModeSymlink != 0:
 			target, err := os.Readlink(p)
@@ -400,9 +401,9 @@ func (root *node) mergeLayer(dir string, layer int, blob digest.Digest, image bo
 			if !image && path.IsAbs(target) {
 				return fmt.Errorf("%w: symlink %q -> %q is absolute", archive.ErrLinkEscape, rel, target)
 			}
-			return root.put(rel, &node{mode: fs.ModeSymlink | 0o777, target: target, layer: layer, blob: blob}, !image)
+			return root.put(rel, &node{mode: fs.ModeSymlink | 0o777, target: target, layer: layer, from: blob}, !image)
 		case d.Type().IsRegular():
-			return root.put(rel, &node{mode: info.Mode().Perm(), src: p, layer: layer, blob: blob}, !image)
+			return root.put(rel, &node{mode: info.Mode().Perm(), src: p, layer: layer, from: blob}, !image)
 		}
 		return fmt.Errorf("%w: %s in an extracted layer", archive.ErrSpecialFile, rel)
 	})
