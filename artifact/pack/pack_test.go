@@ -817,13 +817,18 @@ func TestInterruptedPack(t *testing.T) {
 	if st, err := s.Prune(context.Background()); err != nil || st.Blobs != n {
 		t.Fatalf("prune: %+v %v, want %d blobs", st, err, n)
 	}
-	// boot-id and durable/ are the store's own durability records (cas), not temporaries of a write.
+	// boot-id, durable/ and stamps/ are the store's own records (cas), not temporaries of a write; the stamps of
+	// the pruned blobs go with them.
 	entries, _ := os.ReadDir(filepath.Join(store, "ingest"))
 	var left []string
 	for _, e := range entries {
-		if e.Name() != "boot-id" && e.Name() != "durable" {
+		if e.Name() != "boot-id" && e.Name() != "durable" && e.Name() != "stamps" {
 			left = append(left, e.Name())
 		}
+	}
+	stamps, _ := os.ReadDir(filepath.Join(store, "ingest", "stamps"))
+	for _, e := range stamps {
+		left = append(left, "stamps/"+e.Name())
 	}
 	if len(left) != 0 {
 		t.Fatalf("prune left temporaries: %v", left)
