@@ -325,6 +325,20 @@ func TestDriverRefusesOneFileInTwoLayers(t *testing.T) {
 			if err == nil || !strings.Contains(string(out), "conflicting layer paths") {
 				t.Fatalf("modelpack fetch: %v\n%s", err, out)
 			}
+			// So does unpack from the local store, which writes model layers concurrently as well.
+			home := t.TempDir()
+			if out, err := exec.Command(testenv.Modelpack(t), "--home", home, "pull", reg.Host+"/"+repo+":v1", "--plain-http").CombinedOutput(); err != nil {
+				t.Fatalf("modelpack pull: %v\n%s", err, out)
+			}
+			out, err = exec.Command(testenv.Modelpack(t), "--home", home, "unpack", reg.Host+"/"+repo+":v1", filepath.Join(t.TempDir(), "out")).CombinedOutput()
+			if err == nil || !strings.Contains(string(out), "conflicting layer paths") {
+				t.Fatalf("modelpack unpack: %v\n%s", err, out)
+			}
+			for _, d := range ds {
+				if !strings.Contains(string(out), d.String()) {
+					t.Errorf("modelpack unpack: %s does not name layer %s", out, d)
+				}
+			}
 		})
 	}
 	t.Run("a container image keeps overlay semantics", func(t *testing.T) {
