@@ -210,7 +210,7 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags) error {
 		MetricsAddr:  f.metricsAddr,
 		Logger:       log,
 		GCInterval:   f.gcInterval,
-		Collectors:   []prometheus.Collector{c.Collector()},
+		Collectors:   []prometheus.Collector{c.Collector(), hostsReloadFailures},
 		AccessPolicy: accessPolicy,
 		OwnDirs:      []string{filepath.Join(f.root, "cache")},
 	}
@@ -305,3 +305,10 @@ func minAge(d time.Duration) time.Duration {
 	}
 	return d
 }
+
+// hostsReloadFailures exports remote.HostsReloadFailures: a hosts.toml turned invalid keeps serving its last good
+// content, so the log line and this counter are how an operator learns that an edit did not take.
+var hostsReloadFailures = prometheus.NewCounterFunc(prometheus.CounterOpts{
+	Namespace: "modelpack_csi", Name: "hosts_reload_failures_total",
+	Help: "Pulls that found a hosts.toml invalid and used its last good content instead.",
+}, func() float64 { return float64(remote.HostsReloadFailures()) })

@@ -325,6 +325,20 @@ func TestDriverRefusesOneFileInTwoLayers(t *testing.T) {
 			if err == nil || !strings.Contains(string(out), "conflicting layer paths") {
 				t.Fatalf("modelpack fetch: %v\n%s", err, out)
 			}
+			// So does unpack from the local store, which writes model layers concurrently as well.
+			home := t.TempDir()
+			if out, err := exec.Command(testenv.Modelpack(t), "--home", home, "pull", reg.Host+"/"+repo+":v1", "--plain-http").CombinedOutput(); err != nil {
+				t.Fatalf("modelpack pull: %v\n%s", err, out)
+			}
+			out, err = exec.Command(testenv.Modelpack(t), "--home", home, "unpack", reg.Host+"/"+repo+":v1", filepath.Join(t.TempDir(), "out")).CombinedOutput()
+			if err == nil || !strings.Contains(string(out), "conflicting layer paths") {
+				t.Fatalf("modelpack unpack: %v\n%s", err, out)
+			}
+			for _, d := range ds {
+				if !strings.Contains(string(out), d.String()) {
+					t.Errorf("modelpack unpack: %s does not name layer %s", out, d)
+				}
+			}
 		})
 	}
 	t.Run("a container image keeps overlay semantics", func(t *testing.T) {
@@ -527,7 +541,8 @@ func TestDriverNamesContentOverTheLimits(t *testing.T) {
 
 // TestDriverValidatesHostsToml: a hosts.toml with a mirror the driver cannot use (file://) stops the real driver at
 // start with an error naming the file and its line (it started silently and answered INTERNAL to every publish);
-// a file that turns invalid while the driver runs keeps serving its last good content, and says so in the log.
+// a file that turns invalid while the driver runs keeps serving its last good content, and says so in the log and
+// on /metrics (modelpack_csi_hosts_reload_failures_total).
 func TestDriverValidatesHostsToml(t *testing.T) {
 	testenv.RequireRoot(t)
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
@@ -572,6 +587,10 @@ func TestDriverValidatesHostsToml(t *testing.T) {
 	}
 	if err := publish("b"); err != nil {
 		t.Fatalf("a hosts.toml turned invalid broke the registry it served: %v", err)
+	}
+	// The operator sees it on /metrics too, not only in the log.
+	if n := p.metric("modelpack_csi_hosts_reload_failures_total"); n < 1 {
+		t.Errorf("modelpack_csi_hosts_reload_failures_total = %v after a publish through an invalid hosts.toml, want >= 1", n)
 	}
 	for _, pod := range []string{"a", "b"} {
 		drvUnpublish(t, node, "vol-"+pod, drvKubelet(t, root, pod))

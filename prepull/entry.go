@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/modelpack/modelpack/artifact"
 )
 
 // State is where one listed reference stands on this node.
@@ -89,11 +91,14 @@ func validList(list string) error {
 	return nil
 }
 
+// validRef is the one check of a reference from the API or a list file. One with a password is refused before it
+// is stored, so it reaches no log line, no API answer and no status the CLI prints, and the refusal does not
+// repeat it.
 func validRef(ref string) error {
 	if ref == "" || strings.ContainsAny(ref, " \t\r\n") {
 		return fmt.Errorf("invalid reference %q", ref)
 	}
-	return nil
+	return artifact.RefuseCredentials(ref)
 }
 
 // DefaultSocket is where the driver serves the API inside its pod: the plugin directory, shared with the host at

@@ -3,6 +3,7 @@ package prepull
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -663,5 +664,57 @@ func TestBandwidthLimitKeepsRangedReads(t *testing.T) {
 	rc.Close()
 	if start != 0 || string(got) != string(blob) {
 		t.Errorf("FetchRange without ranges: start %d, %q", start, got)
+	}
+}
+
+// TestPrepullNeverRepeatsAPassword: a reference with a password, in the watched ConfigMap or sent to the API, is
+// refused without being stored, so the password is in no log line (watcher's or driver's), no API answer and no
+// error the CLI prints.
+func TestPrepullNeverRepeatsAPassword(t *testing.T) {
+	const secret = "hunter2-s3cret"
+	ref := "bob:" + secret + "@registry.example.com/org/m:1"
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, nil))
+	be := newFake()
+	close(be.gate("r/a:1"))
+	c := serve(t, be, Options{Logger: log})
+	ctx := context.Background()
+	for _, call := range []func() error{
+		func() error { _, err := c.Add(ctx, "", []string{ref}); return err },
+		func() error { _, err := c.SetList(ctx, "x", []string{"r/a:1", ref}); return err },
+	} {
+		err := call()
+		if err == nil || strings.Contains(err.Error(), secret) || !strings.Contains(err.Error(), "credentials") {
+			t.Errorf("API answer %v: want a refusal that names credentials and not the password", err)
+		}
+	}
+	dir := t.TempDir()
+	writeConfigMap(t, dir, "models.yaml", "models:\n  - r/a:1\n  - ref: "+ref+"\n")
+	if _, err := ReadList(filepath.Join(dir, "models.yaml")); err == nil || strings.Contains(err.Error(), secret) {
+		t.Errorf("ReadList (the CLI's --file): %v", err)
+	}
+	w := &Watcher{Client: c, File: filepath.Join(dir, "models.yaml"), List: "configmap", Poll: 10 * time.Millisecond,
+		Log: log, Metrics: NewWatchMetrics(nil, "")}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	defer func() { cancel(); <-done }()
+	eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Contains(logs.String(), "prepull list invalid")
+	})
+	s, err := c.Entries(ctx, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := json.Marshal(s); strings.Contains(string(b), secret) {
+		t.Errorf("API status holds the password: %s", b)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if strings.Contains(logs.String(), secret) {
+		t.Errorf("the password is logged:\n%s", logs.String())
 	}
 }

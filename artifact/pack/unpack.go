@@ -112,9 +112,20 @@ func Unpack(ctx context.Context, src content.Fetcher, manifest ocispec.Manifest,
 		limit = runtime.GOMAXPROCS(0)
 	}
 	g.SetLimit(limit)
+	// Model layers are written concurrently, so one path claimed by two layers (two tar layers, a raw and a tar
+	// layer) would end up with whichever came last: each layer claims its paths before they land, and a conflict
+	// is artifact.ErrPathConflict naming both layers, as fetch and the node's driver refuse it.
+	claims := &archive.Claims{}
+	for _, l := range append(append([]artifact.Layer{}, model...), same...) {
+		if name, err := archive.CleanPath(l.Path); err == nil && l.Format == artifact.FormatRaw {
+			if err := claims.Take(l, []string{name}); err != nil {
+				return nil, err
+			}
+		}
+	}
 	for _, l := range model {
 		g.Go(func() error {
-			if err := unpackLayer(gctx, src, root, dir, l, opts.Progress); err != nil {
+			if err := unpackLayer(gctx, src, root, dir, l, claims, opts.Progress); err != nil {
 				return fmt.Errorf("layer %s (%s): %w", l.Path, l.Digest, err)
 			}
 			return nil
@@ -167,9 +178,26 @@ func filesWritten(dir string, model []artifact.Layer, image bool) ([]string, err
 	return files, nil
 }
 
-func unpackLayer(ctx context.Context, src content.Fetcher, root *os.Root, dir string, l artifact.Layer, p Progress) error {
+func unpackLayer(ctx context.Context, src content.Fetcher, root *os.Root, dir string, l artifact.Layer, claims *archive.Claims, p Progress) error {
 	if l.Format != artifact.FormatRaw {
-		return extractVerified(ctx, src, l, dir, archive.Options{}, p)
+		// A tar layer's paths are known once extracted: stage it, claim them, then move them into place.
+		stage, err := os.MkdirTemp(dir, ".modelpack-layer-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(stage)
+		if err := extractVerified(ctx, src, l, stage, archive.Options{}, p); err != nil {
+			return err
+		}
+		files, err := archive.FilesUnder(stage)
+		if err != nil {
+			return err
+		}
+		if err := claims.Take(l, files); err != nil {
+			return err
+		}
+		_, err = archive.MergeInto(stage, dir)
+		return err
 	}
 	name, err := archive.CleanPath(l.Path)
 	if err != nil {

@@ -195,7 +195,7 @@ type fetcher struct {
 	partials string // raw files being downloaded, kept across runs
 	opts     FetchOptions
 	t        *tracker
-	claims   claims // the paths model layers write
+	claims   archive.Claims // the paths model layers write
 }
 
 // verifiedStream reads a layer through a hash. finish drains what the consumer left (tar padding after the end
@@ -284,14 +284,14 @@ func (f *fetcher) writeLayer(ctx context.Context, l artifact.Layer) ([]string, e
 	if err := v.finish(); err != nil {
 		return nil, err
 	}
-	files, err := filesUnder(stage)
+	files, err := archive.FilesUnder(stage)
 	if err != nil {
 		return nil, err
 	}
-	if err := f.claims.take(l, files); err != nil {
+	if err := f.claims.Take(l, files); err != nil {
 		return nil, err
 	}
-	return mergeInto(stage, f.dir)
+	return archive.MergeInto(stage, f.dir)
 }
 
 // rawFile streams a raw layer to a partial file and renames it to its path once the digest matches. The partial
@@ -303,7 +303,7 @@ func (f *fetcher) rawFile(ctx context.Context, l artifact.Layer) (_ []string, er
 	if err != nil {
 		return nil, err
 	}
-	if err := f.claims.take(l, []string{rel}); err != nil {
+	if err := f.claims.Take(l, []string{rel}); err != nil {
 		return nil, err
 	}
 	dst := filepath.Join(f.dir, filepath.FromSlash(rel))
@@ -460,65 +460,5 @@ func (f *fetcher) imageLayers(ctx context.Context, layers []artifact.Layer) ([]s
 		}
 		f.t.finish(l.Descriptor, StatusTransferred, nil)
 	}
-	return mergeInto(stage, f.dir)
-}
-
-// mergeInto moves the tree under src into dst with renames, replacing what is in the way (directories merge),
-// and returns the regular files moved, relative to dst.
-func mergeInto(src, dst string) ([]string, error) {
-	// src is inside dst (its staging directory). Everything in dst is reached through its root, so a symlink
-	// already there (an image layer's, say) is not followed out of it.
-	root, err := os.OpenRoot(dst)
-	if err != nil {
-		return nil, err
-	}
-	defer root.Close()
-	srcRel, err := filepath.Rel(dst, src)
-	if err != nil {
-		return nil, err
-	}
-	var files []string
-	var walk func(rel string) error
-	walk = func(rel string) error {
-		entries, err := os.ReadDir(filepath.Join(src, rel))
-		if err != nil {
-			return err
-		}
-		for _, e := range entries {
-			r := filepath.Join(rel, e.Name())
-			from, to := filepath.Join(srcRel, r), filepath.Join(dst, r)
-			fi, err := root.Lstat(r)
-			switch {
-			case err == nil && fi.IsDir() && e.IsDir():
-				if err := walk(r); err != nil {
-					return err
-				}
-				continue
-			case err == nil:
-				if err := root.RemoveAll(r); err != nil {
-					return err
-				}
-			case !errors.Is(err, fs.ErrNotExist):
-				return err
-			}
-			if err := root.Rename(from, r); err != nil {
-				return err
-			}
-			if e.IsDir() {
-				if err := filepath.WalkDir(to, func(p string, d fs.DirEntry, err error) error {
-					if err == nil && d.Type().IsRegular() {
-						rp, _ := filepath.Rel(dst, p)
-						files = append(files, filepath.ToSlash(rp))
-					}
-					return err
-				}); err != nil {
-					return err
-				}
-			} else if e.Type().IsRegular() {
-				files = append(files, filepath.ToSlash(r))
-			}
-		}
-		return nil
-	}
-	return files, walk("")
+	return archive.MergeInto(stage, f.dir)
 }

@@ -1,0 +1,142 @@
+package archive
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"sync"
+
+	digest "github.com/opencontainers/go-digest"
+
+	"github.com/modelpack/modelpack/artifact"
+)
+
+// Claims are the paths the model layers of one fetch or unpack write. Model layers are written concurrently on the
+// understanding that their paths are disjoint; a tar layer's content is known only once extracted, so each layer
+// claims its files (and their parent directories) before they are moved into place. A path two layers claim, or
+// a file where another layer needs a directory, is artifact.ErrPathConflict naming both layers, as the node's
+// cache refuses it: which layer won would depend on timing.
+type Claims struct {
+	mu sync.Mutex
+	by map[string]claim
+}
+
+type claim struct {
+	layer artifact.Layer
+	dir   bool
+}
+
+// Take claims files (slash paths relative to the model's root) for l, or returns the conflict.
+func (c *Claims) Take(l artifact.Layer, files []string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.by == nil {
+		c.by = map[string]claim{}
+	}
+	conflict := func(other artifact.Layer, p, why string) error {
+		return fmt.Errorf("%w: layer %s (%s) and layer %s (%s): %q: %s", artifact.ErrPathConflict,
+			other.Digest, other.Path, l.Digest, l.Path, p, why)
+	}
+	same := func(d digest.Digest) bool { return d == l.Digest }
+	for _, p := range files {
+		if old, ok := c.by[p]; ok && !same(old.layer.Digest) {
+			if old.dir {
+				return conflict(old.layer, p, "a directory of one is a file of the other")
+			}
+			return conflict(old.layer, p, "both hold that file")
+		}
+		for d := path.Dir(p); d != "." && d != "/"; d = path.Dir(d) {
+			if old, ok := c.by[d]; ok && !old.dir && !same(old.layer.Digest) {
+				return conflict(old.layer, d, "a file of one is a directory of the other")
+			}
+		}
+	}
+	for _, p := range files {
+		c.by[p] = claim{layer: l}
+		for d := path.Dir(p); d != "." && d != "/"; d = path.Dir(d) {
+			if _, ok := c.by[d]; !ok {
+				c.by[d] = claim{layer: l, dir: true}
+			}
+		}
+	}
+	return nil
+}
+
+// FilesUnder lists the non-directories under dir, as slash paths relative to it.
+func FilesUnder(dir string) ([]string, error) {
+	var out []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err == nil {
+			out = append(out, filepath.ToSlash(rel))
+		}
+		return err
+	})
+	return out, err
+}
+
+// MergeInto moves the tree under src into dst with renames, replacing what is in the way (directories merge),
+// and returns the regular files moved, relative to dst.
+func MergeInto(src, dst string) ([]string, error) {
+	// src is inside dst (its staging directory). Everything in dst is reached through its root, so a symlink
+	// already there (an image layer's, say) is not followed out of it.
+	root, err := os.OpenRoot(dst)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	srcRel, err := filepath.Rel(dst, src)
+	if err != nil {
+		return nil, err
+	}
+	var files []string
+	var walk func(rel string) error
+	walk = func(rel string) error {
+		entries, err := os.ReadDir(filepath.Join(src, rel))
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			r := filepath.Join(rel, e.Name())
+			from, to := filepath.Join(srcRel, r), filepath.Join(dst, r)
+			fi, err := root.Lstat(r)
+			switch {
+			case err == nil && fi.IsDir() && e.IsDir():
+				if err := walk(r); err != nil {
+					return err
+				}
+				continue
+			case err == nil:
+				if err := root.RemoveAll(r); err != nil {
+					return err
+				}
+			case !errors.Is(err, fs.ErrNotExist):
+				return err
+			}
+			if err := root.Rename(from, r); err != nil {
+				return err
+			}
+			if e.IsDir() {
+				if err := filepath.WalkDir(to, func(p string, d fs.DirEntry, err error) error {
+					if err == nil && d.Type().IsRegular() {
+						rp, _ := filepath.Rel(dst, p)
+						files = append(files, filepath.ToSlash(rp))
+					}
+					return err
+				}); err != nil {
+					return err
+				}
+			} else if e.Type().IsRegular() {
+				files = append(files, filepath.ToSlash(r))
+			}
+		}
+		return nil
+	}
+	return files, walk("")
+}
