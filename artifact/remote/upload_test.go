@@ -3,9 +3,16 @@ package remote
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
+	"log"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	digest "github.com/opencontainers/go-digest"
@@ -90,5 +97,57 @@ func TestResumablePushStaleSessionStartsOver(t *testing.T) {
 	}
 	if got := s.UploadSession("", "", desc.Digest); got != "" {
 		t.Errorf("the finished session is still remembered: %s", got)
+	}
+}
+
+// cutBody fails the request body once total passes cutAt: the connection to the registry is cut mid-chunk.
+type cutBody struct {
+	io.ReadCloser
+	total *atomic.Int64
+	cutAt int64
+	cut   *atomic.Bool
+}
+
+func (b *cutBody) Read(p []byte) (int, error) {
+	if b.total.Load() >= b.cutAt && b.cut.CompareAndSwap(false, true) {
+		return 0, errors.New("connection cut by the test")
+	}
+	n, err := b.ReadCloser.Read(p)
+	b.total.Add(int64(n))
+	return n, err
+}
+
+// An upload whose connection is cut in the middle of a chunk continues from the bytes the registry's session
+// holds (GET, Range) instead of sending the blob from the start.
+func TestResumablePushContinuesAfterCutConnection(t *testing.T) {
+	reg, opts := plainRegistry(t)
+	var total atomic.Int64
+	var cut atomic.Bool
+	const cutAt = 12 << 20 // inside the second chunk
+	rp := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: reg.Host})
+	rp.ErrorLog = log.New(io.Discard, "", 0)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body != nil && r.Method == http.MethodPatch {
+			r.Body = &cutBody{ReadCloser: r.Body, total: &total, cutAt: cutAt, cut: &cut}
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	repo := repoFor(t, strings.TrimPrefix(srv.URL, "http://")+"/cut/c:v1", opts)
+	data := randBytes(t, 4*uploadChunk)
+	desc := ocispec.Descriptor{MediaType: "application/octet-stream", Digest: digest.FromBytes(data), Size: int64(len(data))}
+	if err := transferBlob(context.Background(), anyBytes(data), repo, nil, desc, newTracker(nil), &memSessions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !cut.Load() {
+		t.Fatal("the connection was never cut")
+	}
+	if ok, err := repo.Exists(context.Background(), desc); err != nil || !ok {
+		t.Fatalf("the blob is not on the registry: %v %v", ok, err)
+	}
+	// Starting over would send the blob plus the 12 MiB before the cut.
+	t.Logf("sent %d bytes for a %d byte blob cut at %d", total.Load(), desc.Size, cutAt)
+	if got := total.Load(); got >= desc.Size+uploadChunk/2 {
+		t.Errorf("sent %d bytes for a %d byte blob cut at byte %d: it started over", got, desc.Size, int64(cutAt))
 	}
 }
