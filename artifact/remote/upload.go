@@ -3,12 +3,15 @@ package remote
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 
 	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -91,10 +94,9 @@ func (u *chunkedUpload) resume(ctx context.Context) int64 {
 		return 0
 	}
 	defer resp.Body.Close()
-	_, end, ok := strings.Cut(resp.Header.Get("Range"), "-")
-	n, perr := strconv.ParseInt(end, 10, 64)
+	held, ok := parseUploadRange(resp.Header.Get("Range"))
 	loc, lerr := location(resp)
-	if resp.StatusCode != http.StatusNoContent || !ok || perr != nil || lerr != nil || n+1 > u.desc.Size {
+	if resp.StatusCode != http.StatusNoContent || !ok || lerr != nil || held > u.desc.Size {
 		// Expired (404) or unusable (416: the session moved past what it acknowledged): start over.
 		if resp.StatusCode != http.StatusNotFound {
 			u.cancel(ctx)
@@ -103,11 +105,25 @@ func (u *chunkedUpload) resume(ctx context.Context) int64 {
 		return 0
 	}
 	u.loc = loc
-	if n <= 0 {
-		// "0-0" is both an empty session and one holding a byte: resend from the start.
-		return 0
+	return held
+}
+
+// parseUploadRange reads an upload session's Range header ("0-LAST") as the number of bytes the registry holds.
+// "0-0" is both an empty session and one holding a byte (distribution says it for both): it counts as empty, and
+// a session that does hold the byte refuses the restart from 0, which then starts a new one.
+func parseUploadRange(h string) (int64, bool) {
+	first, last, ok := strings.Cut(strings.TrimPrefix(h, "bytes="), "-")
+	if !ok || first != "0" {
+		return 0, false
 	}
-	return n + 1
+	n, err := strconv.ParseInt(last, 10, 64)
+	if err != nil || n < 0 || n == math.MaxInt64 {
+		return 0, false
+	}
+	if n == 0 {
+		return 0, true
+	}
+	return n + 1, true
 }
 
 // send uploads desc from offset on in chunks, then commits it. open reads the blob from a given byte.
@@ -142,10 +158,12 @@ func (u *chunkedUpload) send(ctx context.Context, open func(ctx context.Context,
 		// The chunk in flight finishes after an interruption, so the session stays at a boundary the registry
 		// acknowledged; its time limit bounds the wait.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), attemptTimeout(n))
-		resp, err := u.do(cctx, http.MethodPatch, u.loc, &countingReader{r: io.LimitReader(rc, n), fn: m.add}, n, map[string]string{
+		body := &fencedReader{r: &countingReader{r: io.LimitReader(rc, n), fn: m.add}}
+		resp, err := u.do(cctx, http.MethodPatch, u.loc, body, n, map[string]string{
 			"Content-Type":  "application/octet-stream",
 			"Content-Range": fmt.Sprintf("%d-%d", offset, offset+n-1),
 		})
+		body.fence()
 		if err != nil {
 			cancel()
 			return err
@@ -196,6 +214,29 @@ func (u *chunkedUpload) cancel(ctx context.Context) {
 		resp.Body.Close()
 	}
 	u.remember("")
+}
+
+// fencedReader stops reading its source once fenced. net/http may go on reading a request body after Do returned
+// (an early response, an error), while the next chunk, the meter and the next attempt read on.
+type fencedReader struct {
+	mu     sync.Mutex
+	r      io.Reader
+	fenced bool
+}
+
+func (f *fencedReader) Read(p []byte) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fenced {
+		return 0, errors.New("request body read after its request ended")
+	}
+	return f.r.Read(p)
+}
+
+func (f *fencedReader) fence() {
+	f.mu.Lock()
+	f.fenced = true
+	f.mu.Unlock()
 }
 
 // pushResumable uploads a blob in chunks through a session remembered in sessions, continuing a session an earlier
