@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,9 @@ import (
 
 	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/registry/remote/auth"
+
+	"github.com/modelpack/modelpack/internal/testenv"
 )
 
 // memSessions is an UploadSessions in memory that keeps every location it was given.
@@ -149,5 +153,28 @@ func TestResumablePushContinuesAfterCutConnection(t *testing.T) {
 	t.Logf("sent %d bytes for a %d byte blob cut at %d", total.Load(), desc.Size, cutAt)
 	if got := total.Load(); got >= desc.Size+uploadChunk/2 {
 		t.Errorf("sent %d bytes for a %d byte blob cut at byte %d: it started over", got, desc.Size, int64(cutAt))
+	}
+}
+
+// The chunked upload authenticates as oras-go's requests do: its PATCHes carry the credentials a registry that
+// requires them challenged the session's POST for.
+func TestResumablePushWithCredentials(t *testing.T) {
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{Htpasswd: htpasswd(t, "alice", "s3cret")})
+	cred := func(context.Context, string) (auth.Credential, error) {
+		return auth.Credential{Username: "alice", Password: "s3cret"}, nil
+	}
+	opts := Options{PlainHTTP: true, RegistryConfig: filepath.Join(t.TempDir(), "none.json"), Credential: cred}
+	repo := repoFor(t, reg.Host+"/auth/c:v1", opts)
+	data := randBytes(t, 2*uploadChunk+1)
+	desc := ocispec.Descriptor{MediaType: "application/octet-stream", Digest: digest.FromBytes(data), Size: int64(len(data))}
+	s := &memSessions{}
+	if err := transferBlob(context.Background(), anyBytes(data), repo, nil, desc, newTracker(nil), s); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.history) < 3 {
+		t.Fatalf("%d session locations kept, want one per chunk: the blob did not go in chunks", len(s.history))
+	}
+	if ok, err := repo.Exists(context.Background(), desc); err != nil || !ok {
+		t.Fatalf("the blob is not on the registry: %v %v", ok, err)
 	}
 }
