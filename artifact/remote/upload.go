@@ -83,17 +83,21 @@ func responseError(resp *http.Response) error {
 	return e
 }
 
-// resume asks the remembered session how many bytes the registry holds; 0 with no session when it is gone.
-func (u *chunkedUpload) resume(ctx context.Context) int64 {
+// resume asks the remembered session how many bytes the registry holds; 0 with no session when it is gone. A
+// failure to ask keeps the session for the next attempt.
+func (u *chunkedUpload) resume(ctx context.Context) (int64, error) {
 	if u.loc == "" {
-		return 0
+		return 0, nil
 	}
 	resp, err := u.do(ctx, http.MethodGet, u.loc, nil, 0, nil)
 	if err != nil {
-		u.loc = ""
-		return 0
+		return 0, err
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests {
+		// The registry is in trouble, not the session: ask again on the next attempt.
+		return 0, responseError(resp)
+	}
 	held, ok := parseUploadRange(resp.Header.Get("Range"))
 	loc, lerr := location(resp)
 	if resp.StatusCode != http.StatusNoContent || !ok || lerr != nil || held > u.desc.Size {
@@ -102,10 +106,10 @@ func (u *chunkedUpload) resume(ctx context.Context) int64 {
 			u.cancel(ctx)
 		}
 		u.loc = ""
-		return 0
+		return 0, nil
 	}
 	u.loc = loc
-	return held
+	return held, nil
 }
 
 // parseUploadRange reads an upload session's Range header ("0-LAST") as the number of bytes the registry holds.
@@ -128,7 +132,10 @@ func parseUploadRange(h string) (int64, bool) {
 
 // send uploads desc from offset on in chunks, then commits it. open reads the blob from a given byte.
 func (u *chunkedUpload) send(ctx context.Context, open func(ctx context.Context, offset int64) (io.ReadCloser, error), m *meter) error {
-	offset := u.resume(ctx)
+	offset, err := u.resume(ctx)
+	if err != nil {
+		return err
+	}
 	if u.loc == "" {
 		offset = 0
 		ep := u.r.origin
