@@ -94,6 +94,7 @@ func (f *sideFlags) apply(cmd *cobra.Command, shared remote.Options) remote.Opti
 	}
 	if c := explicitCredential(f.username, f.password); c != nil {
 		o.Credential = c
+		o.Hints.Credentials = "check --" + f.prefix + "-username and --" + f.prefix + "-password; they override the credentials stored by login"
 	}
 	return o
 }

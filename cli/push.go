@@ -53,7 +53,7 @@ backoff on its own.`,
 					return err
 				}
 				ui := newTransferUI(cmd, g, "pushed")
-				res, err := remote.Push(cmd.Context(), store, local, dst, remote.TransferOptions{Reporter: ui.reporter(), Referrers: referrers, Sources: store})
+				res, err := remote.Push(cmd.Context(), store, local, dst, remote.TransferOptions{Reporter: ui.reporter(), Referrers: referrers, Sources: store, Sessions: store})
 				ui.stop()
 				if err != nil {
 					return err

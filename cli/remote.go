@@ -73,6 +73,7 @@ func (f *remoteFlags) options() remote.Options {
 	o.UserAgent = "modelpack/" + Version
 	if c := explicitCredential(f.username, f.password); c != nil {
 		o.Credential = c
+		o.Hints.Credentials = "check -u/--username and -p/--password; they override the credentials stored by login"
 	}
 	return o
 }

@@ -369,7 +369,7 @@ func TestBadInput(t *testing.T) {
 		}, "nope: no such directory"},
 		"not a directory": {func(t *testing.T, dir string) (string, pack.Options) {
 			return filepath.Join(dir, "config.json"), pack.Options{}
-		}, "config.json: not a directory"},
+		}, "config.json: a file, not a model directory: put it in a directory of its own"},
 		"empty directory": {func(t *testing.T, dir string) (string, pack.Options) {
 			e := filepath.Join(dir, "empty")
 			os.MkdirAll(filepath.Join(e, "sub"), 0o755)

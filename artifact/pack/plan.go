@@ -205,7 +205,9 @@ func checkDir(dir string) error {
 		return badInput(dir, "%v", unwrapPathError(err))
 	}
 	if !fi.IsDir() {
-		return badInput(dir, "not a directory")
+		// oras packs files; a ModelPack artifact is a model's directory. Say how to make one of a lone file.
+		base := filepath.Base(dir)
+		return badInput(dir, "a file, not a model directory: put it in a directory of its own and pack that (mkdir model && ln %s model/%s && modelpack pack model -t NAME:TAG)", dir, base)
 	}
 	return nil
 }

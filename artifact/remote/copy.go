@@ -52,6 +52,9 @@ type TransferOptions struct {
 	// mount a blob from such a repository (POST ?mount=&from=) instead of sending it, and every transfer records
 	// the registry's repository it pushed to or pulled from.
 	Sources BlobSources
+	// Sessions, if set, keeps the upload session of each large blob a push sends, so an interrupted push resumes
+	// where the registry's copy stopped.
+	Sessions UploadSessions
 }
 
 // BlobSources is where blobs were last seen in a registry (layout.Store keeps it beside the local store).
@@ -170,7 +173,7 @@ func transfer(ctx context.Context, src oras.ReadOnlyTarget, srcRef string, dst o
 				}
 			}
 		}
-		status, err := copyBlob(ctx, src, dst, ing, desc, from, t)
+		status, err := copyBlob(ctx, src, dst, ing, desc, from, t, opts.Sessions)
 		if err != nil {
 			t.finish(desc, StatusFailed, err)
 			return remote.wrap(subjectOf(desc), err)
@@ -199,7 +202,7 @@ func transfer(ctx context.Context, src oras.ReadOnlyTarget, srcRef string, dst o
 		if isManifest(desc) {
 			return nil
 		}
-		if err := transferBlob(ctx, src, dst, ing, desc, t); err != nil {
+		if err := transferBlob(ctx, src, dst, ing, desc, t, opts.Sessions); err != nil {
 			t.finish(desc, StatusFailed, err)
 			return remote.wrap(subjectOf(desc), err)
 		}
@@ -319,7 +322,7 @@ func collectBlobs(ctx context.Context, src content.Fetcher, root ocispec.Descrip
 
 // copyBlob makes one blob present in dst: nothing to do if it is there, a mount within one registry, a transfer
 // otherwise.
-func copyBlob(ctx context.Context, src content.Fetcher, dst content.Storage, ing Ingester, desc ocispec.Descriptor, mountFrom string, t *tracker) (Status, error) {
+func copyBlob(ctx context.Context, src content.Fetcher, dst content.Storage, ing Ingester, desc ocispec.Descriptor, mountFrom string, t *tracker, sessions UploadSessions) (Status, error) {
 	ok, err := dst.Exists(ctx, desc)
 	if err != nil {
 		return "", err
@@ -352,7 +355,7 @@ func copyBlob(ctx context.Context, src content.Fetcher, dst content.Storage, ing
 			// A failed mount-with-upload falls through to a plain upload with retries.
 		}
 	}
-	if err := transferBlob(ctx, src, dst, ing, desc, t); err != nil {
+	if err := transferBlob(ctx, src, dst, ing, desc, t, sessions); err != nil {
 		return "", err
 	}
 	return StatusTransferred, nil
@@ -368,9 +371,23 @@ func unwrapCopyError(err error) error {
 	return err
 }
 
-// transferBlob moves one blob: into an Ingester with resumption, to anything else with whole-blob retries.
-func transferBlob(ctx context.Context, src content.Fetcher, dst content.Storage, ing Ingester, desc ocispec.Descriptor, t *tracker) error {
+// transferBlob moves one blob: into an Ingester with resumption, from a local store to a registry in resumable
+// chunks when it is large and sessions are kept, to anything else with whole-blob retries.
+func transferBlob(ctx context.Context, src content.Fetcher, dst content.Storage, ing Ingester, desc ocispec.Descriptor, t *tracker, sessions UploadSessions) error {
 	open := openerFor(src)
+	_, srcIsRepo := src.(*Repository)
+	if r, ok := dst.(*Repository); ok && !srcIsRepo && sessions != nil && desc.Size > uploadChunk {
+		return r.pushResumable(ctx, desc, func(ctx context.Context, offset int64) (io.ReadCloser, error) {
+			rc, start, err := open(ctx, desc, offset)
+			if err == nil && start < offset {
+				// The source cannot seek: skip what the registry holds.
+				if _, err = io.CopyN(io.Discard, rc, offset-start); err != nil {
+					rc.Close()
+				}
+			}
+			return rc, err
+		}, t.meter(desc, 0), sessions)
+	}
 	if ing != nil {
 		var m *meter
 		err := ing.Ingest(ctx, desc.Digest, desc.Size, func(ictx context.Context, offset int64) (io.ReadCloser, int64, error) {

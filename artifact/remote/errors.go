@@ -142,6 +142,10 @@ func (e *Error) Error() string {
 		b.WriteString(e.Op)
 		b.WriteString(" ")
 	}
+	if e.Kind == ErrNotFound && nameUnknown(e.Err) {
+		// The registry's own text ends in a dump of its detail (map[name:…]); the repository is all there is to say.
+		return b.String() + "repository " + e.Registry + "/" + e.Repository + " not found"
+	}
 	b.WriteString(e.Registry)
 	if e.Repository != "" {
 		b.WriteString("/")
@@ -164,6 +168,13 @@ func (e *Error) describe() string {
 	switch {
 	case errors.As(e.Err, &dnsErr) && dnsErr.IsNotFound:
 		return fmt.Sprintf("unknown host %q (no such host in DNS): check the registry's name", dnsErr.Name)
+	case e.Kind == ErrUnauthorized && e.Hints.Credentials != "":
+		var resp *errcode.ErrorResponse
+		if errors.As(e.Err, &resp) {
+			// The registry's detail is a dump of the scope asked for; the status says it all.
+			cause = fmt.Sprintf("%s %q: %d %s", resp.Method, resp.URL, resp.StatusCode, http.StatusText(resp.StatusCode))
+		}
+		return fmt.Sprintf("credentials rejected (%s): %s", e.Hints.Credentials, cause)
 	case e.Kind == ErrUnauthorized:
 		return fmt.Sprintf("authentication required or credentials rejected (run `modelpack login %s`): %s", e.Registry, cause)
 	case e.Kind == ErrForbidden:
@@ -208,6 +219,19 @@ func (e *Error) describe() string {
 // 400 Bad Request with no distribution error body.
 func httpToHTTPS(resp *errcode.ErrorResponse) bool {
 	return resp.StatusCode == http.StatusBadRequest && len(resp.Errors) == 0 && resp.URL != nil && resp.URL.Scheme == "http"
+}
+
+// nameUnknown reports whether the registry said the repository does not exist (NAME_UNKNOWN).
+func nameUnknown(err error) bool {
+	var resp *errcode.ErrorResponse
+	if errors.As(err, &resp) {
+		for _, e := range resp.Errors {
+			if e.Code == errcode.ErrorCodeNameUnknown {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func isHTTPToHTTPS(err error) bool {

@@ -92,6 +92,9 @@ type Hints struct {
 	PlainHTTP string
 	// TLS is how to trust, or skip verifying, a registry's certificate.
 	TLS string
+	// Credentials, if set, is how to fix credentials the registry rejected; empty suggests `modelpack login`.
+	// Credentials given explicitly (-u/-p) are fixed there, not by a login they override.
+	Credentials string
 }
 
 // CLIHints name the modelpack CLI's flags.

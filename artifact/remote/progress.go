@@ -149,3 +149,11 @@ func isManifest(desc ocispec.Descriptor) bool {
 	}
 	return false
 }
+
+// seek restarts the count of a resumed upload at offset, the bytes the registry already holds.
+func (m *meter) seek(offset int64) {
+	m.done = offset
+	if m.t.rep != nil {
+		m.t.rep.Update(m.desc, offset)
+	}
+}

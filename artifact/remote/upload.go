@@ -1,0 +1,270 @@
+package remote
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+
+	digest "github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/registry/remote/auth"
+	"oras.land/oras-go/v2/registry/remote/errcode"
+)
+
+// uploadChunk is the size of one PATCH of a chunked upload. An interrupted push finishes the chunk in flight, so
+// the registry's session ends on a chunk boundary it has acknowledged, and the next run continues from there.
+// Blobs up to this size go in one request, as oras-go sends them.
+const uploadChunk = 8 << 20
+
+// UploadSessions remembers the registry's upload session (its Location URL) of each blob a push was sending, so that
+// a push run again after an interruption asks the registry how far the session got (GET, Range header) and sends
+// only the rest. It is a hint: lost, stale or expired on the registry, the blob is sent from the start.
+type UploadSessions interface {
+	UploadSession(registry, repo string, d digest.Digest) string
+	// RecordUploadSession remembers location; "" forgets the blob's session.
+	RecordUploadSession(registry, repo string, d digest.Digest, location string) error
+}
+
+// chunkedUpload is one blob's resumable upload to the origin registry.
+type chunkedUpload struct {
+	r        *Repository
+	desc     ocispec.Descriptor
+	sessions UploadSessions
+	loc      string
+}
+
+func (u *chunkedUpload) remember(loc string) {
+	u.loc = loc
+	// A hint: failing to keep it costs the next run a full upload, never this one.
+	_ = u.sessions.RecordUploadSession(u.r.Reference.Registry, u.r.Reference.Repository, u.desc.Digest, loc)
+}
+
+func (u *chunkedUpload) do(ctx context.Context, method, loc string, body io.Reader, n int64, hdr map[string]string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, loc, body)
+	if err != nil {
+		return nil, err
+	}
+	req.ContentLength = n
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	ctx = auth.AppendRepositoryScope(ctx, u.r.origin.repo.Reference, auth.ActionPull, auth.ActionPush)
+	return u.r.origin.repo.Client.Do(req.WithContext(ctx))
+}
+
+// location is the absolute URL of resp's Location header.
+func location(resp *http.Response) (string, error) {
+	l := resp.Header.Get("Location")
+	if l == "" {
+		return "", fmt.Errorf("%s %s: the registry gave no upload location", resp.Request.Method, resp.Request.URL.Redacted())
+	}
+	u, err := resp.Request.URL.Parse(l)
+	if err != nil {
+		return "", err
+	}
+	return u.String(), nil
+}
+
+// responseError is the registry's error of an unexpected response, classified as oras-go's are.
+func responseError(resp *http.Response) error {
+	e := &errcode.ErrorResponse{Method: resp.Request.Method, URL: resp.Request.URL, StatusCode: resp.StatusCode}
+	var body struct{ Errors errcode.Errors }
+	if json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&body) == nil {
+		e.Errors = body.Errors
+	}
+	return e
+}
+
+// resume asks the remembered session how many bytes the registry holds; 0 with no session when it is gone. A
+// failure to ask keeps the session for the next attempt.
+func (u *chunkedUpload) resume(ctx context.Context) (int64, error) {
+	if u.loc == "" {
+		return 0, nil
+	}
+	resp, err := u.do(ctx, http.MethodGet, u.loc, nil, 0, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests {
+		// The registry is in trouble, not the session: ask again on the next attempt.
+		return 0, responseError(resp)
+	}
+	held, ok := parseUploadRange(resp.Header.Get("Range"))
+	loc, lerr := location(resp)
+	if resp.StatusCode != http.StatusNoContent || !ok || lerr != nil || held > u.desc.Size {
+		// Expired (404) or unusable (416: the session moved past what it acknowledged): start over.
+		if resp.StatusCode != http.StatusNotFound {
+			u.cancel(ctx)
+		}
+		u.loc = ""
+		return 0, nil
+	}
+	u.loc = loc
+	return held, nil
+}
+
+// parseUploadRange reads an upload session's Range header ("0-LAST") as the number of bytes the registry holds.
+// "0-0" is both an empty session and one holding a byte (distribution says it for both): it counts as empty, and
+// a session that does hold the byte refuses the restart from 0, which then starts a new one.
+func parseUploadRange(h string) (int64, bool) {
+	first, last, ok := strings.Cut(strings.TrimPrefix(h, "bytes="), "-")
+	if !ok || first != "0" {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(last, 10, 64)
+	if err != nil || n < 0 || n == math.MaxInt64 {
+		return 0, false
+	}
+	if n == 0 {
+		return 0, true
+	}
+	return n + 1, true
+}
+
+// send uploads desc from offset on in chunks, then commits it. open reads the blob from a given byte.
+func (u *chunkedUpload) send(ctx context.Context, open func(ctx context.Context, offset int64) (io.ReadCloser, error), m *meter) error {
+	offset, err := u.resume(ctx)
+	if err != nil {
+		return err
+	}
+	if u.loc == "" {
+		offset = 0
+		ep := u.r.origin
+		start := fmt.Sprintf("%s://%s/v2/%s/blobs/uploads/", ep.scheme, ep.host, u.r.Reference.Repository)
+		resp, err := u.do(ctx, http.MethodPost, start, nil, 0, nil)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusAccepted {
+			return responseError(resp)
+		}
+		loc, err := location(resp)
+		if err != nil {
+			return err
+		}
+		u.remember(loc)
+	}
+	m.seek(offset)
+	rc, err := open(ctx, offset)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	for offset < u.desc.Size {
+		n := min(uploadChunk, u.desc.Size-offset)
+		// The chunk in flight finishes after an interruption, so the session stays at a boundary the registry
+		// acknowledged; its time limit bounds the wait.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), attemptTimeout(n))
+		body := &fencedReader{r: &countingReader{r: io.LimitReader(rc, n), fn: m.add}}
+		resp, err := u.do(cctx, http.MethodPatch, u.loc, body, n, map[string]string{
+			"Content-Type":  "application/octet-stream",
+			"Content-Range": fmt.Sprintf("%d-%d", offset, offset+n-1),
+		})
+		body.fence()
+		if err != nil {
+			cancel()
+			return err
+		}
+		if resp.StatusCode != http.StatusAccepted {
+			err = responseError(resp)
+		}
+		resp.Body.Close()
+		cancel()
+		if err != nil {
+			return err
+		}
+		loc, err := location(resp)
+		if err != nil {
+			return err
+		}
+		u.remember(loc)
+		offset += n
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+	commit, err := url.Parse(u.loc)
+	if err != nil {
+		return err
+	}
+	q := commit.Query()
+	q.Set("digest", u.desc.Digest.String())
+	commit.RawQuery = q.Encode()
+	resp, err := u.do(ctx, http.MethodPut, commit.String(), nil, 0, nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		return responseError(resp)
+	}
+	u.remember("")
+	return nil
+}
+
+// cancel ends the session on the registry (DELETE), so a push that will not resume leaves no upload behind.
+func (u *chunkedUpload) cancel(ctx context.Context) {
+	if u.loc == "" {
+		return
+	}
+	if resp, err := u.do(context.WithoutCancel(ctx), http.MethodDelete, u.loc, nil, 0, nil); err == nil {
+		resp.Body.Close()
+	}
+	u.remember("")
+}
+
+// fencedReader stops reading its source once fenced. net/http may go on reading a request body after Do returned
+// (an early response, an error), while the next chunk, the meter and the next attempt read on.
+type fencedReader struct {
+	mu     sync.Mutex
+	r      io.Reader
+	fenced bool
+}
+
+func (f *fencedReader) Read(p []byte) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fenced {
+		return 0, errors.New("request body read after its request ended")
+	}
+	return f.r.Read(p)
+}
+
+func (f *fencedReader) fence() {
+	f.mu.Lock()
+	f.fenced = true
+	f.mu.Unlock()
+}
+
+// pushResumable uploads a blob in chunks through a session remembered in sessions, continuing a session an earlier
+// run left and retrying transient failures from the byte the registry holds. A failure that is not an interruption
+// cancels the session.
+func (r *Repository) pushResumable(ctx context.Context, desc ocispec.Descriptor, open func(ctx context.Context, offset int64) (io.ReadCloser, error), m *meter, sessions UploadSessions) error {
+	u := &chunkedUpload{r: r, desc: desc, sessions: sessions, loc: sessions.UploadSession(r.Reference.Registry, r.Reference.Repository, desc.Digest)}
+	for attempt := 1; ; attempt++ {
+		err := u.send(ctx, open, m)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if !retryable(err) || attempt >= maxPushAttempts {
+			u.cancel(ctx)
+			return r.wrap(subjectOf(desc), err)
+		}
+		if err := sleep(ctx, backoff(attempt)); err != nil {
+			return err
+		}
+	}
+}
