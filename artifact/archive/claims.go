@@ -111,6 +111,15 @@ func MergeInto(src, dst string) ([]string, error) {
 				if err := walk(r); err != nil {
 					return err
 				}
+				// The directory of the layer merged last gives its mode, as extracting over it would (after its
+				// contents moved, so a mode without write permission does not stop them).
+				si, err := os.Lstat(filepath.Join(src, r))
+				if err != nil {
+					return err
+				}
+				if err := root.Chmod(r, si.Mode().Perm()); err != nil {
+					return err
+				}
 				continue
 			case err == nil:
 				if err := root.RemoveAll(r); err != nil {
