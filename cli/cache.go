@@ -63,21 +63,19 @@ func isCache(dir string) bool {
 	return err == nil
 }
 
-func init() {
-	register(func(g *Globals) *cobra.Command {
-		f := &cacheFlags{}
-		cmd := &cobra.Command{
-			Use:   "cache",
-			Short: "Inspect and maintain a node cache (the CSI driver's content store)",
-			Long: `Inspect and maintain a node cache: the blobs, extracted layers and read-only views the CSI driver serves.
+func cacheCmd(g *Globals) *cobra.Command {
+	f := &cacheFlags{}
+	cmd := &cobra.Command{
+		Use:   "cache",
+		Short: "Inspect and maintain a node cache (the CSI driver's content store)",
+		Long: `Inspect and maintain a node cache: the blobs, extracted layers and read-only views the CSI driver serves.
 
 A cache root is held by one process at a time: while the driver runs, these commands wait up to --lock-timeout.`,
-		}
-		cmd.PersistentFlags().StringVar(&f.root, "root", defaultCacheRoot(), "cache directory (env MODELPACK_CACHE_ROOT); the driver's --root works too (its cache is <root>/cache)")
-		cmd.PersistentFlags().DurationVar(&f.lockTimeout, "lock-timeout", 5*time.Second, "how long to wait for another process holding the cache")
-		cmd.AddCommand(cacheLsCmd(g, f), cacheDuCmd(g, f), cacheGCCmd(g, f), cacheVerifyCmd(g, f), cacheRmCmd(g, f), cacheBenchCmd(f))
-		return cmd
-	})
+	}
+	cmd.PersistentFlags().StringVar(&f.root, "root", defaultCacheRoot(), "cache directory (env MODELPACK_CACHE_ROOT); the driver's --root works too (its cache is <root>/cache)")
+	cmd.PersistentFlags().DurationVar(&f.lockTimeout, "lock-timeout", 5*time.Second, "how long to wait for another process holding the cache")
+	cmd.AddCommand(cacheLsCmd(g, f), cacheDuCmd(g, f), cacheGCCmd(g, f), cacheVerifyCmd(g, f), cacheRmCmd(g, f), cacheBenchCmd(f))
+	return cmd
 }
 
 func cacheLsCmd(g *Globals, f *cacheFlags) *cobra.Command {

@@ -6,56 +6,54 @@ import (
 	"github.com/spf13/pflag"
 )
 
-func init() {
-	register(func(g *Globals) *cobra.Command {
-		var rf remoteFlags
-		var from, to sideFlags
-		var referrers bool
-		cmd := &cobra.Command{
-			Use:     "copy SRC DST",
-			Aliases: []string{"cp"},
-			Short:   "Copy an artifact from one registry repository to another",
-			Long: `Copy an artifact between registries, or between repositories of one registry, without a local copy.
+func copyCmd(g *Globals) *cobra.Command {
+	var rf remoteFlags
+	var from, to sideFlags
+	var referrers bool
+	cmd := &cobra.Command{
+		Use:     "copy SRC DST",
+		Aliases: []string{"cp"},
+		Short:   "Copy an artifact from one registry repository to another",
+		Long: `Copy an artifact between registries, or between repositories of one registry, without a local copy.
 
 Within one registry the blobs are mounted across repositories, so no layer bytes move. DST's tag defaults to
 SRC's. The connection flags apply to both registries; --from-* and --to-* set them for one side, as oras copy
 does (a TLS registry with its own CA on one side, a plain-HTTP one on the other).`,
-			Example: `  modelpack copy registry.local:5000/team-a/model:v1 registry.local:5000/team-b/model
+		Example: `  modelpack copy registry.local:5000/team-a/model:v1 registry.local:5000/team-b/model
   modelpack copy -r registry.local:5000/org/model:v1 mirror.local/org/model:v1
   modelpack copy --from-ca-file ca.pem --to-plain-http registry.example.com/org/model:v1 127.0.0.1:5000/org/model`,
-			Args: cobra.ExactArgs(2),
-			RunE: func(cmd *cobra.Command, args []string) error {
-				opts := rf.options()
-				srcOpts, dstOpts := from.apply(cmd, opts), to.apply(cmd, opts)
-				srcRef, err := registryRef(args[0])
-				if err != nil {
-					return err
-				}
-				if _, err := registryRepo(args[1]); err != nil {
-					return err
-				}
-				src, _, err := remote.NewRepository(srcRef.String(), srcOpts)
-				if err != nil {
-					return err
-				}
-				dst, _, err := remote.NewRepository(args[1], dstOpts)
-				if err != nil {
-					return err
-				}
-				ui := newTransferUI(cmd, g, "copied")
-				res, err := remote.Copy(cmd.Context(), src, dst, remote.TransferOptions{Reporter: ui.reporter(), Referrers: referrers})
-				if err == nil {
-					fillArtifactType(cmd.Context(), src, &res.Descriptor)
-				}
-				return ui.done(res, err)
-			},
-		}
-		rf.register(cmd.Flags())
-		from.register(cmd.Flags(), "from", "source")
-		to.register(cmd.Flags(), "to", "destination")
-		cmd.Flags().BoolVarP(&referrers, "referrers", "r", false, "also copy the artifacts referring to it (signatures, SBOMs) and cosign's sha256-<hex>.sig/.att/.sbom tags, as cosign copy does")
-		return cmd
-	})
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			opts := rf.options()
+			srcOpts, dstOpts := from.apply(cmd, opts), to.apply(cmd, opts)
+			srcRef, err := registryRef(args[0])
+			if err != nil {
+				return err
+			}
+			if _, err := registryRepo(args[1]); err != nil {
+				return err
+			}
+			src, _, err := remote.NewRepository(srcRef.String(), srcOpts)
+			if err != nil {
+				return err
+			}
+			dst, _, err := remote.NewRepository(args[1], dstOpts)
+			if err != nil {
+				return err
+			}
+			ui := newTransferUI(cmd, g, "copied")
+			res, err := remote.Copy(cmd.Context(), src, dst, remote.TransferOptions{Reporter: ui.reporter(), Referrers: referrers})
+			if err == nil {
+				fillArtifactType(cmd.Context(), src, &res.Descriptor)
+			}
+			return ui.done(res, err)
+		},
+	}
+	rf.register(cmd.Flags())
+	from.register(cmd.Flags(), "from", "source")
+	to.register(cmd.Flags(), "to", "destination")
+	cmd.Flags().BoolVarP(&referrers, "referrers", "r", false, "also copy the artifacts referring to it (signatures, SBOMs) and cosign's sha256-<hex>.sig/.att/.sbom tags, as cosign copy does")
+	return cmd
 }
 
 // sideFlags are copy's --from-* or --to-* connection flags: set, they replace the shared flag for that side.

@@ -26,8 +26,8 @@ import (
 	"github.com/modelpack/modelpack/csidriver/cachebackend"
 )
 
-// csiDriverExtension lets another feature's command file add to `modelpack csi-driver` without editing this one
-// (prepull's socket, signing policy): flags of its own, and a setup step that runs once the cache is open.
+// csiDriverExtension is a feature of `modelpack csi-driver` kept in its own file (prepull's socket, signing policy):
+// flags of its own, and a setup step that runs once the cache is open.
 type csiDriverExtension struct {
 	AddFlags func(*pflag.FlagSet)
 	// Setup may add gRPC services and HTTP handlers to env.Driver, set env.Verifier, and start goroutines bound
@@ -51,10 +51,10 @@ type CSIDriverEnv struct {
 	Instance *csidriver.Driver
 }
 
-var csiDriverExtensions []csiDriverExtension
-
-func registerCSIDriverExtension(e csiDriverExtension) {
-	csiDriverExtensions = append(csiDriverExtensions, e)
+// csiDriverExtensions are set up in this order: signing sets env.Verifier before prepull reads it, so prepulls obey
+// the same policy as mounts.
+func csiDriverExtensions() []csiDriverExtension {
+	return []csiDriverExtension{signingExtension(), prepullExtension()}
 }
 
 type csiDriverFlags struct {
@@ -72,15 +72,15 @@ type csiDriverFlags struct {
 	verificationAllowlist                           []string
 }
 
-func init() {
-	register(func(g *Globals) *cobra.Command {
-		f := &csiDriverFlags{}
-		cmd := &cobra.Command{
-			Use: "csi-driver",
-			Example: `  modelpack csi-driver --endpoint unix:///csi/csi.sock --node-id "$NODE_NAME" --root /var/lib/modelpack \
+func csiDriverCmd(g *Globals) *cobra.Command {
+	f := &csiDriverFlags{}
+	exts := csiDriverExtensions()
+	cmd := &cobra.Command{
+		Use: "csi-driver",
+		Example: `  modelpack csi-driver --endpoint unix:///csi/csi.sock --node-id "$NODE_NAME" --root /var/lib/modelpack \
     --policy /etc/modelpack/policy/policy.yaml --cache-max-size 100GiB`,
-			Short: "Run the CSI node plugin that mounts models read-only into pods",
-			Long: `Run the CSI node plugin. Pods name a model in a volume's attributes and the node mounts it read-only,
+		Short: "Run the CSI node plugin that mounts models read-only into pods",
+		Long: `Run the CSI node plugin. Pods name a model in a volume's attributes and the node mounts it read-only,
 with the semantics of Kubernetes image volumes:
 
   volumeAttributes:
@@ -111,47 +111,46 @@ Errors: INVALID_ARGUMENT bad attributes; ABORTED pull continues, retry joins it;
 pullPolicy Never and absent, content over the limits, hostile or corrupt content (republish it); NOT_FOUND;
 UNAVAILABLE registry unreachable, stalled or untrusted TLS (--ca-file, --hosts-dir, --plain-http-registries);
 UNAUTHENTICATED; PERMISSION_DENIED registry or signature policy; RESOURCE_EXHAUSTED disk full; INTERNAL a bug.`,
-			Args: cobra.NoArgs,
-			RunE: func(cmd *cobra.Command, _ []string) error { return runCSIDriver(cmd.Context(), f) },
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runCSIDriver(cmd.Context(), f, exts) },
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.endpoint, "endpoint", envOr("CSI_ENDPOINT", csidriver.DefaultEndpoint), "CSI endpoint, unix:///path/to/csi.sock (env CSI_ENDPOINT)")
+	fl.StringVar(&f.nodeID, "node-id", os.Getenv("NODE_NAME"), "node id reported to Kubernetes, normally the node name (env NODE_NAME)")
+	fl.StringVar(&f.root, "root", "/var/lib/modelpack", "node directory for the cache and the driver's state")
+	fl.StringVar(&f.driverName, "driver-name", csidriver.DefaultDriverName, "CSI driver name")
+	fl.StringVar(&f.metricsAddr, "metrics-addr", csidriver.DefaultMetricsAddr("9808"), "address serving /metrics and /healthz (empty disables; default: $POD_IP, else 127.0.0.1)")
+	fl.StringVar(&f.hostsDir, "hosts-dir", "", "containerd-style hosts directory with per-registry mirrors and TLS (hosts.toml)")
+	fl.StringVar(&f.registryConfig, "registry-config", "", "docker config.json with the node's registry credentials and helpers (default: docker's)")
+	fl.StringVar(&f.caFile, "ca-file", "", "PEM CA bundle trusted for registries in addition to the system roots")
+	fl.StringSliceVar(&f.plainHTTP, "plain-http-registries", nil, "registries (host[:port]) reached over plain HTTP")
+	fl.StringVar(&f.cacheMax, "cache-max-size", "0", "evict least recently used models above this size (e.g. 200GiB; 0 = no limit)")
+	fl.DurationVar(&f.cacheMinAge, "cache-min-age", cache.DefaultMinAge, "never evict content used this recently (the cache may exceed --cache-max-size by it meanwhile; 0 = no protection)")
+	fl.StringVar(&f.maxExtract, "max-extract-bytes", "1TiB", "largest a tar layer may expand to (decompression and sparse-file bombs)")
+	fl.Float64Var(&f.maxExtractRatio, "max-extract-ratio", archive.DefaultLimits.MaxRatio, "largest a tar layer may expand to, as a multiple of its declared size (never below 64MiB)")
+	fl.DurationVar(&f.registryTimeouts.ResponseHeader, "registry-response-timeout", remote.DefaultTimeouts.ResponseHeader, "how long a registry request waits for the response headers (manifest reads get --registry-idle-timeout)")
+	fl.DurationVar(&f.registryTimeouts.Idle, "registry-idle-timeout", remote.DefaultTimeouts.Idle, "how long a blob download may go without a byte before it reconnects")
+	fl.IntVar(&f.registryTimeouts.Attempts, "registry-attempts", remote.DefaultTimeouts.Attempts, "attempts in a row without a byte of progress before a download fails")
+	fl.DurationVar(&f.gcInterval, "gc-interval", 5*time.Minute, "how often orphaned volumes and the cache are collected")
+	fl.DurationVar(&f.verifyInterval, "cache-verify-interval", 24*time.Hour, "how often the background scrub re-hashes every cached blob (damaged ones are quarantined and pulled again; 0 = only after an unclean start)")
+	fl.StringVar(&f.scrubRate, "cache-scrub-rate", "128MiB", "most bytes per second the background scrub reads (at idle I/O priority; 0 = no cap)")
+	fl.StringVar(&f.verificationPolicy, "image-pull-credentials-verification-policy", string(access.DefaultMode),
+		"when a model on the node is mounted for a caller without asking its registry (kubelet's setting of the same name): "+
+			"NeverVerify, NeverVerifyPreloadedImages (prepulled models exempt), NeverVerifyAllowlistedImages (prepulled models under "+
+			"--preloaded-images-verification-allowlist exempt) or AlwaysVerify. Any other caller is checked with the registry first, with its own credentials")
+	fl.StringSliceVar(&f.verificationAllowlist, "preloaded-images-verification-allowlist", nil,
+		"with NeverVerifyAllowlistedImages: registry/repository names, or prefixes ending in /* (registry.example.com/models/*), whose prepulled models any caller may mount")
+	fl.StringVar(&f.logFormat, "log-format", "json", "log format: json or text")
+	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	for _, e := range exts {
+		if e.AddFlags != nil {
+			e.AddFlags(fl)
 		}
-		fl := cmd.Flags()
-		fl.StringVar(&f.endpoint, "endpoint", envOr("CSI_ENDPOINT", csidriver.DefaultEndpoint), "CSI endpoint, unix:///path/to/csi.sock (env CSI_ENDPOINT)")
-		fl.StringVar(&f.nodeID, "node-id", os.Getenv("NODE_NAME"), "node id reported to Kubernetes, normally the node name (env NODE_NAME)")
-		fl.StringVar(&f.root, "root", "/var/lib/modelpack", "node directory for the cache and the driver's state")
-		fl.StringVar(&f.driverName, "driver-name", csidriver.DefaultDriverName, "CSI driver name")
-		fl.StringVar(&f.metricsAddr, "metrics-addr", csidriver.DefaultMetricsAddr("9808"), "address serving /metrics and /healthz (empty disables; default: $POD_IP, else 127.0.0.1)")
-		fl.StringVar(&f.hostsDir, "hosts-dir", "", "containerd-style hosts directory with per-registry mirrors and TLS (hosts.toml)")
-		fl.StringVar(&f.registryConfig, "registry-config", "", "docker config.json with the node's registry credentials and helpers (default: docker's)")
-		fl.StringVar(&f.caFile, "ca-file", "", "PEM CA bundle trusted for registries in addition to the system roots")
-		fl.StringSliceVar(&f.plainHTTP, "plain-http-registries", nil, "registries (host[:port]) reached over plain HTTP")
-		fl.StringVar(&f.cacheMax, "cache-max-size", "0", "evict least recently used models above this size (e.g. 200GiB; 0 = no limit)")
-		fl.DurationVar(&f.cacheMinAge, "cache-min-age", cache.DefaultMinAge, "never evict content used this recently (the cache may exceed --cache-max-size by it meanwhile; 0 = no protection)")
-		fl.StringVar(&f.maxExtract, "max-extract-bytes", "1TiB", "largest a tar layer may expand to (decompression and sparse-file bombs)")
-		fl.Float64Var(&f.maxExtractRatio, "max-extract-ratio", archive.DefaultLimits.MaxRatio, "largest a tar layer may expand to, as a multiple of its declared size (never below 64MiB)")
-		fl.DurationVar(&f.registryTimeouts.ResponseHeader, "registry-response-timeout", remote.DefaultTimeouts.ResponseHeader, "how long a registry request waits for the response headers (manifest reads get --registry-idle-timeout)")
-		fl.DurationVar(&f.registryTimeouts.Idle, "registry-idle-timeout", remote.DefaultTimeouts.Idle, "how long a blob download may go without a byte before it reconnects")
-		fl.IntVar(&f.registryTimeouts.Attempts, "registry-attempts", remote.DefaultTimeouts.Attempts, "attempts in a row without a byte of progress before a download fails")
-		fl.DurationVar(&f.gcInterval, "gc-interval", 5*time.Minute, "how often orphaned volumes and the cache are collected")
-		fl.DurationVar(&f.verifyInterval, "cache-verify-interval", 24*time.Hour, "how often the background scrub re-hashes every cached blob (damaged ones are quarantined and pulled again; 0 = only after an unclean start)")
-		fl.StringVar(&f.scrubRate, "cache-scrub-rate", "128MiB", "most bytes per second the background scrub reads (at idle I/O priority; 0 = no cap)")
-		fl.StringVar(&f.verificationPolicy, "image-pull-credentials-verification-policy", string(access.DefaultMode),
-			"when a model on the node is mounted for a caller without asking its registry (kubelet's setting of the same name): "+
-				"NeverVerify, NeverVerifyPreloadedImages (prepulled models exempt), NeverVerifyAllowlistedImages (prepulled models under "+
-				"--preloaded-images-verification-allowlist exempt) or AlwaysVerify. Any other caller is checked with the registry first, with its own credentials")
-		fl.StringSliceVar(&f.verificationAllowlist, "preloaded-images-verification-allowlist", nil,
-			"with NeverVerifyAllowlistedImages: registry/repository names, or prefixes ending in /* (registry.example.com/models/*), whose prepulled models any caller may mount")
-		fl.StringVar(&f.logFormat, "log-format", "json", "log format: json or text")
-		fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
-		for _, e := range csiDriverExtensions {
-			if e.AddFlags != nil {
-				e.AddFlags(fl)
-			}
-		}
-		return cmd
-	})
+	}
+	return cmd
 }
 
-func runCSIDriver(parent context.Context, f *csiDriverFlags) error {
+func runCSIDriver(parent context.Context, f *csiDriverFlags, exts []csiDriverExtension) error {
 	log, err := newLogger(f.logFormat, f.logLevel)
 	if err != nil {
 		return err
@@ -228,7 +227,7 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags) error {
 		Logger:              log,
 		Driver:              &opts,
 	}
-	for _, e := range csiDriverExtensions {
+	for _, e := range exts {
 		if e.Setup != nil {
 			if err := e.Setup(ctx, env); err != nil {
 				return err

@@ -12,12 +12,11 @@ import (
 	"github.com/modelpack/modelpack/signing"
 )
 
-// The signing extension of `modelpack csi-driver`: --policy loads the node trust policy, and every artifact is
-// verified by digest before any of its layers is pulled or mounted. This file sorts before prepull_driver.go,
-// so env.Verifier is set before the prepull API picks it up: prepull obeys the same policy.
-func init() {
+// signingExtension is the signing part of `modelpack csi-driver`: --policy loads the node trust policy, and every
+// artifact is verified by digest before any of its layers is pulled or mounted.
+func signingExtension() csiDriverExtension {
 	var policyPath string
-	registerCSIDriverExtension(csiDriverExtension{
+	return csiDriverExtension{
 		AddFlags: func(fs *pflag.FlagSet) {
 			fs.StringVar(&policyPath, "policy", "", "node trust policy (YAML); reloaded on change. Empty: signatures are not checked. Signatures are read like models: --ca-file, --hosts-dir (mirrors too), --plain-http-registries, never https→http")
 		},
@@ -53,7 +52,7 @@ func init() {
 			env.Logger.Info("trust policy loaded", "path", policyPath, "version", p.Version())
 			return nil
 		},
-	})
+	}
 }
 
 // policyDenial is a signing refusal that the driver also recognises as its own ErrDenied (PERMISSION_DENIED),

@@ -19,11 +19,6 @@ import (
 	"github.com/modelpack/modelpack/artifact/pack"
 )
 
-// PackPush lets the registry commands give `pack --push` its sink without this file importing them: it adds its
-// flags (--plain-http, …) to the pack command and returns the constructor of a sink pushing to ref. Unset, --push
-// is refused.
-var PackPush func(cmd *cobra.Command, g *Globals) func(ctx context.Context, ref string) (pack.Sink, error)
-
 type packFlags struct {
 	tag, modelfile, layerFormat, created string
 	datasets, kinds, licenses, authors   []string
@@ -34,14 +29,13 @@ type packFlags struct {
 	cfg                                  artifact.ModelConfig
 }
 
-func init() {
-	register(func(g *Globals) *cobra.Command {
-		f := &packFlags{}
-		cmd := &cobra.Command{
-			Use:     "pack DIR|hf://ORG/NAME[@REVISION] -t NAME[:TAG]",
-			Aliases: []string{"build"},
-			Short:   "Pack a model directory or a Hugging Face model into a ModelPack artifact in the local store",
-			Long: `Pack a model directory into a CNCF ModelPack artifact in the local store.
+func packCmd(g *Globals) *cobra.Command {
+	f := &packFlags{}
+	cmd := &cobra.Command{
+		Use:     "pack DIR|hf://ORG/NAME[@REVISION] -t NAME[:TAG]",
+		Aliases: []string{"build"},
+		Short:   "Pack a model directory or a Hugging Face model into a ModelPack artifact in the local store",
+		Long: `Pack a model directory into a CNCF ModelPack artifact in the local store.
 
 Each weight file (safetensors, gguf, bin, pt, onnx, …) becomes a raw layer of its own; config and tokenizer
 files become weight.config layers, README/LICENSE/*.md doc layers, *.py and friends code layers. --dataset and
@@ -59,53 +53,49 @@ straight into the registry, with no local copy. The config records the source UR
 license; createdAt is the commit's date, so the same revision always packs to the same digest. A snapshot
 directory of a Hub cache (models--ORG--NAME/snapshots/COMMIT) packs as a model directory, its symlinks into the
 cache's blobs/ followed.`,
-			Example: `  modelpack pack ./llama3-8b -t llama3:8b
+		Example: `  modelpack pack ./llama3-8b -t llama3:8b
   modelpack pack hf://Qwen/Qwen2.5-0.5B-Instruct -t qwen2.5:0.5b --exclude '*.gguf'
   modelpack pack ./model -t registry.local/org/model:v1 --dataset data --layer-format tar+zstd`,
-			Args: cobra.ExactArgs(1),
-			ValidArgsFunction: func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
-				return nil, cobra.ShellCompDirectiveFilterDirs
-			},
-		}
-		fl := cmd.Flags()
-		fl.StringVarP(&f.tag, "tag", "t", "", "reference to tag the artifact with, NAME[:TAG] (required)")
-		fl.StringVarP(&f.modelfile, "modelfile", "f", "", "modctl-style Modelfile (default DIR/Modelfile if present)")
-		fl.StringVar(&f.layerFormat, "layer-format", "raw", "format of non-weight layers: raw, tar, tar+gzip or tar+zstd")
-		fl.StringArrayVar(&f.datasets, "dataset", nil, "pack files or directories matching this glob as dataset layers (repeatable)")
-		fl.StringArrayVar(&f.kinds, "kind", nil, "KIND=GLOB: pack matching files or directories as KIND (weight, weight.config, doc, code, dataset; repeatable)")
-		fl.StringVar(&f.created, "created", "", "record a creation time (RFC 3339, or \"now\"); without it the artifact has no timestamp")
-		fl.IntVar(&f.concurrency, "concurrency", 0, "files packed at once (default GOMAXPROCS; 8 for hf://)")
-		fl.StringArrayVar(&f.include, "include", nil, "hf:// only: pack only files matching this glob (repeatable; a glob without / matches base names)")
-		fl.StringArrayVar(&f.exclude, "exclude", nil, "hf:// only: leave out files matching this glob (repeatable)")
-		fl.StringVar(&f.desc.Name, "name", "", "model name (descriptor.name)")
-		fl.StringVar(&f.desc.Family, "family", "", "model family, e.g. llama3 (descriptor.family)")
-		fl.StringVar(&f.desc.Version, "model-version", "", "model version (descriptor.version)")
-		fl.StringVar(&f.desc.Vendor, "vendor", "", "vendor (descriptor.vendor)")
-		fl.StringVar(&f.desc.Title, "title", "", "human-readable title (descriptor.title)")
-		fl.StringVar(&f.desc.Description, "description", "", "description (descriptor.description)")
-		fl.StringVar(&f.desc.SourceURL, "source-url", "", "source URL (descriptor.sourceURL)")
-		fl.StringVar(&f.desc.DocURL, "doc-url", "", "documentation URL (descriptor.docURL)")
-		fl.StringVar(&f.desc.Revision, "revision", "", "source revision (descriptor.revision)")
-		fl.StringArrayVar(&f.licenses, "license", nil, "SPDX license id (descriptor.licenses; repeatable)")
-		fl.StringArrayVar(&f.authors, "author", nil, "author (descriptor.authors; repeatable)")
-		fl.StringVar(&f.cfg.Architecture, "arch", "", "architecture, e.g. transformer (config.architecture)")
-		fl.StringVar(&f.cfg.Format, "format", "", "weight format, e.g. safetensors (config.format)")
-		fl.StringVar(&f.cfg.ParamSize, "param-size", "", "parameter count, e.g. 8B or 8030261248 (config.paramSize)")
-		fl.StringVar(&f.cfg.Precision, "precision", "", "precision, e.g. bfloat16 (config.precision)")
-		fl.StringVar(&f.cfg.Quantization, "quantization", "", "quantization, e.g. awq (config.quantization)")
-		_ = cmd.MarkFlagRequired("tag")
-		_ = cmd.RegisterFlagCompletionFunc("layer-format", cobra.FixedCompletions([]string{"raw", "tar", "tar+gzip", "tar+zstd"}, cobra.ShellCompDirectiveNoFileComp))
-		_ = cmd.RegisterFlagCompletionFunc("kind", cobra.FixedCompletions([]string{"weight=", "weight.config=", "doc=", "code=", "dataset="}, cobra.ShellCompDirectiveNoSpace))
-		var pushSink func(ctx context.Context, ref string) (pack.Sink, error)
-		if PackPush != nil {
-			fl.BoolVar(&f.push, "push", false, "push straight to the registry named by --tag instead of the local store")
-			pushSink = PackPush(cmd, g)
-		}
-		cmd.RunE = func(cmd *cobra.Command, args []string) error {
-			return runPack(cmd, g, f, args[0], pushSink)
-		}
-		return cmd
-	})
+		Args: cobra.ExactArgs(1),
+		ValidArgsFunction: func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+			return nil, cobra.ShellCompDirectiveFilterDirs
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVarP(&f.tag, "tag", "t", "", "reference to tag the artifact with, NAME[:TAG] (required)")
+	fl.StringVarP(&f.modelfile, "modelfile", "f", "", "modctl-style Modelfile (default DIR/Modelfile if present)")
+	fl.StringVar(&f.layerFormat, "layer-format", "raw", "format of non-weight layers: raw, tar, tar+gzip or tar+zstd")
+	fl.StringArrayVar(&f.datasets, "dataset", nil, "pack files or directories matching this glob as dataset layers (repeatable)")
+	fl.StringArrayVar(&f.kinds, "kind", nil, "KIND=GLOB: pack matching files or directories as KIND (weight, weight.config, doc, code, dataset; repeatable)")
+	fl.StringVar(&f.created, "created", "", "record a creation time (RFC 3339, or \"now\"); without it the artifact has no timestamp")
+	fl.IntVar(&f.concurrency, "concurrency", 0, "files packed at once (default GOMAXPROCS; 8 for hf://)")
+	fl.StringArrayVar(&f.include, "include", nil, "hf:// only: pack only files matching this glob (repeatable; a glob without / matches base names)")
+	fl.StringArrayVar(&f.exclude, "exclude", nil, "hf:// only: leave out files matching this glob (repeatable)")
+	fl.StringVar(&f.desc.Name, "name", "", "model name (descriptor.name)")
+	fl.StringVar(&f.desc.Family, "family", "", "model family, e.g. llama3 (descriptor.family)")
+	fl.StringVar(&f.desc.Version, "model-version", "", "model version (descriptor.version)")
+	fl.StringVar(&f.desc.Vendor, "vendor", "", "vendor (descriptor.vendor)")
+	fl.StringVar(&f.desc.Title, "title", "", "human-readable title (descriptor.title)")
+	fl.StringVar(&f.desc.Description, "description", "", "description (descriptor.description)")
+	fl.StringVar(&f.desc.SourceURL, "source-url", "", "source URL (descriptor.sourceURL)")
+	fl.StringVar(&f.desc.DocURL, "doc-url", "", "documentation URL (descriptor.docURL)")
+	fl.StringVar(&f.desc.Revision, "revision", "", "source revision (descriptor.revision)")
+	fl.StringArrayVar(&f.licenses, "license", nil, "SPDX license id (descriptor.licenses; repeatable)")
+	fl.StringArrayVar(&f.authors, "author", nil, "author (descriptor.authors; repeatable)")
+	fl.StringVar(&f.cfg.Architecture, "arch", "", "architecture, e.g. transformer (config.architecture)")
+	fl.StringVar(&f.cfg.Format, "format", "", "weight format, e.g. safetensors (config.format)")
+	fl.StringVar(&f.cfg.ParamSize, "param-size", "", "parameter count, e.g. 8B or 8030261248 (config.paramSize)")
+	fl.StringVar(&f.cfg.Precision, "precision", "", "precision, e.g. bfloat16 (config.precision)")
+	fl.StringVar(&f.cfg.Quantization, "quantization", "", "quantization, e.g. awq (config.quantization)")
+	_ = cmd.MarkFlagRequired("tag")
+	_ = cmd.RegisterFlagCompletionFunc("layer-format", cobra.FixedCompletions([]string{"raw", "tar", "tar+gzip", "tar+zstd"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("kind", cobra.FixedCompletions([]string{"weight=", "weight.config=", "doc=", "code=", "dataset="}, cobra.ShellCompDirectiveNoSpace))
+	fl.BoolVar(&f.push, "push", false, "push straight to the registry named by --tag instead of the local store")
+	pushSink := packPushSink(cmd, g)
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		return runPack(cmd, g, f, args[0], pushSink)
+	}
+	return cmd
 }
 
 func runPack(cmd *cobra.Command, g *Globals, f *packFlags, dir string, pushSink func(context.Context, string) (pack.Sink, error)) error {

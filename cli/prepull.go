@@ -34,15 +34,14 @@ type prepullFlags struct {
 	logFormat, logLevel          string
 }
 
-func init() {
-	register(func(g *Globals) *cobra.Command {
-		f := &prepullFlags{}
-		cmd := &cobra.Command{
-			Use: "prepull [REF...]",
-			Example: `  modelpack prepull registry.example.com/models/llama3:8b
+func prepullCmd(g *Globals) *cobra.Command {
+	f := &prepullFlags{}
+	cmd := &cobra.Command{
+		Use: "prepull [REF...]",
+		Example: `  modelpack prepull registry.example.com/models/llama3:8b
   modelpack prepull --file models.yaml`,
-			Short: "Pull models into this node's cache ahead of the pods that mount them, and keep them pinned",
-			Long: `Ask the CSI driver on this node to pull models into its cache before any pod mounts them. The driver checks
+		Short: "Pull models into this node's cache ahead of the pods that mount them, and keep them pinned",
+		Long: `Ask the CSI driver on this node to pull models into its cache before any pod mounts them. The driver checks
 them against its trust policy first, exactly as for a mount, and pins them so cache GC keeps them until they are
 cancelled or, in --watch mode, leave the list.
 
@@ -62,46 +61,45 @@ List file (also the ConfigMap format of the prepull DaemonSet):
 is re-read every --poll and the list on the driver is made equal to it: new references are pulled, removed ones
 cancelled and unpinned. Per-reference state (pending, pulling N%, ready, failed: reason) is logged and served as
 Prometheus metrics on --metrics-addr. It needs no Kubernetes API access.`,
-			Args: cobra.ArbitraryArgs,
-			RunE: func(cmd *cobra.Command, args []string) error {
-				if f.watch != "" {
-					if len(args) > 0 || f.file != "" {
-						return errors.New("--watch takes no references and no --file: the watched file is the list")
-					}
-					return runPrepullWatch(cmd.Context(), f)
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if f.watch != "" {
+				if len(args) > 0 || f.file != "" {
+					return errors.New("--watch takes no references and no --file: the watched file is the list")
 				}
-				refs := args
-				if f.file != "" {
-					fromFile, err := prepull.ReadList(f.file)
-					if err != nil {
-						return err
-					}
-					refs = append(refs, fromFile...)
+				return runPrepullWatch(cmd.Context(), f)
+			}
+			refs := args
+			if f.file != "" {
+				fromFile, err := prepull.ReadList(f.file)
+				if err != nil {
+					return err
 				}
-				if len(refs) == 0 {
-					return errors.New("no references: give REF arguments, --file or --watch")
-				}
-				return runPrepull(cmd, g, f, refs)
-			},
-		}
-		fl := cmd.PersistentFlags()
-		fl.StringVar(&f.socket, "socket", envOr("MODELPACK_PREPULL_SOCKET", prepull.DefaultSocket),
-			"the driver's prepull socket; on a node's host: /var/lib/kubelet/plugins/<driver>/prepull.sock (env MODELPACK_PREPULL_SOCKET)")
-		fl.StringVar(&f.list, "list", "", "list the references belong to (default \"cli\"; \"configmap\" with --watch)")
-		l := cmd.Flags()
-		l.StringVarP(&f.file, "file", "f", "", "read references from a list file (YAML)")
-		l.BoolVar(&f.detach, "detach", false, "return once the references are queued instead of following them")
-		l.DurationVar(&f.timeout, "timeout", 0, "stop following after this long (the pulls go on; 0 = until done)")
-		l.StringVar(&f.watch, "watch", "", "DaemonSet mode: keep the list equal to this file, reconciling on every change")
-		l.StringVar(&f.metricsAddr, "metrics-addr", csidriver.DefaultMetricsAddr("9809"), "with --watch: address serving /metrics and /healthz (empty disables; default: $POD_IP, else 127.0.0.1)")
-		l.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "with --watch: node label on the metrics (env NODE_NAME)")
-		l.DurationVar(&f.poll, "poll", 2*time.Second, "with --watch: how often the file is re-read")
-		l.DurationVar(&f.resync, "resync", time.Minute, "with --watch: how often the list is sent again unchanged, restoring a restarted driver")
-		l.StringVar(&f.logFormat, "log-format", "json", "with --watch: log format, json or text")
-		l.StringVar(&f.logLevel, "log-level", "info", "with --watch: log level")
-		cmd.AddCommand(prepullStatusCmd(g, f), prepullCancelCmd(g, f), prepullCacheCmd(g, f))
-		return cmd
-	})
+				refs = append(refs, fromFile...)
+			}
+			if len(refs) == 0 {
+				return errors.New("no references: give REF arguments, --file or --watch")
+			}
+			return runPrepull(cmd, g, f, refs)
+		},
+	}
+	fl := cmd.PersistentFlags()
+	fl.StringVar(&f.socket, "socket", envOr("MODELPACK_PREPULL_SOCKET", prepull.DefaultSocket),
+		"the driver's prepull socket; on a node's host: /var/lib/kubelet/plugins/<driver>/prepull.sock (env MODELPACK_PREPULL_SOCKET)")
+	fl.StringVar(&f.list, "list", "", "list the references belong to (default \"cli\"; \"configmap\" with --watch)")
+	l := cmd.Flags()
+	l.StringVarP(&f.file, "file", "f", "", "read references from a list file (YAML)")
+	l.BoolVar(&f.detach, "detach", false, "return once the references are queued instead of following them")
+	l.DurationVar(&f.timeout, "timeout", 0, "stop following after this long (the pulls go on; 0 = until done)")
+	l.StringVar(&f.watch, "watch", "", "DaemonSet mode: keep the list equal to this file, reconciling on every change")
+	l.StringVar(&f.metricsAddr, "metrics-addr", csidriver.DefaultMetricsAddr("9809"), "with --watch: address serving /metrics and /healthz (empty disables; default: $POD_IP, else 127.0.0.1)")
+	l.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "with --watch: node label on the metrics (env NODE_NAME)")
+	l.DurationVar(&f.poll, "poll", 2*time.Second, "with --watch: how often the file is re-read")
+	l.DurationVar(&f.resync, "resync", time.Minute, "with --watch: how often the list is sent again unchanged, restoring a restarted driver")
+	l.StringVar(&f.logFormat, "log-format", "json", "with --watch: log format, json or text")
+	l.StringVar(&f.logLevel, "log-level", "info", "with --watch: log level")
+	cmd.AddCommand(prepullStatusCmd(g, f), prepullCancelCmd(g, f), prepullCacheCmd(g, f))
+	return cmd
 }
 
 func (f *prepullFlags) listOr(def string) string {

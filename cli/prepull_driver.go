@@ -14,15 +14,15 @@ import (
 	"github.com/modelpack/modelpack/prepull"
 )
 
-// The driver serves the prepull API next to its CSI socket; `modelpack prepull` and the prepull DaemonSet talk to it.
-func init() {
+// prepullExtension serves the prepull API next to the driver's CSI socket; `modelpack prepull` and the prepull DaemonSet talk to it.
+func prepullExtension() csiDriverExtension {
 	var (
 		enabled     bool
 		socket      string
 		concurrency int
 		bandwidth   string
 	)
-	registerCSIDriverExtension(csiDriverExtension{
+	return csiDriverExtension{
 		AddFlags: func(fl *pflag.FlagSet) {
 			fl.BoolVar(&enabled, "prepull", true, "serve the prepull API (node plugins; the controller needs none)")
 			fl.StringVar(&socket, "prepull-socket", "", "unix socket of the prepull API (default: prepull.sock next to the CSI socket, "+prepull.DefaultSocket+" in the DaemonSet)")
@@ -68,5 +68,5 @@ func init() {
 			}()
 			return nil
 		},
-	})
+	}
 }

@@ -11,91 +11,66 @@ import (
 	"github.com/spf13/cobra"
 )
 
-func init() {
-	register(func(g *Globals) *cobra.Command {
-		var rf remoteFlags
-		var from string
-		var referrers bool
-		var sf *signFlags
-		cmd := &cobra.Command{
-			Use:   "push REF",
-			Short: "Push an artifact from the local store to a registry",
-			Long: `Push an artifact from the local store to a registry.
+func pushCmd(g *Globals) *cobra.Command {
+	var rf remoteFlags
+	var from string
+	var referrers bool
+	var sf *signFlags
+	cmd := &cobra.Command{
+		Use:   "push REF",
+		Short: "Push an artifact from the local store to a registry",
+		Long: `Push an artifact from the local store to a registry.
 
 REF is registry/repository[:tag]; the artifact stored under REF (or under --from) is sent. Blobs the registry
 already has are skipped after a HEAD request, so pushing the same model twice sends no layer bytes. A blob this
 store pushed to or pulled from another repository of the same registry is mounted from there (the distribution
 API's cross-repository mount), so it is not sent again either. Layers move concurrently and each is retried with
 backoff on its own.`,
-			Example: `  modelpack pack ./model -t registry.local:5000/org/model:v1 && modelpack push registry.local:5000/org/model:v1
+		Example: `  modelpack pack ./model -t registry.local:5000/org/model:v1 && modelpack push registry.local:5000/org/model:v1
   modelpack push registry.local:5000/org/model:v1 --from llama3:8b`,
-			Args: cobra.ExactArgs(1),
-			RunE: func(cmd *cobra.Command, args []string) error {
-				if _, err := registryRepo(args[0]); err != nil {
-					return err
-				}
-				ref := withDefaultTag(args[0])
-				local := ref
-				if from != "" {
-					local = from
-				}
-				local, err := layout.ParseReference(local)
-				if err != nil {
-					return err
-				}
-				store, err := layout.Open(g.Home)
-				if err != nil {
-					return err
-				}
-				defer store.Close()
-				dst, _, err := remote.NewRepository(ref, rf.options())
-				if err != nil {
-					return err
-				}
-				ui := newTransferUI(cmd, g, "pushed")
-				res, err := remote.Push(cmd.Context(), store, local, dst, remote.TransferOptions{Reporter: ui.reporter(), Referrers: referrers, Sources: store, Sessions: store})
-				ui.stop()
-				if err != nil {
-					return err
-				}
-				fillArtifactType(cmd.Context(), store, &res.Descriptor)
-				sig, err := sf.signPushed(cmd.Context(), digestRef(dst, res), rf.options())
-				if err != nil {
-					return err
-				}
-				return ui.print(transferJSON{Result: res, Signature: sig})
-			},
-		}
-		rf.register(cmd.Flags())
-		sf = addSignFlags(cmd.Flags())
-		cmd.Flags().StringVar(&from, "from", "", "local store reference to push (default: REF)")
-		_ = cmd.RegisterFlagCompletionFunc("from", completeRefs(g, -1))
-		cmd.Flags().BoolVarP(&referrers, "referrers", "r", false, "also push the artifacts referring to it (signatures, SBOMs)")
-		return cmd
-	})
-
-	// pack --push streams the pack to the registry through a remote sink; the pack command calls this hook.
-	PackPush = func(cmd *cobra.Command, g *Globals) func(ctx context.Context, ref string) (pack.Sink, error) {
-		var rf remoteFlags
-		rf.registerConnection(cmd.Flags())
-		sf := addSignFlags(cmd.Flags())
-		return func(ctx context.Context, ref string) (pack.Sink, error) {
-			if _, err := registryRepo(ref); err != nil {
-				return nil, err
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if _, err := registryRepo(args[0]); err != nil {
+				return err
 			}
-			repo, _, err := remote.NewRepository(withDefaultTag(ref), rf.options())
+			ref := withDefaultTag(args[0])
+			local := ref
+			if from != "" {
+				local = from
+			}
+			local, err := layout.ParseReference(local)
 			if err != nil {
-				return nil, err
+				return err
+			}
+			store, err := layout.Open(g.Home)
+			if err != nil {
+				return err
+			}
+			defer store.Close()
+			dst, _, err := remote.NewRepository(ref, rf.options())
+			if err != nil {
+				return err
 			}
 			ui := newTransferUI(cmd, g, "pushed")
-			var rep remote.Reporter
-			if !g.ShowProgress() {
-				// On a TTY the pack command's own bar shows progress.
-				rep = ui.reporter()
+			res, err := remote.Push(cmd.Context(), store, local, dst, remote.TransferOptions{Reporter: ui.reporter(), Referrers: referrers, Sources: store, Sessions: store})
+			ui.stop()
+			if err != nil {
+				return err
 			}
-			return &signingSink{Sink: remote.PackSink(repo, rep), repo: repo, sign: sf, ui: ui, opts: rf.options()}, nil
-		}
+			fillArtifactType(cmd.Context(), store, &res.Descriptor)
+			sig, err := sf.signPushed(cmd.Context(), digestRef(dst, res), rf.options())
+			if err != nil {
+				return err
+			}
+			return ui.print(transferJSON{Result: res, Signature: sig})
+		},
 	}
+	rf.register(cmd.Flags())
+	sf = addSignFlags(cmd.Flags())
+	cmd.Flags().StringVar(&from, "from", "", "local store reference to push (default: REF)")
+	_ = cmd.RegisterFlagCompletionFunc("from", completeRefs(g, -1))
+	cmd.Flags().BoolVarP(&referrers, "referrers", "r", false, "also push the artifacts referring to it (signatures, SBOMs)")
+	return cmd
 }
 
 // digestRef names what was pushed by digest, which is what gets signed.
@@ -134,4 +109,28 @@ func (s *signingSink) printResult(warnings []string) error {
 	res := s.Result()
 	res.Descriptor.ArtifactType = s.artifactType
 	return s.ui.print(transferJSON{Result: res, Signature: s.sig, Warnings: warnings})
+}
+
+// packPushSink gives `pack --push` its sink: it adds the connection and signing flags to cmd and returns what
+// streams the pack to the registry through a remote sink.
+func packPushSink(cmd *cobra.Command, g *Globals) func(ctx context.Context, ref string) (pack.Sink, error) {
+	var rf remoteFlags
+	rf.registerConnection(cmd.Flags())
+	sf := addSignFlags(cmd.Flags())
+	return func(ctx context.Context, ref string) (pack.Sink, error) {
+		if _, err := registryRepo(ref); err != nil {
+			return nil, err
+		}
+		repo, _, err := remote.NewRepository(withDefaultTag(ref), rf.options())
+		if err != nil {
+			return nil, err
+		}
+		ui := newTransferUI(cmd, g, "pushed")
+		var rep remote.Reporter
+		if !g.ShowProgress() {
+			// On a TTY the pack command's own bar shows progress.
+			rep = ui.reporter()
+		}
+		return &signingSink{Sink: remote.PackSink(repo, rep), repo: repo, sign: sf, ui: ui, opts: rf.options()}, nil
+	}
 }

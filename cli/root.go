@@ -27,10 +27,15 @@ var Version = "dev"
 // uncommitted changes); Go's build info gives it otherwise.
 var Revision = ""
 
-// Each command file registers its constructor in init, so command files stay independent of each other.
-var commands []func(*Globals) *cobra.Command
-
-func register(c func(*Globals) *cobra.Command) { commands = append(commands, c) }
+// commands are the constructors of the subcommands, in the order of the workflow: make a model, move it, trust it,
+// serve it on nodes, then the tools around it. (cobra lists them sorted in help.)
+var commands = []func(*Globals) *cobra.Command{
+	packCmd, listCmd, inspectCmd, tagCmd, rmCmd, pruneCmd, unpackCmd,
+	loginCmd, logoutCmd, pushCmd, pullCmd, fetchCmd, copyCmd, tagsCmd,
+	keyCmd, signCmd, verifyCmd,
+	csiDriverCmd, prepullCmd, cacheCmd,
+	versionCmd,
+}
 
 // Globals are the flags every command shares.
 type Globals struct {
@@ -180,51 +185,49 @@ func (g *Globals) ShowProgress() bool {
 // reader wants one JSON document and nothing else.
 func (g *Globals) ShowLines() bool { return !g.Quiet && !g.IsJSON() }
 
-func init() {
-	register(func(g *Globals) *cobra.Command {
-		return &cobra.Command{
-			Use:     "version",
-			Example: `  modelpack version -o json`,
-			Short:   "Print the modelpack version",
-			Args:    cobra.NoArgs,
-			RunE: func(cmd *cobra.Command, _ []string) error {
-				v := struct {
-					Version  string `json:"version"`
-					Revision string `json:"revision,omitempty"`
-					Time     string `json:"revisionTime,omitempty"`
-					Modified bool   `json:"modified,omitempty"`
-					Go       string `json:"go"`
-				}{Version: Version, Revision: strings.TrimSuffix(Revision, "-dirty"), Modified: strings.HasSuffix(Revision, "-dirty")}
-				if bi, ok := debug.ReadBuildInfo(); ok {
-					v.Go = bi.GoVersion
-					// Go stamps the commit a binary was built from (go build in a git checkout).
-					for _, s := range bi.Settings {
-						switch s.Key {
-						case "vcs.revision":
-							if v.Revision == "" {
-								v.Revision = s.Value
-							}
-						case "vcs.time":
-							v.Time = s.Value
-						case "vcs.modified":
-							v.Modified = v.Modified || s.Value == "true"
+func versionCmd(g *Globals) *cobra.Command {
+	return &cobra.Command{
+		Use:     "version",
+		Example: `  modelpack version -o json`,
+		Short:   "Print the modelpack version",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			v := struct {
+				Version  string `json:"version"`
+				Revision string `json:"revision,omitempty"`
+				Time     string `json:"revisionTime,omitempty"`
+				Modified bool   `json:"modified,omitempty"`
+				Go       string `json:"go"`
+			}{Version: Version, Revision: strings.TrimSuffix(Revision, "-dirty"), Modified: strings.HasSuffix(Revision, "-dirty")}
+			if bi, ok := debug.ReadBuildInfo(); ok {
+				v.Go = bi.GoVersion
+				// Go stamps the commit a binary was built from (go build in a git checkout).
+				for _, s := range bi.Settings {
+					switch s.Key {
+					case "vcs.revision":
+						if v.Revision == "" {
+							v.Revision = s.Value
 						}
+					case "vcs.time":
+						v.Time = s.Value
+					case "vcs.modified":
+						v.Modified = v.Modified || s.Value == "true"
 					}
 				}
-				if g.IsJSON() {
-					return PrintJSON(cmd.OutOrStdout(), v)
+			}
+			if g.IsJSON() {
+				return PrintJSON(cmd.OutOrStdout(), v)
+			}
+			if v.Revision != "" {
+				rev := v.Revision[:min(12, len(v.Revision))]
+				if v.Modified {
+					rev += "-dirty"
 				}
-				if v.Revision != "" {
-					rev := v.Revision[:min(12, len(v.Revision))]
-					if v.Modified {
-						rev += "-dirty"
-					}
-					_, err := fmt.Fprintf(cmd.OutOrStdout(), "modelpack %s (commit %s, %s)\n", v.Version, rev, v.Go)
-					return err
-				}
-				_, err := fmt.Fprintf(cmd.OutOrStdout(), "modelpack %s (%s)\n", v.Version, v.Go)
+				_, err := fmt.Fprintf(cmd.OutOrStdout(), "modelpack %s (commit %s, %s)\n", v.Version, rev, v.Go)
 				return err
-			},
-		}
-	})
+			}
+			_, err := fmt.Fprintf(cmd.OutOrStdout(), "modelpack %s (%s)\n", v.Version, v.Go)
+			return err
+		},
+	}
 }

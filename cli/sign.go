@@ -98,16 +98,15 @@ func (s *signFlags) signPushed(ctx context.Context, digestRef string, o remote.O
 	return newSignatureJSON(signed, s.key), nil
 }
 
-func init() {
-	register(func(g *Globals) *cobra.Command {
-		var rf remoteFlags
-		var sf signFlags
-		var tlogUpload bool
-		var format, omsDir, omsSignature string
-		cmd := &cobra.Command{
-			Use:   "sign REF --key KEY",
-			Short: "Sign an artifact's manifest digest with a cosign key",
-			Long: `Sign the manifest digest REF points at with a cosign private key. A tag is resolved once and the digest is
+func signCmd(g *Globals) *cobra.Command {
+	var rf remoteFlags
+	var sf signFlags
+	var tlogUpload bool
+	var format, omsDir, omsSignature string
+	cmd := &cobra.Command{
+		Use:   "sign REF --key KEY",
+		Short: "Sign an artifact's manifest digest with a cosign key",
+		Long: `Sign the manifest digest REF points at with a cosign private key. A tag is resolved once and the digest is
 signed, never the tag. The signature is stored as cosign stores it: a simple-signing payload in the
 sha256-<hex>.sig tag of the same repository, so cosign verify and modelpack verify both check it.
 
@@ -122,100 +121,99 @@ in-toto statement listing every file with its sha256, taken from the raw layers'
 again), in a Sigstore bundle attached to the manifest as an OCI referrer; the artifact's digest is unchanged.
 Check it with modelpack verify --format oms, or an oms rule of the node policy. --oms DIR signs a local
 model directory instead and writes DIR/model.sig, which modelpack pack then carries as a layer.`,
-			Example: `  modelpack sign registry.local/models/llama3:8b --key cosign.key
+		Example: `  modelpack sign registry.local/models/llama3:8b --key cosign.key
   modelpack sign registry.local/models/llama3:8b --key cosign.key --format oms
   modelpack sign --oms ./llama3-8b --key cosign.key
   cosign verify --key cosign.pub --insecure-ignore-tlog registry.local/models/llama3:8b`,
-			Args: func(cmd *cobra.Command, args []string) error {
-				if omsDir != "" {
-					return cobra.NoArgs(cmd, args)
-				}
-				return cobra.ExactArgs(1)(cmd, args)
-			},
-			RunE: func(cmd *cobra.Command, args []string) error {
-				if omsDir != "" {
-					if sf.key == "" {
-						return errors.New("--key is required")
-					}
-					st, sig, err := signing.SignOMSDir(omsDir, omsSignature, sf.key, signing.SignOptions{Password: cosignPassword})
-					if err != nil {
-						return err
-					}
-					if g.IsJSON() {
-						return PrintJSON(cmd.OutOrStdout(), struct {
-							Model     string `json:"model"`
-							Signature string `json:"signature"`
-							Files     int    `json:"files"`
-							Key       string `json:"key"`
-						}{omsDir, sig, len(st.Resources), sf.key})
-					}
-					_, err = fmt.Fprintf(cmd.OutOrStdout(), "Signed %d file(s) of %s: OMS signature %s\n", len(st.Resources), omsDir, sig)
-					return err
-				}
-				if tlogUpload {
-					return errors.New("--tlog-upload=true is not supported: modelpack signs offline and stores signatures only in the registry")
-				}
+		Args: func(cmd *cobra.Command, args []string) error {
+			if omsDir != "" {
+				return cobra.NoArgs(cmd, args)
+			}
+			return cobra.ExactArgs(1)(cmd, args)
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if omsDir != "" {
 				if sf.key == "" {
 					return errors.New("--key is required")
 				}
-				if _, err := registryRef(args[0]); err != nil {
-					return err
-				}
-				ro, err := signingRegistryOptions(rf.options())
+				st, sig, err := signing.SignOMSDir(omsDir, omsSignature, sf.key, signing.SignOptions{Password: cosignPassword})
 				if err != nil {
 					return err
 				}
-				opts, err := sf.signOptions(ro)
-				if err != nil {
-					return err
-				}
-				switch format {
-				case "cosign":
-				case "oms":
-					if len(sf.annotations) > 0 {
-						return errors.New("--annotations: an OMS signature has no annotations (its statement lists the model's files)")
-					}
-					signed, referrer, err := signing.SignOMS(cmd.Context(), args[0], sf.key, opts)
-					if err != nil {
-						return err
-					}
-					if g.IsJSON() {
-						return PrintJSON(cmd.OutOrStdout(), struct {
-							Reference string `json:"reference"`
-							Signed    string `json:"signed"`
-							Referrer  string `json:"referrer"`
-							Format    string `json:"format"`
-							Key       string `json:"key"`
-						}{args[0], signed, referrer, "oms", sf.key})
-					}
-					_, err = fmt.Fprintf(cmd.OutOrStdout(), "Signed the files of %s (OMS signature attached as referrer %s)\n", signed, referrer)
-					return err
-				default:
-					return fmt.Errorf("--format %q is not valid (valid: cosign, oms)", format)
-				}
-				signed, err := signing.SignDigest(cmd.Context(), args[0], sf.key, opts)
-				if err != nil {
-					return err
-				}
-				sig := newSignatureJSON(signed, sf.key)
 				if g.IsJSON() {
 					return PrintJSON(cmd.OutOrStdout(), struct {
-						Reference string         `json:"reference"`
-						Signature *signatureJSON `json:"signature"`
-					}{args[0], sig})
+						Model     string `json:"model"`
+						Signature string `json:"signature"`
+						Files     int    `json:"files"`
+						Key       string `json:"key"`
+					}{omsDir, sig, len(st.Resources), sf.key})
 				}
-				_, err = fmt.Fprintf(cmd.OutOrStdout(), "Signed %s (signature %s)\n", sig.Signed, sig.Tag)
+				_, err = fmt.Fprintf(cmd.OutOrStdout(), "Signed %d file(s) of %s: OMS signature %s\n", len(st.Resources), omsDir, sig)
 				return err
-			},
-		}
-		fl := cmd.Flags()
-		fl.StringVar(&sf.key, "key", "", "cosign private key: file, env://VAR or k8s://NAMESPACE/NAME")
-		fl.StringArrayVarP(&sf.annotations, "annotations", "a", nil, "KEY=VALUE signed into the payload (repeatable)")
-		fl.StringVar(&format, "format", "cosign", "cosign: sign the manifest digest; oms: sign the model's files as OpenSSF Model Signing (a model.sig bundle attached as a referrer)")
-		fl.StringVar(&omsDir, "oms", "", "sign this local model directory as OpenSSF Model Signing does (model_signing sign key), writing DIR/model.sig")
-		fl.StringVar(&omsSignature, "signature", "", "with --oms: where to write the signature (default DIR/model.sig)")
-		fl.BoolVar(&tlogUpload, "tlog-upload", false, "upload to a transparency log (not supported: always false here)")
-		rf.registerConnection(fl)
-		return cmd
-	})
+			}
+			if tlogUpload {
+				return errors.New("--tlog-upload=true is not supported: modelpack signs offline and stores signatures only in the registry")
+			}
+			if sf.key == "" {
+				return errors.New("--key is required")
+			}
+			if _, err := registryRef(args[0]); err != nil {
+				return err
+			}
+			ro, err := signingRegistryOptions(rf.options())
+			if err != nil {
+				return err
+			}
+			opts, err := sf.signOptions(ro)
+			if err != nil {
+				return err
+			}
+			switch format {
+			case "cosign":
+			case "oms":
+				if len(sf.annotations) > 0 {
+					return errors.New("--annotations: an OMS signature has no annotations (its statement lists the model's files)")
+				}
+				signed, referrer, err := signing.SignOMS(cmd.Context(), args[0], sf.key, opts)
+				if err != nil {
+					return err
+				}
+				if g.IsJSON() {
+					return PrintJSON(cmd.OutOrStdout(), struct {
+						Reference string `json:"reference"`
+						Signed    string `json:"signed"`
+						Referrer  string `json:"referrer"`
+						Format    string `json:"format"`
+						Key       string `json:"key"`
+					}{args[0], signed, referrer, "oms", sf.key})
+				}
+				_, err = fmt.Fprintf(cmd.OutOrStdout(), "Signed the files of %s (OMS signature attached as referrer %s)\n", signed, referrer)
+				return err
+			default:
+				return fmt.Errorf("--format %q is not valid (valid: cosign, oms)", format)
+			}
+			signed, err := signing.SignDigest(cmd.Context(), args[0], sf.key, opts)
+			if err != nil {
+				return err
+			}
+			sig := newSignatureJSON(signed, sf.key)
+			if g.IsJSON() {
+				return PrintJSON(cmd.OutOrStdout(), struct {
+					Reference string         `json:"reference"`
+					Signature *signatureJSON `json:"signature"`
+				}{args[0], sig})
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "Signed %s (signature %s)\n", sig.Signed, sig.Tag)
+			return err
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&sf.key, "key", "", "cosign private key: file, env://VAR or k8s://NAMESPACE/NAME")
+	fl.StringArrayVarP(&sf.annotations, "annotations", "a", nil, "KEY=VALUE signed into the payload (repeatable)")
+	fl.StringVar(&format, "format", "cosign", "cosign: sign the manifest digest; oms: sign the model's files as OpenSSF Model Signing (a model.sig bundle attached as a referrer)")
+	fl.StringVar(&omsDir, "oms", "", "sign this local model directory as OpenSSF Model Signing does (model_signing sign key), writing DIR/model.sig")
+	fl.StringVar(&omsSignature, "signature", "", "with --oms: where to write the signature (default DIR/model.sig)")
+	fl.BoolVar(&tlogUpload, "tlog-upload", false, "upload to a transparency log (not supported: always false here)")
+	rf.registerConnection(fl)
+	return cmd
 }

@@ -26,15 +26,6 @@ import (
 	"github.com/modelpack/modelpack/artifact/remote"
 )
 
-func init() {
-	register(listCmd)
-	register(inspectCmd)
-	register(unpackCmd)
-	register(tagCmd)
-	register(rmCmd)
-	register(pruneCmd)
-}
-
 // completeRefThenDir completes REF DIR: a stored reference, then a directory.
 func completeRefThenDir(g *Globals) cobra.CompletionFunc {
 	refs := completeRefs(g, 1)

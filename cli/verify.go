@@ -81,14 +81,13 @@ func (f *verifyFlags) rule() (signing.Rule, error) {
 	return r, nil
 }
 
-func init() {
-	register(func(g *Globals) *cobra.Command {
-		var rf remoteFlags
-		f := &verifyFlags{}
-		cmd := &cobra.Command{
-			Use:   "verify REF (--key PUB | --certificate-identity ID --certificate-oidc-issuer URL | --policy FILE)",
-			Short: "Verify an artifact's cosign signature or Sigstore bundle",
-			Long: `Verify that the manifest digest REF points at is signed: by one of the --key public keys, or keyless by a
+func verifyCmd(g *Globals) *cobra.Command {
+	var rf remoteFlags
+	f := &verifyFlags{}
+	cmd := &cobra.Command{
+		Use:   "verify REF (--key PUB | --certificate-identity ID --certificate-oidc-issuer URL | --policy FILE)",
+		Short: "Verify an artifact's cosign signature or Sigstore bundle",
+		Long: `Verify that the manifest digest REF points at is signed: by one of the --key public keys, or keyless by a
 certificate whose identity and OIDC issuer match, chaining to the trust root given as files (--trusted-root, or
 --certificate-chain with --ctlog-public-key and --rekor-public-key). A tag is resolved once and the digest is
 checked. cosign signatures (the sha256-<hex>.sig tag) and Sigstore bundles attached as OCI 1.1 referrers (the
@@ -103,103 +102,102 @@ packing an OMS-signed directory keeps, or a referrer from modelpack sign --forma
 --trusted-root. Every file it lists must be a raw layer with that digest, and every layer but model.sig must
 be listed; the check reads the manifest and the signature only (raw layers are named by their file's sha256).
 --oms DIR checks a model directory as model_signing verify does.`,
-			Example: `  modelpack verify registry.local/models/llama3:8b --key cosign.pub --insecure-ignore-tlog
+		Example: `  modelpack verify registry.local/models/llama3:8b --key cosign.pub --insecure-ignore-tlog
   modelpack verify REF --certificate-identity alice@example.com --certificate-oidc-issuer https://accounts.example.com \
     --certificate-chain fulcio-chain.pem --insecure-ignore-tlog --insecure-ignore-sct
   modelpack verify REF --policy /etc/modelpack/policy.yaml
   modelpack verify REF --format oms --key oms.pub
   modelpack verify --oms ./model --certificate-chain ca-cert.pem --ignore-paths ignore-me`,
-			Args: func(cmd *cobra.Command, args []string) error {
-				if f.omsDir != "" {
-					return cobra.NoArgs(cmd, args)
-				}
-				return cobra.ExactArgs(1)(cmd, args)
-			},
-			RunE: func(cmd *cobra.Command, args []string) error {
-				switch f.format {
-				case "cosign", "oms":
-				default:
-					return fmt.Errorf("--format %q is not valid (valid: cosign, oms)", f.format)
-				}
-				if f.omsDir != "" {
-					return verifyOMSDir(cmd, g, f)
-				}
-				parsed, err := registryRef(args[0])
-				if err != nil {
-					return err
-				}
-				var p *signing.Policy
-				if f.policy != "" {
-					p, err = signing.LoadPolicy(f.policy)
-				} else {
-					var r signing.Rule
-					if f.format == "oms" {
-						r, err = f.omsRule()
-					} else {
-						r, err = f.rule()
-					}
-					if err != nil {
-						return err
-					}
-					p, err = signing.NewPolicy(signing.PolicyFile{Default: r})
-				}
-				if err != nil {
-					return err
-				}
-				o := rf.options()
-				ref, err := resolveDigest(cmd.Context(), parsed, o)
-				if err != nil {
-					return err
-				}
-				ro, err := signingRegistryOptions(o)
-				if err != nil {
-					return err
-				}
-				v := signing.NewVerifier(p, ro)
-				// The refusal is the command's error; only warn-rule failures are worth a warning here.
-				ws := newWarnings(cmd, g)
-				v.Log = ws.logger(slog.LevelWarn)
-				dec, err := v.Verify(cmd.Context(), ref)
-				if err != nil {
-					return err
-				}
-				if g.IsJSON() {
-					return PrintJSON(cmd.OutOrStdout(), verifyJSON{Reference: dec.Ref, Rule: dec.Rule, Mode: string(dec.Mode), Verified: dec.Verified, Authority: dec.Authority, Reason: dec.Reason, Warnings: ws.all()})
-				}
-				if dec.Verified {
-					_, err = fmt.Fprintf(cmd.OutOrStdout(), "Verified %s by %s (rule %q)\n", dec.Ref, dec.Authority, dec.Rule)
-				} else {
-					_, err = fmt.Fprintf(cmd.OutOrStdout(), "Allowed %s unverified by rule %q (%s): %s\n", dec.Ref, dec.Rule, dec.Mode, dec.Reason)
-				}
+		Args: func(cmd *cobra.Command, args []string) error {
+			if f.omsDir != "" {
+				return cobra.NoArgs(cmd, args)
+			}
+			return cobra.ExactArgs(1)(cmd, args)
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			switch f.format {
+			case "cosign", "oms":
+			default:
+				return fmt.Errorf("--format %q is not valid (valid: cosign, oms)", f.format)
+			}
+			if f.omsDir != "" {
+				return verifyOMSDir(cmd, g, f)
+			}
+			parsed, err := registryRef(args[0])
+			if err != nil {
 				return err
-			},
-		}
-		fl := cmd.Flags()
-		fl.StringArrayVar(&f.keys, "key", nil, "cosign public key: file, env://VAR or k8s://NAMESPACE/NAME (repeatable: any of them)")
-		fl.StringVar(&f.identity, "certificate-identity", "", "keyless: the certificate's SAN (email or URI)")
-		fl.StringVar(&f.identityRegexp, "certificate-identity-regexp", "", "keyless: a regexp the certificate's SAN matches")
-		fl.StringVar(&f.issuer, "certificate-oidc-issuer", "", "keyless: the OIDC issuer recorded in the certificate")
-		fl.StringVar(&f.issuerRegexp, "certificate-oidc-issuer-regexp", "", "keyless: a regexp the OIDC issuer matches")
-		fl.StringVar(&f.trustedRoot, "trusted-root", "", "Sigstore trusted_root.json (Fulcio CAs, Rekor and CT logs)")
-		fl.StringVar(&f.chain, "certificate-chain", "", "PEM Fulcio root certificate(s) and intermediates")
-		fl.StringArrayVar(&f.ctlogKeys, "ctlog-public-key", envList("SIGSTORE_CT_LOG_PUBLIC_KEY_FILE"), "PEM public key of a CT log (repeatable; env SIGSTORE_CT_LOG_PUBLIC_KEY_FILE)")
-		fl.StringArrayVar(&f.rekorKeys, "rekor-public-key", envList("SIGSTORE_REKOR_PUBLIC_KEY"), "PEM public key of a Rekor log (repeatable; env SIGSTORE_REKOR_PUBLIC_KEY)")
-		fl.BoolVar(&f.ignoreTlog, "insecure-ignore-tlog", false, "do not require a transparency-log entry")
-		fl.BoolVar(&f.ignoreSCT, "insecure-ignore-sct", false, "keyless: do not require a certificate-transparency SCT")
-		fl.StringVar(&f.policy, "policy", "", "check against this node trust policy instead of the flags above")
-		fl.StringVar(&f.format, "format", "cosign", "signature to check: cosign (the manifest digest's) or oms (OpenSSF Model Signing over the model's files)")
-		fl.StringVar(&f.omsDir, "oms", "", "check the OMS signature of this local model directory (or single file) instead of REF")
-		fl.StringVar(&f.omsSignature, "signature", "", "with --oms: the signature file (default DIR/model.sig)")
-		fl.StringArrayVar(&f.omsIgnore, "ignore-paths", nil, "with --oms: a path of the model (relative to it) left out of the check, as model_signing's --ignore-paths (repeatable)")
-		cmd.MarkFlagsMutuallyExclusive("certificate-identity", "certificate-identity-regexp")
-		cmd.MarkFlagsMutuallyExclusive("certificate-oidc-issuer", "certificate-oidc-issuer-regexp")
-		cmd.MarkFlagsMutuallyExclusive("oms", "policy")
-		for _, fl := range []string{"key", "certificate-identity", "certificate-identity-regexp", "certificate-oidc-issuer", "certificate-oidc-issuer-regexp"} {
-			cmd.MarkFlagsMutuallyExclusive("policy", fl)
-		}
-		rf.registerConnection(fl)
-		return cmd
-	})
+			}
+			var p *signing.Policy
+			if f.policy != "" {
+				p, err = signing.LoadPolicy(f.policy)
+			} else {
+				var r signing.Rule
+				if f.format == "oms" {
+					r, err = f.omsRule()
+				} else {
+					r, err = f.rule()
+				}
+				if err != nil {
+					return err
+				}
+				p, err = signing.NewPolicy(signing.PolicyFile{Default: r})
+			}
+			if err != nil {
+				return err
+			}
+			o := rf.options()
+			ref, err := resolveDigest(cmd.Context(), parsed, o)
+			if err != nil {
+				return err
+			}
+			ro, err := signingRegistryOptions(o)
+			if err != nil {
+				return err
+			}
+			v := signing.NewVerifier(p, ro)
+			// The refusal is the command's error; only warn-rule failures are worth a warning here.
+			ws := newWarnings(cmd, g)
+			v.Log = ws.logger(slog.LevelWarn)
+			dec, err := v.Verify(cmd.Context(), ref)
+			if err != nil {
+				return err
+			}
+			if g.IsJSON() {
+				return PrintJSON(cmd.OutOrStdout(), verifyJSON{Reference: dec.Ref, Rule: dec.Rule, Mode: string(dec.Mode), Verified: dec.Verified, Authority: dec.Authority, Reason: dec.Reason, Warnings: ws.all()})
+			}
+			if dec.Verified {
+				_, err = fmt.Fprintf(cmd.OutOrStdout(), "Verified %s by %s (rule %q)\n", dec.Ref, dec.Authority, dec.Rule)
+			} else {
+				_, err = fmt.Fprintf(cmd.OutOrStdout(), "Allowed %s unverified by rule %q (%s): %s\n", dec.Ref, dec.Rule, dec.Mode, dec.Reason)
+			}
+			return err
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringArrayVar(&f.keys, "key", nil, "cosign public key: file, env://VAR or k8s://NAMESPACE/NAME (repeatable: any of them)")
+	fl.StringVar(&f.identity, "certificate-identity", "", "keyless: the certificate's SAN (email or URI)")
+	fl.StringVar(&f.identityRegexp, "certificate-identity-regexp", "", "keyless: a regexp the certificate's SAN matches")
+	fl.StringVar(&f.issuer, "certificate-oidc-issuer", "", "keyless: the OIDC issuer recorded in the certificate")
+	fl.StringVar(&f.issuerRegexp, "certificate-oidc-issuer-regexp", "", "keyless: a regexp the OIDC issuer matches")
+	fl.StringVar(&f.trustedRoot, "trusted-root", "", "Sigstore trusted_root.json (Fulcio CAs, Rekor and CT logs)")
+	fl.StringVar(&f.chain, "certificate-chain", "", "PEM Fulcio root certificate(s) and intermediates")
+	fl.StringArrayVar(&f.ctlogKeys, "ctlog-public-key", envList("SIGSTORE_CT_LOG_PUBLIC_KEY_FILE"), "PEM public key of a CT log (repeatable; env SIGSTORE_CT_LOG_PUBLIC_KEY_FILE)")
+	fl.StringArrayVar(&f.rekorKeys, "rekor-public-key", envList("SIGSTORE_REKOR_PUBLIC_KEY"), "PEM public key of a Rekor log (repeatable; env SIGSTORE_REKOR_PUBLIC_KEY)")
+	fl.BoolVar(&f.ignoreTlog, "insecure-ignore-tlog", false, "do not require a transparency-log entry")
+	fl.BoolVar(&f.ignoreSCT, "insecure-ignore-sct", false, "keyless: do not require a certificate-transparency SCT")
+	fl.StringVar(&f.policy, "policy", "", "check against this node trust policy instead of the flags above")
+	fl.StringVar(&f.format, "format", "cosign", "signature to check: cosign (the manifest digest's) or oms (OpenSSF Model Signing over the model's files)")
+	fl.StringVar(&f.omsDir, "oms", "", "check the OMS signature of this local model directory (or single file) instead of REF")
+	fl.StringVar(&f.omsSignature, "signature", "", "with --oms: the signature file (default DIR/model.sig)")
+	fl.StringArrayVar(&f.omsIgnore, "ignore-paths", nil, "with --oms: a path of the model (relative to it) left out of the check, as model_signing's --ignore-paths (repeatable)")
+	cmd.MarkFlagsMutuallyExclusive("certificate-identity", "certificate-identity-regexp")
+	cmd.MarkFlagsMutuallyExclusive("certificate-oidc-issuer", "certificate-oidc-issuer-regexp")
+	cmd.MarkFlagsMutuallyExclusive("oms", "policy")
+	for _, fl := range []string{"key", "certificate-identity", "certificate-identity-regexp", "certificate-oidc-issuer", "certificate-oidc-issuer-regexp"} {
+		cmd.MarkFlagsMutuallyExclusive("policy", fl)
+	}
+	rf.registerConnection(fl)
+	return cmd
 }
 
 // resolveDigest names ref by digest, resolving a tag once as the node driver does: through the hosts.toml mirrors
