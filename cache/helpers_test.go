@@ -10,9 +10,6 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
@@ -49,29 +46,25 @@ type proxy struct {
 func newProxy(t testing.TB, upstream string) *proxy {
 	t.Helper()
 	p := &proxy{gets: map[string]int{}, ranges: map[string][]string{}, bytes: map[string]int64{}}
-	target, _ := url.Parse("http://" + upstream)
-	rp := httputil.NewSingleHostReverseProxy(target)
-	rp.ModifyResponse = func(resp *http.Response) error {
-		path := resp.Request.URL.Path
-		resp.Body = &countBody{ReadCloser: resp.Body, p: p, path: path}
-		return nil
-	}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p.mu.Lock()
-		if r.Method == http.MethodGet {
-			p.gets[r.URL.Path]++
-			if rg := r.Header.Get("Range"); rg != "" {
-				p.ranges[r.URL.Path] = append(p.ranges[r.URL.Path], rg)
+	p.Host = testenv.StartProxy(t, upstream, testenv.ProxyHooks{
+		Request: func(_ http.ResponseWriter, r *http.Request) bool {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if r.Method == http.MethodGet {
+				p.gets[r.URL.Path]++
+				if rg := r.Header.Get("Range"); rg != "" {
+					p.ranges[r.URL.Path] = append(p.ranges[r.URL.Path], rg)
+				}
+				if strings.Contains(r.URL.Path, "/blobs/") {
+					p.blobGets.Add(1)
+				}
 			}
-			if strings.Contains(r.URL.Path, "/blobs/") {
-				p.blobGets.Add(1)
-			}
-		}
-		p.mu.Unlock()
-		rp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	p.Host = strings.TrimPrefix(srv.URL, "http://")
+			return true
+		},
+		Response: func(resp *http.Response) {
+			resp.Body = &countBody{ReadCloser: resp.Body, p: p, path: resp.Request.URL.Path}
+		},
+	}).Host
 	return p
 }
 

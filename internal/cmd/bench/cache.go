@@ -29,16 +29,11 @@ import (
 // in this process, as in the driver, so a view (milliseconds) is timed around the calls themselves.
 func benchCache(e *env) error {
 	runs := envInt("RUNS", 5)
-	c := filepath.Join(e.work, "cache")
-	fresh(c)
-	if err := os.MkdirAll(c, 0o755); err != nil {
-		return err
-	}
-	defer os.RemoveAll(c)
-	blobs, err := manifestOf(e.ref)
+	c, blobs, err := e.scratch("cache")
 	if err != nil {
 		return err
 	}
+	defer os.RemoveAll(c)
 	root, curlDir := filepath.Join(c, "root"), filepath.Join(c, "curl")
 
 	var curlRuns, curlsRuns, coldRuns []float64

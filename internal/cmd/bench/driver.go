@@ -37,16 +37,11 @@ func benchDriver(e *env) error {
 	warmN := envInt("WARM_N", 200)
 	runs := envInt("RUNS", 5)
 	baseline := os.Getenv("BENCH_BASELINE_BIN")
-	d := filepath.Join(e.work, "driver")
-	fresh(d)
-	if err := os.MkdirAll(d, 0o755); err != nil {
-		return err
-	}
-	defer os.RemoveAll(d)
-	blobs, err := manifestOf(e.ref)
+	d, blobs, err := e.scratch("driver")
 	if err != nil {
 		return err
 	}
+	defer os.RemoveAll(d)
 	smallDir := filepath.Join(e.work, "model-10m")
 	if err := generateOnce(smallDir, testmodel.Spec{Shards: 1, ShardSize: 10 << 20, Seed: 1}); err != nil {
 		return err

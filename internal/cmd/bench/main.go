@@ -166,6 +166,18 @@ func setup(needed bool) (*env, error) {
 
 func (e *env) close() { e.registry.Stop() }
 
+// scratch gives an area an empty directory of its own under the work directory (the area removes it when done)
+// and the benchmark model's manifest, whose blobs the peers download.
+func (e *env) scratch(name string) (string, blobsOf, error) {
+	dir := filepath.Join(e.work, name)
+	fresh(dir)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", blobsOf{}, err
+	}
+	blobs, err := manifestOf(e.ref)
+	return dir, blobs, err
+}
+
 // push packs dir and pushes it to ref, from a seed store of its own.
 func (e *env) push(dir, ref string) error {
 	return run1(exec.Command("modelpack", "pack", dir, "-t", ref, "--push", "--plain-http", "-q"), "MODELPACK_HOME="+filepath.Join(e.work, "home-seed"))

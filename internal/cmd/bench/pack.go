@@ -23,9 +23,8 @@ import (
 func benchPack(e *env) error {
 	runs := envInt("RUNS", 3)
 	mpBin, orasBin := envOr("MODELPACK", "modelpack"), envOr("ORAS", "oras")
-	scratch := filepath.Join(e.work, "bench-pack")
-	os.RemoveAll(scratch)
-	if err := os.MkdirAll(scratch, 0o755); err != nil {
+	scratch, _, err := e.scratch("bench-pack")
+	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(scratch)

@@ -21,16 +21,11 @@ func benchPrepull(e *env) error {
 		return errors.New("needs root for mounts")
 	}
 	n := envInt("PREPULL_N", 5)
-	d := filepath.Join(e.work, "prepull")
-	fresh(d)
-	if err := os.MkdirAll(d, 0o755); err != nil {
-		return err
-	}
-	defer os.RemoveAll(d)
-	blobs, err := manifestOf(e.ref)
+	d, blobs, err := e.scratch("prepull")
 	if err != nil {
 		return err
 	}
+	defer os.RemoveAll(d)
 	csi, err := buildCSIClient(d)
 	if err != nil {
 		return err

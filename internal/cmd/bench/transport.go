@@ -19,16 +19,11 @@ import (
 // rounds (before/after).
 func benchTransport(e *env) error {
 	runs := envInt("RUNS", 5)
-	t := filepath.Join(e.work, "transport")
-	fresh(t)
-	if err := os.MkdirAll(t, 0o755); err != nil {
-		return err
-	}
-	defer os.RemoveAll(t)
-	blobs, err := manifestOf(e.ref)
+	t, blobs, err := e.scratch("transport")
 	if err != nil {
 		return err
 	}
+	defer os.RemoveAll(t)
 	baseline := os.Getenv("BENCH_BASELINE_BIN")
 	home, fetchDir, orasDir, curlDir := filepath.Join(t, "home"), filepath.Join(t, "fetch"), filepath.Join(t, "oras"), filepath.Join(t, "curl")
 
