@@ -4,38 +4,24 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export PATH="$ROOT/bin/tools:$ROOT/bin:$PATH"
 
-# free_port prints a free TCP port on 127.0.0.1.
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-# start_registry DIR: runs a real distribution registry with filesystem storage under DIR on a free port,
-# exports REGISTRY=127.0.0.1:PORT and REGISTRY_PID, and waits until it answers.
+# start_registry DIR: runs the tests' registry (e2e/cmd/registry: internal/testenv's configuration) with storage
+# under DIR on a free port, exports REGISTRY=127.0.0.1:PORT and REGISTRY_PID, and waits until it answers.
 start_registry() {
-  local dir=$1 port
-  port=$(free_port)
-  mkdir -p "$dir/data"
-  cat > "$dir/config.yml" <<YAML
-version: 0.1
-log:
-  level: error
-  accesslog:
-    disabled: true
-storage:
-  filesystem:
-    rootdirectory: $dir/data
-  delete:
-    enabled: true
-http:
-  addr: 127.0.0.1:$port
-YAML
-  OTEL_TRACES_EXPORTER=none registry serve "$dir/config.yml" >"$dir/registry.log" 2>&1 &
+  local dir=$1
+  mkdir -p "$dir"
+  go build -o "$dir/serve-registry" ./e2e/cmd/registry
+  "$dir/serve-registry" "$dir" >"$dir/host" 2>"$dir/serve.log" &
   REGISTRY_PID=$!
-  REGISTRY=127.0.0.1:$port
-  export REGISTRY REGISTRY_PID
-  for _ in $(seq 100); do
-    curl -fsS "http://$REGISTRY/v2/" >/dev/null 2>&1 && return 0
+  for _ in $(seq 300); do
+    if [ -s "$dir/host" ]; then
+      REGISTRY=$(cat "$dir/host")
+      export REGISTRY REGISTRY_PID
+      return 0
+    fi
+    kill -0 "$REGISTRY_PID" 2>/dev/null || break
     sleep 0.1
   done
-  echo "registry did not start:" >&2; cat "$dir/registry.log" >&2; return 1
+  echo "registry did not start:" >&2; cat "$dir/serve.log" >&2; return 1
 }
 
 # median prints the median of its numeric arguments.

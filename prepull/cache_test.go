@@ -113,4 +113,3 @@ func TestCacheBackend(t *testing.T) {
 		t.Errorf("Resolve of a missing model = %v, want not found", err)
 	}
 }
-

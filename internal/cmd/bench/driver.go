@@ -78,9 +78,7 @@ func benchDriver(e *env) error {
 	}
 	defer stop()
 	publish := func(pod, ref string) error { // retrying ABORTED as kubelet does (csiclient)
-		tgt := filepath.Join(pods, pod, "mount")
-		os.MkdirAll(filepath.Dir(tgt), 0o755)
-		return run1(exec.Command(csi, "-endpoint", "unix://"+drv.sock, "publish", "-volume-id", "vol-"+pod, "-target", tgt, "-attr", "reference="+ref, "-timeout", "2m"))
+		return drv.publish(csi, "vol-"+pod, filepath.Join(pods, pod, "mount"), ref)
 	}
 	curlDir, orasDir := filepath.Join(d, "curl"), filepath.Join(d, "oras")
 	blobs.curlAll(curlDir, false) // warm the registry's page cache so the first measured run is not penalised
@@ -239,6 +237,16 @@ func (p *driverProc) stop(dir string) {
 	}
 	p.cmd.Process.Kill()
 	p.cmd.Wait()
+}
+
+// publish publishes ref as volID at target through csiclient (kubelet's side: it retries ABORTED), making the
+// pod's directory as kubelet does.
+func (p *driverProc) publish(csiclient, volID, target, ref string) error {
+	if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+		return err
+	}
+	return run1(exec.Command(csiclient, "-endpoint", "unix://"+p.sock, "publish", "-volume-id", volID, "-target", target,
+		"-attr", "reference="+ref, "-timeout", "2m"))
 }
 
 // peakRSSKiB is the driver's peak resident set so far (VmHWM).

@@ -54,9 +54,7 @@ func benchPrepull(e *env) error {
 	}
 	var pub, pre []float64
 	coldPublish := withDriver("publish", &pub, func(p *driverProc) error {
-		tgt := filepath.Join(p.root, "pod", "mount")
-		os.MkdirAll(filepath.Dir(tgt), 0o755)
-		return run1(exec.Command(csi, "-endpoint", "unix://"+p.sock, "publish", "-volume-id", "vol-bench", "-target", tgt, "-attr", "reference="+e.ref, "-timeout", "2m"))
+		return p.publish(csi, "vol-bench", filepath.Join(p.root, "pod", "mount"), e.ref)
 	}, func(p *driverProc) error {
 		if fi, err := os.Stat(filepath.Join(p.root, "pod", "mount", weights)); err != nil || fi.Size() == 0 {
 			return fmt.Errorf("the publish mounted no weights (%s: %v)", weights, err)
