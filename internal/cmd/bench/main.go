@@ -106,7 +106,7 @@ type env struct {
 }
 
 // setup generates the model once, starts the registry and pushes the model; nil when no area needs them.
-func setup(needed bool) (*env, error) {
+func setup(needed bool) (_ *env, err error) {
 	if !needed {
 		return nil, nil
 	}
@@ -140,24 +140,27 @@ func setup(needed bool) (*env, error) {
 		return nil, err
 	}
 	e.registry, err = testenv.LaunchRegistry(bin, regDir, testenv.RegistryOptions{Dir: filepath.Join(regDir, "data"), Addr: addr})
+	if e.registry != nil {
+		defer func() {
+			if err != nil {
+				e.registry.Stop()
+			}
+		}()
+	}
 	if err != nil {
-		if e.registry != nil {
-			e.registry.Stop()
-		}
 		return nil, err
 	}
 	// No tool finds stray credentials: every child reads an empty docker config.
 	docker := filepath.Join(work, "docker")
-	if err := os.MkdirAll(docker, 0o755); err != nil {
+	if err = os.MkdirAll(docker, 0o755); err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(filepath.Join(docker, "config.json"), []byte(`{"auths":{}}`), 0o600); err != nil {
+	if err = os.WriteFile(filepath.Join(docker, "config.json"), []byte(`{"auths":{}}`), 0o600); err != nil {
 		return nil, err
 	}
 	os.Setenv("DOCKER_CONFIG", docker)
 	e.ref = e.registry.Host + "/bench/model:v1"
-	if err := e.push(e.modelDir, e.ref); err != nil {
-		e.close()
+	if err = e.push(e.modelDir, e.ref); err != nil {
 		return nil, err
 	}
 	fmt.Printf("benchmark model (%s) pushed to %s\n\n", e.size, e.ref)
