@@ -102,7 +102,7 @@ demo: $(TOOLS)/registry build
 	bash e2e/demo.sh
 
 bench: tools build
-	bash e2e/bench.sh
+	go run ./internal/cmd/bench
 
 manifests: tools
 	bash deploy/render.sh

@@ -8,14 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -49,29 +44,25 @@ type proxy struct {
 func newProxy(t testing.TB, upstream string) *proxy {
 	t.Helper()
 	p := &proxy{gets: map[string]int{}, ranges: map[string][]string{}, bytes: map[string]int64{}}
-	target, _ := url.Parse("http://" + upstream)
-	rp := httputil.NewSingleHostReverseProxy(target)
-	rp.ModifyResponse = func(resp *http.Response) error {
-		path := resp.Request.URL.Path
-		resp.Body = &countBody{ReadCloser: resp.Body, p: p, path: path}
-		return nil
-	}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p.mu.Lock()
-		if r.Method == http.MethodGet {
-			p.gets[r.URL.Path]++
-			if rg := r.Header.Get("Range"); rg != "" {
-				p.ranges[r.URL.Path] = append(p.ranges[r.URL.Path], rg)
+	p.Host = testenv.StartProxy(t, upstream, testenv.ProxyHooks{
+		Request: func(_ http.ResponseWriter, r *http.Request) bool {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if r.Method == http.MethodGet {
+				p.gets[r.URL.Path]++
+				if rg := r.Header.Get("Range"); rg != "" {
+					p.ranges[r.URL.Path] = append(p.ranges[r.URL.Path], rg)
+				}
+				if strings.Contains(r.URL.Path, "/blobs/") {
+					p.blobGets.Add(1)
+				}
 			}
-			if strings.Contains(r.URL.Path, "/blobs/") {
-				p.blobGets.Add(1)
-			}
-		}
-		p.mu.Unlock()
-		rp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	p.Host = strings.TrimPrefix(srv.URL, "http://")
+			return true
+		},
+		Response: func(resp *http.Response) {
+			resp.Body = &countBody{ReadCloser: resp.Body, p: p, path: resp.Request.URL.Path}
+		},
+	}).Host
 	return p
 }
 
@@ -328,43 +319,10 @@ func openCache(t testing.TB, root string, opts Options) *Cache {
 	return c
 }
 
-// listTree lists a directory as sorted "path kind detail" lines: files with content digest and perm, symlinks
-// with target, directories with perm.
+// listTree lists a directory as testenv.Tree does, a file's content as the first 12 hex digits of its digest.
 func listTree(t testing.TB, dir string) []string {
 	t.Helper()
-	var out []string
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		if rel == "." {
-			return nil
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		switch {
-		case d.Type()&fs.ModeSymlink != 0:
-			target, _ := os.Readlink(p)
-			out = append(out, rel+" symlink "+target)
-		case d.IsDir():
-			out = append(out, fmt.Sprintf("%s dir %o", rel, info.Mode().Perm()))
-		default:
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			out = append(out, fmt.Sprintf("%s file %o %s", rel, info.Mode().Perm(), digest.FromBytes(b).Encoded()[:12]))
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sort.Strings(out)
-	return out
+	return testenv.Tree(t, dir, func(b []byte) string { return digest.FromBytes(b).Encoded()[:12] })
 }
 
 // onlyChild fails the test if parent holds anything but name: nothing was written outside the cache root.

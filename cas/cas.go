@@ -310,7 +310,7 @@ func (s *Store) ingest(ctx context.Context, d digest.Digest, size int64, open Op
 	}
 	// Read one byte more than expected so an oversized source is caught rather than truncated. The bytes go to the
 	// page cache only: starting their writeback here (sync_file_range, as this once did) put block allocation and
-	// I/O submission on the download's CPU (2 of 5 CPU-seconds of a 2 GiB pull, pprof); the flush is the flusher's.
+	// I/O submission on the download's CPU (README, Performance); the flush is the flusher's.
 	buf := copyBuffers.Get().(*[]byte)
 	defer copyBuffers.Put(buf)
 	n, err := io.CopyBuffer(io.MultiWriter(h, f), io.LimitReader(ctxReader{ctx, rc}, size-offset+1), *buf)
@@ -504,7 +504,6 @@ var flightHook func(key string)
 var errBadResume = errors.New("the resumed partial was dropped")
 
 // copyBuffers hold the buffers of ingests. io.Copy's 32 KiB costs a read, a write and a hash call per 32 KiB, which
-// shows on multi-GB blobs. 256 KiB against 1 MiB, in the benchmark's rotated rounds: the driver's cold publish
-// met its targets in both runs with 256 KiB (1.07× and 1.13× curl) and in neither with 1 MiB (1.16×, 1.33×); a
-// CLI pull alone was 4% faster with 1 MiB (2.65 vs 2.75 s): the node's path decides.
+// shows on multi-GB blobs. Of 256 KiB and 1 MiB, the driver's cold publish met its targets with 256 KiB only, while
+// a CLI pull alone was a little faster with 1 MiB (README, Performance): the node's path decides.
 var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}

@@ -59,8 +59,8 @@ func (s *Store) Durable(d digest.Digest) bool {
 // FlushDelay is how long the flusher waits after the last commit before it flushes what was committed. A flush
 // allocates the blobs' blocks, and on a journalling filesystem (ext4 data=ordered) every fsync that follows (the
 // cache's metadata commit, the driver's volume record) then waits for those bytes to reach the disk: flushing while
-// a pull and its mount are still under way would put the whole flush back on their path (measured: +0.7 s on a
-// 2 GiB cold publish). A pull commits its last blob, records, builds its view and mounts within milliseconds.
+// a pull and its mount are still under way would put the whole flush back on their path (README, Performance). A
+// pull commits its last blob, records, builds its view and mounts within milliseconds.
 var FlushDelay = 2 * time.Second
 
 // syncHook, if set (tests), is told of each flush the protocol completes: "data" (a blob's fdatasync) or "dir" (a

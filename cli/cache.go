@@ -74,7 +74,7 @@ A cache root is held by one process at a time: while the driver runs, these comm
 	}
 	cmd.PersistentFlags().StringVar(&f.root, "root", defaultCacheRoot(), "cache directory (env MODELPACK_CACHE_ROOT); the driver's --root works too (its cache is <root>/cache)")
 	cmd.PersistentFlags().DurationVar(&f.lockTimeout, "lock-timeout", 5*time.Second, "how long to wait for another process holding the cache")
-	cmd.AddCommand(cacheLsCmd(g, f), cacheDuCmd(g, f), cacheGCCmd(g, f), cacheVerifyCmd(g, f), cacheRmCmd(g, f), cacheBenchCmd(f))
+	cmd.AddCommand(cacheLsCmd(g, f), cacheDuCmd(g, f), cacheGCCmd(g, f), cacheVerifyCmd(g, f), cacheRmCmd(g, f))
 	return cmd
 }
 

@@ -4,12 +4,8 @@ import (
 	"crypto/rand"
 	"io"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -29,8 +25,7 @@ type countingProxy struct {
 func startCountingProxy(t *testing.T, reg *testenv.Registry) *countingProxy {
 	t.Helper()
 	p := &countingProxy{}
-	rp := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: reg.Host})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	p.Host = testenv.StartProxy(t, reg.Host, testenv.ProxyHooks{Request: func(_ http.ResponseWriter, r *http.Request) bool {
 		if r.Method == http.MethodPost && r.URL.Query().Get("mount") != "" {
 			p.mu.Lock()
 			p.mounts = append(p.mounts, r.URL.Query().Get("from"))
@@ -42,10 +37,8 @@ func startCountingProxy(t *testing.T, reg *testenv.Registry) *countingProxy {
 				io.Closer
 			}{io.TeeReader(r.Body, writerFunc(func(b []byte) { p.sent.Add(int64(len(b))) })), r.Body}
 		}
-		rp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	p.Host = strings.TrimPrefix(srv.URL, "http://")
+		return true
+	}}).Host
 	return p
 }
 

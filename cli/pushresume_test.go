@@ -4,13 +4,9 @@ import (
 	"bytes"
 	"io"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -64,20 +60,18 @@ func TestInterruptedPushResumes(t *testing.T) {
 	gate := make(chan struct{})
 	reached := make(chan struct{})
 	var once sync.Once
-	rp := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: reg.Host})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	host := testenv.StartProxy(t, reg.Host, testenv.ProxyHooks{Request: func(_ http.ResponseWriter, r *http.Request) bool {
 		if r.Body != nil {
 			r.Body = struct {
 				io.Reader
 				io.Closer
 			}{&gatedReader{r: r.Body, sent: &sent, limit: &limit, reached: func() { once.Do(func() { close(reached) }) }, gate: gate}, r.Body}
 		}
-		rp.ServeHTTP(w, r)
-	}))
+		return true
+	}}).Host
 	var openGate sync.Once
 	release := func() { openGate.Do(func() { close(gate) }) }
-	t.Cleanup(func() { release(); srv.Close() })
-	host := strings.TrimPrefix(srv.URL, "http://")
+	t.Cleanup(release) // registered after the proxy's close, so it runs first: a gated upload lets the proxy stop
 
 	cmd := exec.Command(bin, "--home", home, "push", host+"/team/m:v1", "--from", "m:v1", "--plain-http", "-q")
 	var stderr bytes.Buffer

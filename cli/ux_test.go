@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -247,26 +246,11 @@ func TestContainerImageNeedsImageRootfs(t *testing.T) {
 func pushContainerImage(t *testing.T, ref string) {
 	t.Helper()
 	layer := filepath.Join(t.TempDir(), "layer.tar")
-	writeTar(t, layer, map[string]string{"etc/os-release": "ID=test\n"})
+	if err := os.WriteFile(layer, testmodel.Tar(t, "etc/os-release", "ID=test\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if out, err := exec.Command(testenv.Tool(t, "crane"), "append", "--insecure", "--oci-empty-base", "-f", layer, "-t", ref).CombinedOutput(); err != nil {
 		t.Fatalf("crane append: %v\n%s", err, out)
-	}
-}
-
-func writeTar(t *testing.T, path string, files map[string]string) {
-	t.Helper()
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	tw := tar.NewWriter(f)
-	for name, body := range files {
-		tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(body)), Typeflag: tar.TypeReg})
-		tw.Write([]byte(body))
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
 	}
 }
 

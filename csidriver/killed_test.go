@@ -28,7 +28,7 @@ func TestPublishKilledHalfWayIsUndoneAndRetried(t *testing.T) {
 			first, sock := startDriverAt(t, dir, b)
 			kill := func(s string) bool { return s == step }
 			first.d.killedAt.Store(&kill)
-			if _, err := nodeClient(t, sock).NodePublishVolume(context.Background(), publishReq("v", target, attrs)); err == nil {
+			if _, err := nodeClient(t, sock).NodePublishVolume(context.Background(), testenv.PublishRequest("v", target, attrs)); err == nil {
 				t.Fatal("the killed publish succeeded")
 			}
 			first.stop()
@@ -53,7 +53,7 @@ func TestPublishKilledHalfWayIsUndoneAndRetried(t *testing.T) {
 			if isMounted(t, target) {
 				t.Fatal("the half-published target is still mounted")
 			}
-			if _, err := nodeClient(t, sock).NodePublishVolume(context.Background(), publishReq("v", target, attrs)); err != nil {
+			if _, err := nodeClient(t, sock).NodePublishVolume(context.Background(), testenv.PublishRequest("v", target, attrs)); err != nil {
 				t.Fatalf("kubelet's retry: %v", err)
 			}
 			if b, err := os.ReadFile(filepath.Join(target, "model.safetensors")); err != nil || len(b) == 0 {

@@ -33,18 +33,6 @@ func nodeClient(t *testing.T, sock string) csi.NodeClient {
 	return csi.NewNodeClient(conn)
 }
 
-func publishReq(volID, target string, attrs map[string]string) *csi.NodePublishVolumeRequest {
-	return &csi.NodePublishVolumeRequest{
-		VolumeId:      volID,
-		TargetPath:    target,
-		VolumeContext: attrs,
-		VolumeCapability: &csi.VolumeCapability{
-			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
-			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY},
-		},
-	}
-}
-
 // podTarget makes the directory kubelet creates for a pod's volume and returns the target path inside it.
 func podTarget(t *testing.T, dir, pod string) string {
 	t.Helper()
@@ -86,7 +74,7 @@ func TestPublishUnpublishAndCodes(t *testing.T) {
 	target := podTarget(t, dir, "p1")
 	attrs := map[string]string{AttrReference: testRef, "csi.storage.k8s.io/pod.name": "p1", "csi.storage.k8s.io/ephemeral": "true"}
 
-	if _, err := node.NodePublishVolume(ctx, publishReq("v", target, attrs)); err != nil {
+	if _, err := node.NodePublishVolume(ctx, testenv.PublishRequest("v", target, attrs)); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := os.ReadFile(filepath.Join(target, "model.safetensors")); err != nil || string(got) != testRef {
@@ -96,15 +84,15 @@ func TestPublishUnpublishAndCodes(t *testing.T) {
 		t.Fatalf("write into the volume: %v, want EROFS", err)
 	}
 	// A retry with the same arguments succeeds; other arguments on the same target conflict.
-	if _, err := node.NodePublishVolume(ctx, publishReq("v", target, attrs)); err != nil {
+	if _, err := node.NodePublishVolume(ctx, testenv.PublishRequest("v", target, attrs)); err != nil {
 		t.Fatalf("idempotent republish: %v", err)
 	}
 	other := map[string]string{AttrReference: testRef, AttrFilter: "config"}
-	_, err := node.NodePublishVolume(ctx, publishReq("v", target, other))
+	_, err := node.NodePublishVolume(ctx, testenv.PublishRequest("v", target, other))
 	wantCode(t, err, codes.AlreadyExists, "other arguments")
 
 	sub := podTarget(t, dir, "p-sub")
-	if _, err := node.NodePublishVolume(ctx, publishReq("v2", sub, map[string]string{AttrReference: testRef, AttrSubPath: "sub", AttrNoExec: "true"})); err != nil {
+	if _, err := node.NodePublishVolume(ctx, testenv.PublishRequest("v2", sub, map[string]string{AttrReference: testRef, AttrSubPath: "sub", AttrNoExec: "true"})); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(sub, "config.json")); err != nil {
@@ -142,7 +130,7 @@ func TestPublishUnpublishAndCodes(t *testing.T) {
 		{"never and absent", map[string]string{AttrReference: "registry.example.com/models/other:v1", AttrPullPolicy: "Never"}, codes.FailedPrecondition, "Never"},
 		{"manifest missing", map[string]string{AttrReference: "registry.example.com/models/other:v1"}, codes.NotFound, ""},
 	} {
-		_, err := node.NodePublishVolume(ctx, publishReq("v", t2, tc.attrs))
+		_, err := node.NodePublishVolume(ctx, testenv.PublishRequest("v", t2, tc.attrs))
 		if status.Code(err) != tc.code || !strings.Contains(status.Convert(err).Message(), tc.msg) {
 			t.Errorf("%s: got %v, want %v containing %q", tc.name, err, tc.code, tc.msg)
 		}
@@ -152,7 +140,7 @@ func TestPublishUnpublishAndCodes(t *testing.T) {
 	}
 	_, err = node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "v", TargetPath: t2, VolumeContext: attrs})
 	wantCode(t, err, codes.InvalidArgument, "capability")
-	req := publishReq("v", t2, attrs)
+	req := testenv.PublishRequest("v", t2, attrs)
 	req.Secrets = map[string]string{"token": "s3cret"}
 	_, err = node.NodePublishVolume(ctx, req)
 	wantCode(t, err, codes.Unauthenticated, ".dockerconfigjson")
@@ -175,7 +163,7 @@ func TestPublishUnpublishAndCodes(t *testing.T) {
 		b.mu.Unlock()
 		ref := "registry.example.com/models/failing:" + strings.ReplaceAll(tc.code.String(), " ", "")
 		b.push(ref, tc.code.String())
-		_, err := node.NodePublishVolume(ctx, publishReq("v", t2, map[string]string{AttrReference: ref}))
+		_, err := node.NodePublishVolume(ctx, testenv.PublishRequest("v", t2, map[string]string{AttrReference: ref}))
 		wantCode(t, err, tc.code, "")
 	}
 }
@@ -195,7 +183,7 @@ func TestAbortedPullIsJoinedByRetry(t *testing.T) {
 	for range 2 {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		start := time.Now()
-		_, err := node.NodePublishVolume(ctx, publishReq("v", target, attrs))
+		_, err := node.NodePublishVolume(ctx, testenv.PublishRequest("v", target, attrs))
 		cancel()
 		wantCode(t, err, codes.Aborted, "in progress")
 		if el := time.Since(start); el > time.Second {
@@ -205,7 +193,7 @@ func TestAbortedPullIsJoinedByRetry(t *testing.T) {
 	close(b.gate)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := node.NodePublishVolume(ctx, publishReq("v", target, attrs)); err != nil {
+	if _, err := node.NodePublishVolume(ctx, testenv.PublishRequest("v", target, attrs)); err != nil {
 		t.Fatal(err)
 	}
 	if n := b.pulls.Load(); n != 1 {
@@ -227,7 +215,7 @@ func TestSlowRegistryAnswersAbortedInTime(t *testing.T) {
 	node := nodeClient(t, sock)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	_, err := node.NodePublishVolume(ctx, publishReq("v", podTarget(t, dir, "p"), map[string]string{AttrReference: testRef}))
+	_, err := node.NodePublishVolume(ctx, testenv.PublishRequest("v", podTarget(t, dir, "p"), map[string]string{AttrReference: testRef}))
 	wantCode(t, err, codes.Aborted, "resolving")
 	close(b.resolveGate)
 }
@@ -244,7 +232,7 @@ func TestRestartRecovery(t *testing.T) {
 	first, sock := startDriverAt(t, dir, b)
 	node := nodeClient(t, sock)
 	for i, tgt := range []string{kept, lost, gone} {
-		if _, err := node.NodePublishVolume(context.Background(), publishReq(fmt.Sprint("v", i), tgt, attrs)); err != nil {
+		if _, err := node.NodePublishVolume(context.Background(), testenv.PublishRequest(fmt.Sprint("v", i), tgt, attrs)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -368,7 +356,7 @@ func TestVolumesOfVanishedPodsAreCollectedWhileRunning(t *testing.T) {
 	waitSocket(t, sock)
 	node := nodeClient(t, sock)
 	target := podTarget(t, dir, "p")
-	if _, err := node.NodePublishVolume(context.Background(), publishReq("v", target, map[string]string{AttrReference: testRef})); err != nil {
+	if _, err := node.NodePublishVolume(context.Background(), testenv.PublishRequest("v", target, map[string]string{AttrReference: testRef})); err != nil {
 		t.Fatal(err)
 	}
 	// kubelet force-cleaned the pod without unpublishing (its mount is gone with the pod directory). The pod

@@ -43,7 +43,7 @@ func TestProbeNotReadyWhileStateCannotBeWritten(t *testing.T) {
 		t.Fatalf("probe of a healthy driver: %v", err)
 	}
 	// A publish writes the state first.
-	if _, err := node.NodePublishVolume(context.Background(), publishReq("v", podTarget(t, dir, "a"), map[string]string{"reference": "registry.example/m:v1"})); err != nil {
+	if _, err := node.NodePublishVolume(context.Background(), testenv.PublishRequest("v", podTarget(t, dir, "a"), map[string]string{"reference": "registry.example/m:v1"})); err != nil {
 		t.Fatal(err)
 	}
 	state := d.state.Path()

@@ -37,7 +37,7 @@ func TestRecordImage(t *testing.T) {
 	}
 
 	target := podTarget(t, dir, "before")
-	_, err := node.NodePublishVolume(ctx, publishReq("v", target, attrs(PullIfNotPresent)))
+	_, err := node.NodePublishVolume(ctx, testenv.PublishRequest("v", target, attrs(PullIfNotPresent)))
 	wantCode(t, err, codes.NotFound, "")
 
 	for _, bad := range []struct {
@@ -59,7 +59,7 @@ func TestRecordImage(t *testing.T) {
 	publish := func(pod string, policy PullPolicy) {
 		t.Helper()
 		target := podTarget(t, dir, pod)
-		if _, err := node.NodePublishVolume(ctx, publishReq(pod, target, attrs(policy))); err != nil {
+		if _, err := node.NodePublishVolume(ctx, testenv.PublishRequest(pod, target, attrs(policy))); err != nil {
 			t.Fatalf("%s publish of a recorded image: %v", policy, err)
 		}
 		if got, err := os.ReadFile(filepath.Join(target, "model.safetensors")); err != nil || string(got) != "prepulled" {
@@ -71,7 +71,7 @@ func TestRecordImage(t *testing.T) {
 	}
 	publish("ifnotpresent", PullIfNotPresent)
 	publish("never", PullNever)
-	_, err = node.NodePublishVolume(ctx, publishReq("always", podTarget(t, dir, "always"), attrs(PullAlways)))
+	_, err = node.NodePublishVolume(ctx, testenv.PublishRequest("always", podTarget(t, dir, "always"), attrs(PullAlways)))
 	wantCode(t, err, codes.NotFound, "")
 
 	drv.stop()

@@ -29,10 +29,7 @@ func startCacheDriver(t *testing.T, dir string, plainHTTP ...string) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	cfg := filepath.Join(dir, "docker.json")
-	if err := os.WriteFile(cfg, []byte(`{"auths":{}}`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := testenv.EmptyDockerConfig(t)
 	sock := filepath.Join(dir, "csi.sock")
 	d, err := csidriver.New(csidriver.Options{
 		NodeID:   "sanity-node",

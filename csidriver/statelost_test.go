@@ -23,7 +23,7 @@ func TestLostStateKeepsViewHoldsUntilUnpublish(t *testing.T) {
 	target := podTarget(t, dir, "live")
 
 	first, sock := startDriverAt(t, dir, b)
-	if _, err := nodeClient(t, sock).NodePublishVolume(context.Background(), publishReq("v", target, map[string]string{AttrReference: testRef})); err != nil {
+	if _, err := nodeClient(t, sock).NodePublishVolume(context.Background(), testenv.PublishRequest("v", target, map[string]string{AttrReference: testRef})); err != nil {
 		t.Fatal(err)
 	}
 	first.stop()

@@ -83,7 +83,7 @@ func (tn *tenants) publish(ref, policy, secret string) error {
 	if policy != "" {
 		attrs[AttrPullPolicy] = policy
 	}
-	req := publishReq(fmt.Sprint("vol-", tn.pod), target, attrs)
+	req := testenv.PublishRequest(fmt.Sprint("vol-", tn.pod), target, attrs)
 	if secret != "" {
 		req.Secrets = map[string]string{dockerConfigKey: secret}
 	}
@@ -241,7 +241,7 @@ func TestInterruptedPullGrantsNothing(t *testing.T) {
 	tn := newTenants(t, nil)
 	tn.b.gate = make(chan struct{})
 	target := podTarget(t, tn.dir, "cut")
-	req := publishReq("cut", target, map[string]string{AttrReference: privateRef})
+	req := testenv.PublishRequest("cut", target, map[string]string{AttrReference: privateRef})
 	req.Secrets = map[string]string{dockerConfigKey: secretA}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_, err := tn.node.NodePublishVolume(ctx, req)

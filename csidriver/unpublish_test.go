@@ -116,7 +116,7 @@ func TestUnpublishActsOnlyOnWhatTheDriverPublished(t *testing.T) {
 		if err := os.Symlink(other, link); err != nil {
 			t.Fatal(err)
 		}
-		_, err := node.NodePublishVolume(ctx, publishReq("v", link, map[string]string{"reference": ref}))
+		_, err := node.NodePublishVolume(ctx, testenv.PublishRequest("v", link, map[string]string{"reference": ref}))
 		wantCode(t, err, codes.InvalidArgument, "symbolic link")
 		if _, err := os.Stat(filepath.Join(other, "model.safetensors")); err == nil {
 			t.Fatal("the model was mounted behind the link")
@@ -131,7 +131,7 @@ func TestUnpublishActsOnlyOnWhatTheDriverPublished(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, target := range []string{filepath.Join(dir, "cache", "x"), filepath.Join(dir, "state"), filepath.Join(via, "x"), dir} {
-			_, err := node.NodePublishVolume(ctx, publishReq("v", target, map[string]string{"reference": ref}))
+			_, err := node.NodePublishVolume(ctx, testenv.PublishRequest("v", target, map[string]string{"reference": ref}))
 			wantCode(t, err, codes.InvalidArgument, "own directory")
 			_, err = node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "v", TargetPath: target})
 			wantCode(t, err, codes.InvalidArgument, "own directory")
@@ -139,7 +139,7 @@ func TestUnpublishActsOnlyOnWhatTheDriverPublished(t *testing.T) {
 	})
 	t.Run("state lost: a view of the driver's on an unknown target is still taken off", func(t *testing.T) {
 		target := podTarget(t, dir, "ours")
-		if _, err := node.NodePublishVolume(ctx, publishReq("v-ours", target, map[string]string{"reference": ref})); err != nil {
+		if _, err := node.NodePublishVolume(ctx, testenv.PublishRequest("v-ours", target, map[string]string{"reference": ref})); err != nil {
 			t.Fatal(err)
 		}
 		// A second mount of the same view, unknown to the state, as after a lost state.

@@ -26,7 +26,7 @@ func TestPolicyAppliesToContentAlreadyOnTheNode(t *testing.T) {
 	ctx := context.Background()
 
 	first := podTarget(t, dir, "p1")
-	if _, err := node.NodePublishVolume(ctx, publishReq("v1", first, map[string]string{AttrReference: testRef})); err != nil {
+	if _, err := node.NodePublishVolume(ctx, testenv.PublishRequest("v1", first, map[string]string{AttrReference: testRef})); err != nil {
 		t.Fatal(err)
 	}
 	pulls := b.pulls.Load()
@@ -36,7 +36,7 @@ func TestPolicyAppliesToContentAlreadyOnTheNode(t *testing.T) {
 	b.mu.Unlock()
 	for _, policy := range []PullPolicy{PullIfNotPresent, PullNever, PullAlways} {
 		target := podTarget(t, dir, "p-"+string(policy))
-		_, err := node.NodePublishVolume(ctx, publishReq("v-"+string(policy), target, map[string]string{AttrReference: testRef, AttrPullPolicy: string(policy)}))
+		_, err := node.NodePublishVolume(ctx, testenv.PublishRequest("v-"+string(policy), target, map[string]string{AttrReference: testRef, AttrPullPolicy: string(policy)}))
 		wantCode(t, err, codes.PermissionDenied, "not signed")
 		if isMounted(t, target) {
 			t.Fatalf("%s: refused volume is mounted", policy)
@@ -62,7 +62,7 @@ func TestPolicyAppliesToRepublishThatRemounts(t *testing.T) {
 	ctx := context.Background()
 
 	target := podTarget(t, dir, "p1")
-	req := publishReq("v1", target, map[string]string{AttrReference: testRef})
+	req := testenv.PublishRequest("v1", target, map[string]string{AttrReference: testRef})
 	if _, err := node.NodePublishVolume(ctx, req); err != nil {
 		t.Fatal(err)
 	}

@@ -2,22 +2,13 @@ package e2e
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
-	"maps"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,87 +19,20 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	digest "github.com/opencontainers/go-digest"
-	specs "github.com/opencontainers/image-spec/specs-go"
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"oras.land/oras-go/v2"
-	"oras.land/oras-go/v2/content/memory"
-	"oras.land/oras-go/v2/registry/remote"
-	"oras.land/oras-go/v2/registry/remote/auth"
 
-	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/internal/testenv"
 )
 
 // drvModel is a small ModelPack artifact: file path → content. Kinds follow the file names.
 type drvModel map[string][]byte
 
-// drvPush pushes a ModelPack artifact to host/repo:tag and returns its manifest digest.
-func drvPush(t *testing.T, host, repo, tag string, files drvModel, cred *auth.Credential) digest.Digest {
-	t.Helper()
-	ctx := context.Background()
-	mem := memory.New()
-	push := func(mt string, b []byte, ann map[string]string) ocispec.Descriptor {
-		d := ocispec.Descriptor{MediaType: mt, Digest: digest.FromBytes(b), Size: int64(len(b)), Annotations: ann}
-		if err := mem.Push(ctx, d, bytes.NewReader(b)); err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}
-	var layers []ocispec.Descriptor
-	var diffIDs []digest.Digest
-	for _, name := range slices.Sorted(maps.Keys(files)) {
-		kind := artifact.KindOf(name)
-		d := push(artifact.LayerMediaType(kind, artifact.FormatRaw), files[name], map[string]string{
-			artifact.AnnotationFilepath: name, artifact.AnnotationTitle: name,
-		})
-		layers = append(layers, d)
-		diffIDs = append(diffIDs, d.Digest)
-	}
-	cfg, err := json.Marshal(artifact.Model{
-		Descriptor: artifact.ModelDescriptor{Name: repo + "-" + tag},
-		Config:     artifact.ModelConfig{Format: "safetensors"},
-		ModelFS:    artifact.ModelFS{Type: "layers", DiffIDs: diffIDs},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfgDesc := push(artifact.MediaTypeModelConfig, cfg, nil)
-	man, err := json.Marshal(ocispec.Manifest{
-		Versioned:    specs.Versioned{SchemaVersion: 2},
-		MediaType:    ocispec.MediaTypeImageManifest,
-		ArtifactType: artifact.ArtifactTypeModelManifest,
-		Config:       cfgDesc,
-		Layers:       layers,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	manDesc := push(ocispec.MediaTypeImageManifest, man, nil)
-	if err := mem.Tag(ctx, manDesc, tag); err != nil {
-		t.Fatal(err)
-	}
-	r, err := remote.NewRepository(host + "/" + repo)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.PlainHTTP = true
-	if cred != nil {
-		r.Client = &auth.Client{Credential: auth.StaticCredential(host, *cred)}
-	}
-	if _, err := oras.Copy(ctx, mem, tag, r, tag, oras.DefaultCopyOptions); err != nil {
-		t.Fatal(err)
-	}
-	return manDesc.Digest
-}
-
 // drvProxy sits between the driver and the registry: it counts requests and can throttle blob downloads.
 type drvProxy struct {
-	Host string
-	srv  *httptest.Server
+	*testenv.Proxy
 	// rate is the blob download rate in bytes per second; 0 means unthrottled.
 	rate atomic.Int64
 
@@ -120,30 +44,26 @@ type drvProxy struct {
 
 func drvStartProxy(t *testing.T, registryHost string) *drvProxy {
 	t.Helper()
-	u, _ := url.Parse("http://" + registryHost)
 	p := &drvProxy{blobGets: map[string]int{}, blobBytes: map[string]int64{}}
-	rp := httputil.NewSingleHostReverseProxy(u)
-	rp.FlushInterval = -1
-	rp.ModifyResponse = func(resp *http.Response) error {
-		if strings.Contains(resp.Request.URL.Path, "/blobs/") && resp.Request.Method == http.MethodGet {
-			path := resp.Request.URL.Path
-			resp.Body = &throttled{rc: resp.Body, p: p, digest: path[strings.LastIndex(path, "/")+1:]}
-		}
-		return nil
-	}
-	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p.mu.Lock()
-		switch {
-		case strings.Contains(r.URL.Path, "/blobs/") && r.Method == http.MethodGet:
-			p.blobGets[r.URL.Path[strings.LastIndex(r.URL.Path, "/")+1:]]++
-		case strings.Contains(r.URL.Path, "/manifests/"):
-			p.manifests++
-		}
-		p.mu.Unlock()
-		rp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(p.srv.Close)
-	p.Host = strings.TrimPrefix(p.srv.URL, "http://")
+	p.Proxy = testenv.StartProxy(t, registryHost, testenv.ProxyHooks{
+		Request: func(_ http.ResponseWriter, r *http.Request) bool {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			switch {
+			case strings.Contains(r.URL.Path, "/blobs/") && r.Method == http.MethodGet:
+				p.blobGets[r.URL.Path[strings.LastIndex(r.URL.Path, "/")+1:]]++
+			case strings.Contains(r.URL.Path, "/manifests/"):
+				p.manifests++
+			}
+			return true
+		},
+		Response: func(resp *http.Response) {
+			if strings.Contains(resp.Request.URL.Path, "/blobs/") && resp.Request.Method == http.MethodGet {
+				path := resp.Request.URL.Path
+				resp.Body = &throttled{rc: resp.Body, p: p, digest: path[strings.LastIndex(path, "/")+1:]}
+			}
+		},
+	})
 	return p
 }
 
@@ -210,11 +130,7 @@ func drvStartWith(t *testing.T, root string, extra []string, plainHTTP ...string
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	// An empty docker config keeps the host's credentials out of the test.
-	dockerCfg := filepath.Join(root, "docker-config.json")
-	if err := os.WriteFile(dockerCfg, []byte(`{"auths":{}}`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	dockerCfg := testenv.EmptyDockerConfig(t)
 	p := &drvProc{t: t, Root: root, Sock: filepath.Join(root, "csi.sock"), Metrics: testenv.FreeAddr(t),
 		log: filepath.Join(root, "driver.log")}
 	p.args = []string{"csi-driver", "--endpoint", "unix://" + p.Sock, "--node-id", "e2e-node", "--root", root,
@@ -354,18 +270,6 @@ func drvKubelet(t *testing.T, root, pod string) string {
 	return filepath.Join(parent, "mount")
 }
 
-func drvPublishReq(volID, target string, attrs map[string]string) *csi.NodePublishVolumeRequest {
-	return &csi.NodePublishVolumeRequest{
-		VolumeId:      volID,
-		TargetPath:    target,
-		VolumeContext: attrs,
-		VolumeCapability: &csi.VolumeCapability{
-			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
-			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY},
-		},
-	}
-}
-
 // drvPublish calls NodePublishVolume with the given deadline.
 func drvPublish(node csi.NodeClient, req *csi.NodePublishVolumeRequest, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
@@ -420,11 +324,6 @@ func drvMountOptions(t *testing.T, target string) string {
 	}
 	t.Fatalf("%s is not a mount point", target)
 	return ""
-}
-
-func drvDockerConfig(host, user, pass string) string {
-	a := base64.StdEncoding.EncodeToString([]byte(user + ":" + pass))
-	return fmt.Sprintf(`{"auths":{%q:{"auth":%q}}}`, host, a)
 }
 
 func digestOf(b []byte) digest.Digest { return digest.FromBytes(b) }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/modelpack/modelpack/cas"
 	"github.com/modelpack/modelpack/internal/testenv"
+	"github.com/modelpack/modelpack/internal/testmodel"
 )
 
 // A shard flipped in the node cache with dd conv=notrunc (same size, mtime put back) while the driver was down is
@@ -25,7 +26,7 @@ func TestDriverNeverMountsFlippedBytes(t *testing.T) {
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
 	proxy := drvStartProxy(t, reg.Host)
 	weights := randomBytes(t, 4<<20)
-	drvPush(t, reg.Host, "models/flip", "v1", drvModel{"model.safetensors": weights, "config.json": []byte(`{"layers":2}`)}, nil)
+	testmodel.Push(t, reg.Host, "models/flip", "v1", drvModel{"model.safetensors": weights, "config.json": []byte(`{"layers":2}`)}, nil)
 	shard := digestOf(weights)
 	ref := proxy.Host + "/models/flip:v1"
 
@@ -36,7 +37,7 @@ func TestDriverNeverMountsFlippedBytes(t *testing.T) {
 		t.Helper()
 		vol := fmt.Sprint("vol-", len(targets))
 		target := drvKubelet(t, dir, vol)
-		req := drvPublishReq(vol, target, map[string]string{"reference": ref, "pullPolicy": policy})
+		req := testenv.PublishRequest(vol, target, map[string]string{"reference": ref, "pullPolicy": policy})
 		if err := drvPublish(d.node(), req, time.Minute); err != nil {
 			t.Fatalf("publish %s (%s): %v", vol, policy, err)
 		}

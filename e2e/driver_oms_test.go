@@ -93,7 +93,7 @@ rules:
 	publish := func(pod, repo string) (string, error) {
 		target := drvKubelet(t, root, pod)
 		a := map[string]string{"reference": proxy.Host + "/" + repo + ":v1", "csi.storage.k8s.io/ephemeral": "true"}
-		return target, drvPublish(node, drvPublishReq("vol-"+pod, target, a), time.Minute)
+		return target, drvPublish(node, testenv.PublishRequest("vol-"+pod, target, a), time.Minute)
 	}
 
 	target, err := publish("good", "oms/good")

@@ -10,6 +10,8 @@ import (
 
 	digest "github.com/opencontainers/go-digest"
 	"google.golang.org/grpc/codes"
+
+	"github.com/modelpack/modelpack/internal/testenv"
 )
 
 // TestDriverVerifiesBeforeMounting runs the real driver with a trust policy against a real registry whose
@@ -58,7 +60,7 @@ rules:
 		for i := 0; i+1 < len(attrs); i += 2 {
 			a[attrs[i]] = attrs[i+1]
 		}
-		return target, drvPublish(node, drvPublishReq("vol-"+pod, target, a), time.Minute)
+		return target, drvPublish(node, testenv.PublishRequest("vol-"+pod, target, a), time.Minute)
 	}
 	refused := func(pod, repo, reason string, layer string) {
 		t.Helper()

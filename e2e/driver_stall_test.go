@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/modelpack/modelpack/internal/testenv"
+	"github.com/modelpack/modelpack/internal/testmodel"
 )
 
 // drvStallCase is a model on a healthy real registry and the same manifest on a StallServer that stalls its blobs.
@@ -30,7 +31,7 @@ func newDrvStallCase(t *testing.T, dir string, mode testenv.StallMode) *drvStall
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
 	s := &drvStallCase{healthy: reg, proxy: drvStartProxy(t, reg.Host), stalled: testenv.StartStallServer(t, mode),
 		weights: randomBytes(t, 4<<20)}
-	drvPush(t, reg.Host, "m/model", "v1", drvModel{"model.safetensors": s.weights, "config.json": []byte("{}")}, nil)
+	testmodel.Push(t, reg.Host, "m/model", "v1", drvModel{"model.safetensors": s.weights, "config.json": []byte("{}")}, nil)
 	req, _ := http.NewRequest(http.MethodGet, "http://"+reg.Host+"/v2/m/model/manifests/v1", nil)
 	req.Header.Set("Accept", ocispec.MediaTypeImageManifest)
 	resp, err := http.DefaultClient.Do(req)
@@ -68,7 +69,7 @@ func (s *drvStallCase) waitStalled(t *testing.T) {
 // publish publishes ref at a new target with kubelet's deadline and returns the target and the error.
 func (s *drvStallCase) publish(t *testing.T, dir, vol, ref string) (string, error) {
 	target := drvKubelet(t, dir, "pod-"+vol)
-	return target, drvPublish(s.d.node(), drvPublishReq(vol, target, map[string]string{"reference": ref}), 2*time.Minute)
+	return target, drvPublish(s.d.node(), testenv.PublishRequest(vol, target, map[string]string{"reference": ref}), 2*time.Minute)
 }
 
 func (s *drvStallCase) wantWeights(t *testing.T, target string) {
@@ -174,7 +175,7 @@ func TestDriverStalledTagIsUnavailableWithinTheIdleLimit(t *testing.T) {
 	d := drvStartWith(t, filepath.Join(dir, "node"), []string{"--registry-idle-timeout", "1s", "--registry-response-timeout", "1h"}, stalled.Host)
 	for _, vol := range []string{"first", "second"} {
 		target := drvKubelet(t, dir, "pod-"+vol)
-		err := drvPublish(d.node(), drvPublishReq(vol, target, map[string]string{"reference": stalled.Host + "/m/model:v1"}), time.Minute)
+		err := drvPublish(d.node(), testenv.PublishRequest(vol, target, map[string]string{"reference": stalled.Host + "/m/model:v1"}), time.Minute)
 		if status.Code(err) != codes.Unavailable {
 			t.Fatalf("publish %s of the stalled tag: %v, want UNAVAILABLE", vol, err)
 		}

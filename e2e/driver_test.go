@@ -26,6 +26,7 @@ import (
 	"oras.land/oras-go/v2/registry/remote/auth"
 
 	"github.com/modelpack/modelpack/internal/testenv"
+	"github.com/modelpack/modelpack/internal/testmodel"
 )
 
 // drvHtpasswd lets user e2e in with password e2e-secret (bcrypt).
@@ -52,14 +53,14 @@ func TestDriverInlineStaticAndDynamicVolumes(t *testing.T) {
 	dir := t.TempDir()
 	drvCleanupMounts(t, dir)
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
-	drvPush(t, reg.Host, "models/tiny", "v1", drvSmallModel("v1"), nil)
+	testmodel.Push(t, reg.Host, "models/tiny", "v1", drvSmallModel("v1"), nil)
 	d := drvStart(t, filepath.Join(dir, "node"), reg.Host)
 	node := d.node()
 	ref := reg.Host + "/models/tiny:v1"
 
 	// Inline (ephemeral) volume, as kubelet sends it with podInfoOnMount.
 	inline := drvKubelet(t, dir, "pod-a")
-	req := drvPublishReq("csi-inline-1", inline, map[string]string{
+	req := testenv.PublishRequest("csi-inline-1", inline, map[string]string{
 		"reference":                              ref,
 		"csi.storage.k8s.io/ephemeral":           "true",
 		"csi.storage.k8s.io/pod.name":            "pod-a",
@@ -91,12 +92,12 @@ func TestDriverInlineStaticAndDynamicVolumes(t *testing.T) {
 	if err := drvPublish(node, req, time.Minute); err != nil {
 		t.Fatalf("republish: %v", err)
 	}
-	other := drvPublishReq("csi-inline-1", inline, map[string]string{"reference": ref, "filter": "docs"})
+	other := testenv.PublishRequest("csi-inline-1", inline, map[string]string{"reference": ref, "filter": "docs"})
 	drvWantCode(t, drvPublish(node, other, time.Minute), codes.AlreadyExists, "other arguments")
 
 	// Static PV: the PV's volumeAttributes, a partial view (configs only) and noexec.
 	static := drvKubelet(t, dir, "pod-b")
-	pv := drvPublishReq("pv-tiny", static, map[string]string{"reference": ref, "filter": "config", "noexec": "true"})
+	pv := testenv.PublishRequest("pv-tiny", static, map[string]string{"reference": ref, "filter": "config", "noexec": "true"})
 	if err := drvPublish(node, pv, time.Minute); err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +118,7 @@ func TestDriverInlineStaticAndDynamicVolumes(t *testing.T) {
 	ctrl := csi.NewControllerClient(d.conn())
 	mkReq := func(params map[string]string) *csi.CreateVolumeRequest {
 		return &csi.CreateVolumeRequest{Name: "pvc-1234", Parameters: params, VolumeCapabilities: []*csi.VolumeCapability{
-			drvPublishReq("", "", nil).VolumeCapability}}
+			testenv.PublishRequest("", "", nil).VolumeCapability}}
 	}
 	_, err = ctrl.CreateVolume(context.Background(), mkReq(map[string]string{"reference": ref, "filter": "video"}))
 	drvWantCode(t, err, codes.InvalidArgument, "valid keys")
@@ -127,7 +128,7 @@ func TestDriverInlineStaticAndDynamicVolumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	dynamic := drvKubelet(t, dir, "pod-c")
-	if err := drvPublish(node, drvPublishReq(created.Volume.VolumeId, dynamic, created.Volume.VolumeContext), time.Minute); err != nil {
+	if err := drvPublish(node, testenv.PublishRequest(created.Volume.VolumeId, dynamic, created.Volume.VolumeContext), time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if got := drvRead(t, filepath.Join(dynamic, "README.md")); got != "# model v1" {
@@ -165,7 +166,7 @@ func TestDriverPullPolicyMatrix(t *testing.T) {
 		if policy != "" {
 			attrs["pullPolicy"] = policy
 		}
-		if err := drvPublish(node, drvPublishReq(fmt.Sprint("vol-", pod), target, attrs), time.Minute); err != nil {
+		if err := drvPublish(node, testenv.PublishRequest(fmt.Sprint("vol-", pod), target, attrs), time.Minute); err != nil {
 			return "", err
 		}
 		defer drvUnpublish(t, node, fmt.Sprint("vol-", pod), target)
@@ -182,13 +183,13 @@ func TestDriverPullPolicyMatrix(t *testing.T) {
 		}
 	}
 
-	first := drvPush(t, reg.Host, "models/policy", "v1", drvSmallModel("one"), nil)
+	first := testmodel.Push(t, reg.Host, "models/policy", "v1", drvSmallModel("one"), nil)
 	_, err := publish(repo+":v1", "Never")
 	drvWantCode(t, err, codes.FailedPrecondition, "Never")
 
 	must(repo+":v1", "IfNotPresent", "one")
 	// The tag moves in the registry.
-	drvPush(t, reg.Host, "models/policy", "v1", drvSmallModel("two"), nil)
+	testmodel.Push(t, reg.Host, "models/policy", "v1", drvSmallModel("two"), nil)
 	before := proxy.manifestRequests()
 	must(repo+":v1", "IfNotPresent", "one")
 	must(repo+":v1", "Never", "one")
@@ -201,9 +202,9 @@ func TestDriverPullPolicyMatrix(t *testing.T) {
 	must(repo+"@"+first.String(), "Never", "one")
 
 	// :latest and no tag default to Always: each publish sees the tag's current content.
-	drvPush(t, reg.Host, "models/policy", "latest", drvSmallModel("three"), nil)
+	testmodel.Push(t, reg.Host, "models/policy", "latest", drvSmallModel("three"), nil)
 	must(repo+":latest", "", "three")
-	drvPush(t, reg.Host, "models/policy", "latest", drvSmallModel("four"), nil)
+	testmodel.Push(t, reg.Host, "models/policy", "latest", drvSmallModel("four"), nil)
 	must(repo+":latest", "", "four")
 	must(repo, "", "four")
 
@@ -223,7 +224,7 @@ func TestDriverConcurrentPodsShareOneDownloadAndView(t *testing.T) {
 	weights := randomBytes(t, 4<<20)
 	model := drvSmallModel("shared")
 	model["model.safetensors"] = weights
-	drvPush(t, reg.Host, "models/shared", "v1", model, nil)
+	testmodel.Push(t, reg.Host, "models/shared", "v1", model, nil)
 	d := drvStart(t, filepath.Join(dir, "node"), proxy.Host)
 	node := d.node()
 	ref := proxy.Host + "/models/shared:v1"
@@ -237,7 +238,7 @@ func TestDriverConcurrentPodsShareOneDownloadAndView(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = drvPublish(node, drvPublishReq(fmt.Sprint("vol-", i), targets[i], map[string]string{"reference": ref}), time.Minute)
+			errs[i] = drvPublish(node, testenv.PublishRequest(fmt.Sprint("vol-", i), targets[i], map[string]string{"reference": ref}), time.Minute)
 		}()
 	}
 	wg.Wait()
@@ -290,13 +291,13 @@ func TestDriverSlowRegistryAbortsThenJoins(t *testing.T) {
 	proxy := drvStartProxy(t, reg.Host)
 	weights := randomBytes(t, 8<<20)
 	model := drvModel{"model.safetensors": weights, "config.json": []byte("{}")}
-	drvPush(t, reg.Host, "models/slow", "v1", model, nil)
+	testmodel.Push(t, reg.Host, "models/slow", "v1", model, nil)
 	d := drvStart(t, filepath.Join(dir, "node"), proxy.Host)
 	node := d.node()
 	proxy.rate.Store(1 << 20) // 1 MiB/s: about 8 s for the weights
 
 	target := drvKubelet(t, dir, "pod-slow")
-	req := drvPublishReq("vol-slow", target, map[string]string{"reference": proxy.Host + "/models/slow:v1"})
+	req := testenv.PublishRequest("vol-slow", target, map[string]string{"reference": proxy.Host + "/models/slow:v1"})
 	start := time.Now()
 	const deadline = 2 * time.Second
 	err := drvPublish(node, req, deadline)
@@ -339,22 +340,22 @@ func TestDriverSIGKILLRecovery(t *testing.T) {
 	drvCleanupMounts(t, dir)
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
 	proxy := drvStartProxy(t, reg.Host)
-	drvPush(t, reg.Host, "models/small", "v1", drvSmallModel("small"), nil)
+	testmodel.Push(t, reg.Host, "models/small", "v1", drvSmallModel("small"), nil)
 	weights := randomBytes(t, 8<<20)
-	drvPush(t, reg.Host, "models/big", "v1", drvModel{"model.safetensors": weights}, nil)
+	testmodel.Push(t, reg.Host, "models/big", "v1", drvModel{"model.safetensors": weights}, nil)
 	d := drvStart(t, filepath.Join(dir, "node"), proxy.Host)
 	node := d.node()
 
 	kept := drvKubelet(t, dir, "pod-kept")
 	vanished := drvKubelet(t, dir, "pod-vanished")
 	for i, tg := range []string{kept, vanished} {
-		if err := drvPublish(node, drvPublishReq(fmt.Sprint("vol-", i), tg, map[string]string{"reference": proxy.Host + "/models/small:v1"}), time.Minute); err != nil {
+		if err := drvPublish(node, testenv.PublishRequest(fmt.Sprint("vol-", i), tg, map[string]string{"reference": proxy.Host + "/models/small:v1"}), time.Minute); err != nil {
 			t.Fatal(err)
 		}
 	}
 	proxy.rate.Store(2 << 20)
 	big := drvKubelet(t, dir, "pod-big")
-	bigReq := drvPublishReq("vol-big", big, map[string]string{"reference": proxy.Host + "/models/big:v1"})
+	bigReq := testenv.PublishRequest("vol-big", big, map[string]string{"reference": proxy.Host + "/models/big:v1"})
 	drvWantCode(t, drvPublish(node, bigReq, 2*time.Second), codes.Aborted, "in progress")
 
 	d.kill()
@@ -418,7 +419,7 @@ func TestDriverErrorCodes(t *testing.T) {
 	dir := t.TempDir()
 	drvCleanupMounts(t, dir)
 	private := testenv.StartRegistry(t, testenv.RegistryOptions{Htpasswd: drvHtpasswd})
-	drvPush(t, private.Host, "models/private", "v1", drvSmallModel("private"), &auth.Credential{Username: "e2e", Password: "e2e-secret"})
+	testmodel.Push(t, private.Host, "models/private", "v1", drvSmallModel("private"), &auth.Credential{Username: "e2e", Password: "e2e-secret"})
 	unreachable := testenv.FreeAddr(t)
 	// The driver's default log format, JSON, is the one that would marshal a secret's bytes (as base64).
 	d := drvStartWith(t, filepath.Join(dir, "node"), []string{"--log-format", "json"}, private.Host, unreachable)
@@ -426,7 +427,7 @@ func TestDriverErrorCodes(t *testing.T) {
 	ref := private.Host + "/models/private:v1"
 	target := drvKubelet(t, dir, "pod")
 	publish := func(attrs map[string]string, secrets map[string]string) error {
-		req := drvPublishReq("vol", target, attrs)
+		req := testenv.PublishRequest("vol", target, attrs)
 		req.Secrets = secrets
 		return drvPublish(node, req, time.Minute)
 	}
@@ -438,16 +439,16 @@ func TestDriverErrorCodes(t *testing.T) {
 	drvWantCode(t, publish(map[string]string{"reference": "registry.example.com/Models/UPPER::v1"}, nil), codes.InvalidArgument, "reference")
 	drvWantCode(t, publish(map[string]string{}, nil), codes.InvalidArgument, `"reference" is required`)
 	drvWantCode(t, publish(map[string]string{"reference": ref}, nil), codes.Unauthenticated, "")
-	drvWantCode(t, publish(map[string]string{"reference": ref}, map[string]string{".dockerconfigjson": drvDockerConfig(private.Host, "e2e", "wrong")}), codes.Unauthenticated, "")
+	drvWantCode(t, publish(map[string]string{"reference": ref}, map[string]string{".dockerconfigjson": testenv.DockerConfigJSON(private.Host, "e2e", "wrong")}), codes.Unauthenticated, "")
 	drvWantCode(t, publish(map[string]string{"reference": private.Host + "/models/private:nope"},
-		map[string]string{".dockerconfigjson": drvDockerConfig(private.Host, "e2e", "e2e-secret")}), codes.NotFound, "")
+		map[string]string{".dockerconfigjson": testenv.DockerConfigJSON(private.Host, "e2e", "e2e-secret")}), codes.NotFound, "")
 	drvWantCode(t, publish(map[string]string{"reference": unreachable + "/models/x:v1"}, nil), codes.Unavailable, "")
 	drvWantCode(t, publish(map[string]string{"reference": ref, "pullPolicy": "Never"}, nil), codes.FailedPrecondition, "not on this node")
 	if _, err := os.Stat(target); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("failed publishes left the target behind: %v", err)
 	}
 
-	secret := map[string]string{".dockerconfigjson": drvDockerConfig(private.Host, "e2e", "e2e-secret")}
+	secret := map[string]string{".dockerconfigjson": testenv.DockerConfigJSON(private.Host, "e2e", "e2e-secret")}
 	if err := publish(map[string]string{"reference": ref}, secret); err != nil {
 		t.Fatalf("with the pull secret: %v", err)
 	}
@@ -463,7 +464,7 @@ func TestDriverErrorCodes(t *testing.T) {
 	if !bytes.Contains(log, []byte(`"msg":"volume published"`)) || !bytes.Contains(log, []byte(ref)) {
 		t.Fatalf("the JSON log has no publish of %s: the leak check below would prove nothing", ref)
 	}
-	drvNoSecret(t, filepath.Join(dir, "node"), drvDockerConfig(private.Host, "e2e", "e2e-secret"), "e2e:e2e-secret", "e2e-secret")
+	drvNoSecret(t, filepath.Join(dir, "node"), testenv.DockerConfigJSON(private.Host, "e2e", "e2e-secret"), "e2e:e2e-secret", "e2e-secret")
 }
 
 // drvNoSecret fails if any file under root (the log, the persisted state, the cache's records) holds the pull
@@ -501,7 +502,7 @@ func TestDriverFullDiskIsResourceExhausted(t *testing.T) {
 	dir := t.TempDir()
 	drvCleanupMounts(t, dir)
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
-	drvPush(t, reg.Host, "models/huge", "v1", drvModel{"model.safetensors": randomBytes(t, 16<<20)}, nil)
+	testmodel.Push(t, reg.Host, "models/huge", "v1", drvModel{"model.safetensors": randomBytes(t, 16<<20)}, nil)
 	// The node's cache disk: a 6 MiB filesystem for a 16 MiB model.
 	root := filepath.Join(dir, "node")
 	if err := os.MkdirAll(root, 0o755); err != nil {
@@ -513,7 +514,7 @@ func TestDriverFullDiskIsResourceExhausted(t *testing.T) {
 	d := drvStart(t, root, reg.Host)
 	node := d.node()
 	target := drvKubelet(t, dir, "pod")
-	err := drvPublish(node, drvPublishReq("vol", target, map[string]string{"reference": reg.Host + "/models/huge:v1"}), time.Minute)
+	err := drvPublish(node, testenv.PublishRequest("vol", target, map[string]string{"reference": reg.Host + "/models/huge:v1"}), time.Minute)
 	drvWantCode(t, err, codes.ResourceExhausted, "")
 	if n := d.metric("modelpack_csi_pull_errors_total", `code="ResourceExhausted"`); n != 1 {
 		t.Fatalf("pull error metric %v, want 1", n)
@@ -533,8 +534,8 @@ func TestDriverRegistryMirror(t *testing.T) {
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
 	mirror := drvStartProxy(t, reg.Host)
 	weights := randomBytes(t, 1<<20)
-	drvPush(t, reg.Host, "models/mirrored", "v1", drvModel{"model.safetensors": weights}, nil)
-	drvPush(t, reg.Host, "models/mirrored", "v2", drvModel{"model.safetensors": []byte("v2")}, nil)
+	testmodel.Push(t, reg.Host, "models/mirrored", "v1", drvModel{"model.safetensors": weights}, nil)
+	testmodel.Push(t, reg.Host, "models/mirrored", "v2", drvModel{"model.safetensors": []byte("v2")}, nil)
 	// Pods name the model by its public name; the node knows where that registry and its mirror really are.
 	const public = "models.example.internal"
 	hosts := filepath.Join(dir, "hosts.d")
@@ -549,7 +550,7 @@ func TestDriverRegistryMirror(t *testing.T) {
 	node := d.node()
 
 	target := drvKubelet(t, dir, "pod-1")
-	if err := drvPublish(node, drvPublishReq("v1", target, map[string]string{"reference": public + "/models/mirrored:v1"}), time.Minute); err != nil {
+	if err := drvPublish(node, testenv.PublishRequest("v1", target, map[string]string{"reference": public + "/models/mirrored:v1"}), time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := os.ReadFile(filepath.Join(target, "model.safetensors")); !bytes.Equal(got, weights) {
@@ -560,9 +561,9 @@ func TestDriverRegistryMirror(t *testing.T) {
 	}
 	drvUnpublish(t, node, "v1", target)
 
-	mirror.srv.Close()
+	mirror.Close()
 	target2 := drvKubelet(t, dir, "pod-2")
-	if err := drvPublish(node, drvPublishReq("v2", target2, map[string]string{"reference": public + "/models/mirrored:v2"}), time.Minute); err != nil {
+	if err := drvPublish(node, testenv.PublishRequest("v2", target2, map[string]string{"reference": public + "/models/mirrored:v2"}), time.Minute); err != nil {
 		t.Fatalf("with the mirror down: %v", err)
 	}
 	if got := drvRead(t, filepath.Join(target2, "model.safetensors")); got != "v2" {
@@ -578,12 +579,12 @@ func TestDriverRepairsBrokenMounts(t *testing.T) {
 	dir := t.TempDir()
 	drvCleanupMounts(t, dir)
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
-	drvPush(t, reg.Host, "models/tiny", "v1", drvSmallModel("v1"), nil)
+	testmodel.Push(t, reg.Host, "models/tiny", "v1", drvSmallModel("v1"), nil)
 	root := filepath.Join(dir, "node")
 	d := drvStartWith(t, root, []string{"--gc-interval", "200ms"}, reg.Host)
 	node := d.node()
 	target := drvKubelet(t, dir, "pod")
-	if err := drvPublish(node, drvPublishReq("vol", target, map[string]string{"reference": reg.Host + "/models/tiny:v1"}), time.Minute); err != nil {
+	if err := drvPublish(node, testenv.PublishRequest("vol", target, map[string]string{"reference": reg.Host + "/models/tiny:v1"}), time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	var st struct {
@@ -623,15 +624,15 @@ func TestDriverNodeCredentials(t *testing.T) {
 	dir := t.TempDir()
 	drvCleanupMounts(t, dir)
 	private := testenv.StartRegistry(t, testenv.RegistryOptions{Htpasswd: drvHtpasswd})
-	drvPush(t, private.Host, "models/private", "v1", drvSmallModel("node-creds"), &auth.Credential{Username: "e2e", Password: "e2e-secret"})
+	testmodel.Push(t, private.Host, "models/private", "v1", drvSmallModel("node-creds"), &auth.Credential{Username: "e2e", Password: "e2e-secret"})
 	cfg := filepath.Join(dir, "node-docker-config.json")
-	if err := os.WriteFile(cfg, []byte(drvDockerConfig(private.Host, "e2e", "e2e-secret")), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte(testenv.DockerConfigJSON(private.Host, "e2e", "e2e-secret")), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	d := drvStartWith(t, filepath.Join(dir, "node"), []string{"--registry-config", cfg}, private.Host)
 	node := d.node()
 	target := drvKubelet(t, dir, "pod")
-	if err := drvPublish(node, drvPublishReq("vol", target, map[string]string{"reference": private.Host + "/models/private:v1"}), time.Minute); err != nil {
+	if err := drvPublish(node, testenv.PublishRequest("vol", target, map[string]string{"reference": private.Host + "/models/private:v1"}), time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if got := drvRead(t, filepath.Join(target, "model.safetensors")); got != "weights of node-creds" {

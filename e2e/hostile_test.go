@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"archive/tar"
 	"bufio"
 	"bytes"
 	"context"
@@ -29,6 +28,7 @@ import (
 
 	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/internal/testenv"
+	"github.com/modelpack/modelpack/internal/testmodel"
 	"github.com/modelpack/modelpack/signing"
 )
 
@@ -173,7 +173,7 @@ rules:
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			target := drvKubelet(t, root, strings.NewReplacer("/", "-", ":", "-").Replace(c.ref))
-			err := drvPublish(node, drvPublishReq("vol-"+c.ref, target, map[string]string{
+			err := drvPublish(node, testenv.PublishRequest("vol-"+c.ref, target, map[string]string{
 				"reference": h.Host + "/" + c.ref, "csi.storage.k8s.io/ephemeral": "true"}), time.Minute)
 			drvWantCode(t, err, codes.FailedPrecondition, c.want)
 			if m, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(m), target) {
@@ -263,23 +263,6 @@ func pushLayers(t *testing.T, host, repo, tag string, image bool, layers ...rawL
 	return ds
 }
 
-// tarOf is an uncompressed tar of name → body, in the given order.
-func tarOf(t *testing.T, kv ...string) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for i := 0; i+1 < len(kv); i += 2 {
-		if err := tw.WriteHeader(&tar.Header{Name: kv[i], Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(kv[i+1])), ModTime: time.Unix(1e9, 0)}); err != nil {
-			t.Fatal(err)
-		}
-		tw.Write([]byte(kv[i+1]))
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
-}
-
 // TestDriverRefusesOneFileInTwoLayers: a model whose file comes from two layers (two tar layers, or a raw and a tar
 // layer in either order) would mount with whichever layer came last; the real driver, pulling from a real
 // registry, refuses it with FAILED_PRECONDITION naming both layers, as it refuses two raw layers at one path.
@@ -294,17 +277,17 @@ func TestDriverRefusesOneFileInTwoLayers(t *testing.T) {
 	node := p.node()
 	publish := func(name, repo string) (string, error) {
 		target := drvKubelet(t, root, name)
-		return target, drvPublish(node, drvPublishReq("vol-"+name, target, map[string]string{
+		return target, drvPublish(node, testenv.PublishRequest("vol-"+name, target, map[string]string{
 			"reference": reg.Host + "/" + repo + ":v1", "csi.storage.k8s.io/ephemeral": "true"}), time.Minute)
 	}
 	for _, c := range []struct {
 		name   string
 		layers []rawLayer
 	}{
-		{"two tar layers", []rawLayer{{docTar, "docs", tarOf(t, "docs/README.md", "first")}, {docTar, "docs2", tarOf(t, "docs/README.md", "second")}}},
-		{"raw then tar", []rawLayer{{docRaw, "docs/README.md", []byte("raw")}, {docTar, "docs", tarOf(t, "docs/README.md", "tar")}}},
-		{"tar then raw", []rawLayer{{docTar, "docs", tarOf(t, "docs/README.md", "tar")}, {docRaw, "docs/README.md", []byte("raw")}}},
-		{"a tar file where a raw layer needs a directory", []rawLayer{{docTar, "docs", tarOf(t, "docs", "a file")}, {docRaw, "docs/README.md", []byte("raw")}}},
+		{"two tar layers", []rawLayer{{docTar, "docs", testmodel.Tar(t, "docs/README.md", "first")}, {docTar, "docs2", testmodel.Tar(t, "docs/README.md", "second")}}},
+		{"raw then tar", []rawLayer{{docRaw, "docs/README.md", []byte("raw")}, {docTar, "docs", testmodel.Tar(t, "docs/README.md", "tar")}}},
+		{"tar then raw", []rawLayer{{docTar, "docs", testmodel.Tar(t, "docs/README.md", "tar")}, {docRaw, "docs/README.md", []byte("raw")}}},
+		{"a tar file where a raw layer needs a directory", []rawLayer{{docTar, "docs", testmodel.Tar(t, "docs", "a file")}, {docRaw, "docs/README.md", []byte("raw")}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			repo := "conflict/" + strings.ReplaceAll(c.name, " ", "-")
@@ -343,8 +326,8 @@ func TestDriverRefusesOneFileInTwoLayers(t *testing.T) {
 	}
 	t.Run("a container image keeps overlay semantics", func(t *testing.T) {
 		pushLayers(t, reg.Host, "images/overlay", "v1", true,
-			rawLayer{ocispec.MediaTypeImageLayer, "", tarOf(t, "etc/motd", "lower")},
-			rawLayer{ocispec.MediaTypeImageLayer, "", tarOf(t, "etc/motd", "upper")})
+			rawLayer{ocispec.MediaTypeImageLayer, "", testmodel.Tar(t, "etc/motd", "lower")},
+			rawLayer{ocispec.MediaTypeImageLayer, "", testmodel.Tar(t, "etc/motd", "upper")})
 		target, err := publish("image", "images/overlay")
 		if err != nil {
 			t.Fatal(err)
@@ -406,7 +389,7 @@ func TestDriverRefusesRedirectsToLocalAddresses(t *testing.T) {
 	for _, name := range []string{"loopback", "localhost", "ipv6-loopback", "metadata", "ipv6-link-local"} {
 		t.Run(name, func(t *testing.T) {
 			target := drvKubelet(t, root, name)
-			err := drvPublish(node, drvPublishReq("vol-"+name, target, map[string]string{
+			err := drvPublish(node, testenv.PublishRequest("vol-"+name, target, map[string]string{
 				"reference": h.Host + "/redirect/" + name + ":v1", "csi.storage.k8s.io/ephemeral": "true"}), time.Minute)
 			drvWantCode(t, err, codes.FailedPrecondition, "loopback or link-local address refused")
 		})
@@ -416,7 +399,7 @@ func TestDriverRefusesRedirectsToLocalAddresses(t *testing.T) {
 	}
 	t.Run("a redirect to the registry itself is followed", func(t *testing.T) {
 		target := drvKubelet(t, root, "self")
-		if err := drvPublish(node, drvPublishReq("vol-self", target, map[string]string{
+		if err := drvPublish(node, testenv.PublishRequest("vol-self", target, map[string]string{
 			"reference": h.Host + "/redirect/self:v1", "csi.storage.k8s.io/ephemeral": "true"}), time.Minute); err != nil {
 			t.Fatal(err)
 		}
@@ -439,7 +422,7 @@ func TestPasswordInReferenceIsNeverRepeated(t *testing.T) {
 	drvCleanupMounts(t, root)
 	p := drvStart(t, root, reg.Host)
 	for _, ref := range []string{bad, "https://alice:" + secret + "@" + reg.Host + "/models/m:v1"} {
-		err := drvPublish(p.node(), drvPublishReq("vol-pw", drvKubelet(t, root, "pw"), map[string]string{
+		err := drvPublish(p.node(), testenv.PublishRequest("vol-pw", drvKubelet(t, root, "pw"), map[string]string{
 			"reference": ref, "csi.storage.k8s.io/ephemeral": "true"}), time.Minute)
 		drvWantCode(t, err, codes.InvalidArgument, "may not carry credentials")
 		if strings.Contains(err.Error(), secret) {
@@ -497,7 +480,7 @@ func TestDriverNamesContentOverTheLimits(t *testing.T) {
 		return d
 	}
 	tarLayer := func(name string) ocispec.Descriptor {
-		d := h.Blob("application/vnd.cncf.model.doc.v1.tar", tarOf(t, name, "x"))
+		d := h.Blob("application/vnd.cncf.model.doc.v1.tar", testmodel.Tar(t, name, "x"))
 		d.Annotations = map[string]string{artifact.AnnotationFilepath: "docs"}
 		return d
 	}
@@ -524,7 +507,7 @@ func TestDriverNamesContentOverTheLimits(t *testing.T) {
 		{"tarpath", "over the limit of 3072", tarPath.Digest.String()},
 	} {
 		t.Run(c.tag, func(t *testing.T) {
-			err := drvPublish(node, drvPublishReq("vol-"+c.tag, drvKubelet(t, root, c.tag), map[string]string{
+			err := drvPublish(node, testenv.PublishRequest("vol-"+c.tag, drvKubelet(t, root, c.tag), map[string]string{
 				"reference": h.Host + "/m:" + c.tag, "csi.storage.k8s.io/ephemeral": "true"}), time.Minute)
 			drvWantCode(t, err, codes.FailedPrecondition, c.want)
 			if c.layer != "" && !strings.Contains(err.Error(), c.layer) {
@@ -533,7 +516,7 @@ func TestDriverNamesContentOverTheLimits(t *testing.T) {
 		})
 	}
 	for _, sub := range []string{long, deep + "/" + deep} {
-		err := drvPublish(node, drvPublishReq("vol-sub", drvKubelet(t, root, "sub"), map[string]string{
+		err := drvPublish(node, testenv.PublishRequest("vol-sub", drvKubelet(t, root, "sub"), map[string]string{
 			"reference": h.Host + "/m:ok", "subPath": sub, "csi.storage.k8s.io/ephemeral": "true"}), time.Minute)
 		drvWantCode(t, err, codes.InvalidArgument, "over the limit")
 	}
@@ -546,7 +529,7 @@ func TestDriverNamesContentOverTheLimits(t *testing.T) {
 func TestDriverValidatesHostsToml(t *testing.T) {
 	testenv.RequireRoot(t)
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
-	drvPush(t, reg.Host, "models/m", "v1", drvModel{"w.safetensors": []byte("weights")}, nil)
+	testmodel.Push(t, reg.Host, "models/m", "v1", drvModel{"w.safetensors": []byte("weights")}, nil)
 	hosts := t.TempDir()
 	file := filepath.Join(hosts, reg.Host, "hosts.toml")
 	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
@@ -576,7 +559,7 @@ func TestDriverValidatesHostsToml(t *testing.T) {
 	p := drvStartWith(t, root, []string{"--hosts-dir", hosts}, reg.Host)
 	node := p.node()
 	publish := func(pod string) error {
-		return drvPublish(node, drvPublishReq("vol-"+pod, drvKubelet(t, root, pod), map[string]string{
+		return drvPublish(node, testenv.PublishRequest("vol-"+pod, drvKubelet(t, root, pod), map[string]string{
 			"reference": reg.Host + "/models/m:v1", "pullPolicy": "Always", "csi.storage.k8s.io/ephemeral": "true"}), time.Minute)
 	}
 	if err := publish("a"); err != nil {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/modelpack/modelpack/cache"
 	"github.com/modelpack/modelpack/internal/testenv"
+	"github.com/modelpack/modelpack/internal/testmodel"
 	"github.com/modelpack/modelpack/prepull"
 )
 
@@ -36,8 +37,8 @@ func TestPrepullDaemonSet(t *testing.T) {
 	proxy := drvStartProxy(t, reg.Host)
 	modelA := drvModel{"model.safetensors": randomBytes(t, 3<<20), "config.json": []byte(`{"m":"a"}`)}
 	modelB := drvModel{"model.safetensors": randomBytes(t, 2<<20), "config.json": []byte(`{"m":"b"}`)}
-	digA := drvPush(t, reg.Host, "models/a", "v1", modelA, nil)
-	digB := drvPush(t, reg.Host, "models/b", "v1", modelB, nil)
+	digA := testmodel.Push(t, reg.Host, "models/a", "v1", modelA, nil)
+	digB := testmodel.Push(t, reg.Host, "models/b", "v1", modelB, nil)
 	refA, refB := proxy.Host+"/models/a:v1", proxy.Host+"/models/b:v1"
 	bad := proxy.Host + "/models/missing:v1"
 
@@ -97,7 +98,7 @@ func TestPrepullDaemonSet(t *testing.T) {
 	before := blobGets(proxy, modelA)
 	target := drvKubelet(t, dir, "pod-a")
 	node := d.node()
-	if err := drvPublish(node, drvPublishReq("csi-a", target, map[string]string{
+	if err := drvPublish(node, testenv.PublishRequest("csi-a", target, map[string]string{
 		"reference": refA, "csi.storage.k8s.io/ephemeral": "true", "csi.storage.k8s.io/pod.name": "pod-a",
 		"csi.storage.k8s.io/pod.namespace": "default", "csi.storage.k8s.io/pod.uid": "uid-a",
 	}), 30*time.Second); err != nil {
@@ -163,7 +164,7 @@ func TestPrepullCLI(t *testing.T) {
 	bin := testenv.Modelpack(t)
 	dir := t.TempDir()
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
-	dig := drvPush(t, reg.Host, "models/c", "v1", drvModel{"model.safetensors": randomBytes(t, 1<<20)}, nil)
+	dig := testmodel.Push(t, reg.Host, "models/c", "v1", drvModel{"model.safetensors": randomBytes(t, 1<<20)}, nil)
 	ref := reg.Host + "/models/c:v1"
 	d := drvStart(t, filepath.Join(dir, "node"), reg.Host)
 	sock := filepath.Join(d.Root, "prepull.sock")
@@ -221,7 +222,7 @@ func TestPrepullCLI(t *testing.T) {
 	reg.Stop()
 	drvCleanupMounts(t, dir)
 	target := drvKubelet(t, dir, "offline")
-	if err := drvPublish(d.node(), drvPublishReq("csi-offline", target, map[string]string{"reference": byDigest}), 30*time.Second); err != nil {
+	if err := drvPublish(d.node(), testenv.PublishRequest("csi-offline", target, map[string]string{"reference": byDigest}), 30*time.Second); err != nil {
 		t.Fatalf("publish of a prepulled digest with the registry down: %v", err)
 	}
 	drvUnpublish(t, d.node(), "csi-offline", target)
@@ -400,8 +401,8 @@ func TestPrepullTrustPolicy(t *testing.T) {
 	proxy := drvStartProxy(t, reg.Host)
 	signed := drvModel{"model.safetensors": randomBytes(t, 1<<20)}
 	unsigned := drvModel{"model.safetensors": randomBytes(t, 1<<20)}
-	drvPush(t, reg.Host, "models/signed", "v1", signed, nil)
-	drvPush(t, reg.Host, "models/unsigned", "v1", unsigned, nil)
+	testmodel.Push(t, reg.Host, "models/signed", "v1", signed, nil)
+	testmodel.Push(t, reg.Host, "models/unsigned", "v1", unsigned, nil)
 	refSigned, refUnsigned := proxy.Host+"/models/signed:v1", proxy.Host+"/models/unsigned:v1"
 
 	keys := t.TempDir()
@@ -460,7 +461,7 @@ func TestPrepullTagOffline(t *testing.T) {
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
 	proxy := drvStartProxy(t, reg.Host)
 	model := drvModel{"model.safetensors": randomBytes(t, 1<<20), "config.json": []byte(`{"m":"offline"}`)}
-	dig := drvPush(t, reg.Host, "models/offline", "v1", model, nil)
+	dig := testmodel.Push(t, reg.Host, "models/offline", "v1", model, nil)
 	ref := proxy.Host + "/models/offline:v1"
 	d := drvStartWith(t, filepath.Join(dir, "node"), nil, proxy.Host)
 	api := prepull.NewClient(filepath.Join(d.Root, "prepull.sock"))
@@ -486,7 +487,7 @@ func TestPrepullTagOffline(t *testing.T) {
 	}
 	asked := proxy.manifestRequests()
 	target := drvKubelet(t, dir, "offline")
-	if err := drvPublish(node, drvPublishReq("csi-offline", target, attrs("IfNotPresent")), 30*time.Second); err != nil {
+	if err := drvPublish(node, testenv.PublishRequest("csi-offline", target, attrs("IfNotPresent")), 30*time.Second); err != nil {
 		t.Fatalf("IfNotPresent publish of a prepulled tag with the registry down: %v", err)
 	}
 	if got := drvRead(t, filepath.Join(target, "model.safetensors")); got != string(model["model.safetensors"]) {
@@ -497,6 +498,6 @@ func TestPrepullTagOffline(t *testing.T) {
 	}
 	drvUnpublish(t, node, "csi-offline", target)
 
-	err := drvPublish(node, drvPublishReq("csi-always", drvKubelet(t, dir, "always"), attrs("Always")), 30*time.Second)
+	err := drvPublish(node, testenv.PublishRequest("csi-always", drvKubelet(t, dir, "always"), attrs("Always")), 30*time.Second)
 	drvWantCode(t, err, codes.Unavailable, "")
 }

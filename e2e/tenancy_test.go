@@ -12,6 +12,7 @@ import (
 	"oras.land/oras-go/v2/registry/remote/auth"
 
 	"github.com/modelpack/modelpack/internal/testenv"
+	"github.com/modelpack/modelpack/internal/testmodel"
 )
 
 // Users of the private registry (bcrypt, cost 4): alice with her password before and after a rotation, bob.
@@ -45,11 +46,11 @@ func TestDriverCachedModelOnlyForCallersTheRegistryServes(t *testing.T) {
 	alice := &auth.Credential{Username: "alice", Password: "alice-pw"}
 	bob := &auth.Credential{Username: "bob", Password: "bob-pw"}
 	files := drvSmallModel("private")
-	dg := drvPush(t, reg.Host, "models/private", "v1", files, alice)
-	drvPush(t, reg.Host, "models/other", "v1", drvSmallModel("other"), alice)
+	dg := testmodel.Push(t, reg.Host, "models/private", "v1", files, alice)
+	testmodel.Push(t, reg.Host, "models/other", "v1", drvSmallModel("other"), alice)
 	// A second registry host with its own users holds the same digest.
 	reg2 := testenv.StartRegistry(t, testenv.RegistryOptions{Htpasswd: htBob})
-	if dg2 := drvPush(t, reg2.Host, "models/private", "v1", files, bob); dg2 != dg {
+	if dg2 := testmodel.Push(t, reg2.Host, "models/private", "v1", files, bob); dg2 != dg {
 		t.Fatalf("the second registry's copy is %s, want %s", dg2, dg)
 	}
 	proxy, proxy2 := drvStartProxy(t, reg.Host), drvStartProxy(t, reg2.Host)
@@ -58,7 +59,7 @@ func TestDriverCachedModelOnlyForCallersTheRegistryServes(t *testing.T) {
 	node := d.node()
 
 	secret := func(host, user, pass string) map[string]string {
-		return map[string]string{".dockerconfigjson": drvDockerConfig(host, user, pass)}
+		return map[string]string{".dockerconfigjson": testenv.DockerConfigJSON(host, user, pass)}
 	}
 	var (
 		tag       = proxy.Host + "/models/private:v1"
@@ -73,7 +74,7 @@ func TestDriverCachedModelOnlyForCallersTheRegistryServes(t *testing.T) {
 		t.Helper()
 		pod++
 		target := drvKubelet(t, dir, fmt.Sprint("pod-", pod))
-		req := drvPublishReq(fmt.Sprint("vol-", pod), target, map[string]string{
+		req := testenv.PublishRequest(fmt.Sprint("vol-", pod), target, map[string]string{
 			"reference": ref, "pullPolicy": policy, "csi.storage.k8s.io/pod.namespace": fmt.Sprint("ns-", pod)})
 		req.Secrets = secrets
 		if err := drvPublish(node, req, time.Minute); err != nil {
@@ -183,5 +184,5 @@ func TestDriverCachedModelOnlyForCallersTheRegistryServes(t *testing.T) {
 	if n := proxy.totalBlobGets(); n != pulled {
 		t.Fatalf("%d blob GETs after the first pull, want none", n-pulled)
 	}
-	drvNoSecret(t, root, drvDockerConfig(proxy.Host, "alice", "alice-pw"), "alice:alice-pw", "alice-pw")
+	drvNoSecret(t, root, testenv.DockerConfigJSON(proxy.Host, "alice", "alice-pw"), "alice:alice-pw", "alice-pw")
 }

@@ -1,61 +1,27 @@
 package prepull
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
-	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/opencontainers/go-digest"
-	specs "github.com/opencontainers/image-spec/specs-go"
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"oras.land/oras-go/v2"
-	"oras.land/oras-go/v2/content/memory"
-	orasremote "oras.land/oras-go/v2/registry/remote"
 
-	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/cache"
 	"github.com/modelpack/modelpack/csidriver/cachebackend"
 	"github.com/modelpack/modelpack/internal/testenv"
+	"github.com/modelpack/modelpack/internal/testmodel"
 )
 
-// pushModel pushes a one-weight ModelPack artifact and returns its manifest digest.
+// pushModel pushes a one-weight ModelPack artifact as repo:v1 and returns its manifest digest.
 func pushModel(t *testing.T, host, repo string, weight []byte) digest.Digest {
 	t.Helper()
-	ctx := context.Background()
-	mem := memory.New()
-	push := func(mt string, b []byte, ann map[string]string) ocispec.Descriptor {
-		d := ocispec.Descriptor{MediaType: mt, Digest: digest.FromBytes(b), Size: int64(len(b)), Annotations: ann}
-		if err := mem.Push(ctx, d, bytes.NewReader(b)); err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}
-	layer := push(artifact.LayerMediaType(artifact.KindWeight, artifact.FormatRaw), weight,
-		map[string]string{artifact.AnnotationFilepath: "model.safetensors", artifact.AnnotationTitle: "model.safetensors"})
-	cfg, _ := json.Marshal(artifact.Model{ModelFS: artifact.ModelFS{Type: "layers", DiffIDs: []digest.Digest{layer.Digest}}})
-	man, _ := json.Marshal(ocispec.Manifest{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageManifest,
-		ArtifactType: artifact.ArtifactTypeModelManifest, Config: push(artifact.MediaTypeModelConfig, cfg, nil), Layers: []ocispec.Descriptor{layer}})
-	md := push(ocispec.MediaTypeImageManifest, man, nil)
-	if err := mem.Tag(ctx, md, "v1"); err != nil {
-		t.Fatal(err)
-	}
-	r, err := orasremote.NewRepository(host + "/" + repo)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.PlainHTTP = true
-	if _, err := oras.Copy(ctx, mem, "v1", r, "v1", oras.DefaultCopyOptions); err != nil {
-		t.Fatal(err)
-	}
-	return md.Digest
+	return testmodel.Push(t, host, repo, "v1", map[string][]byte{"model.safetensors": weight}, nil)
 }
 
 // recordedImages is an ImageRecorder that keeps what it is told, one "ref|platform|digest|manifest" a record.
@@ -87,7 +53,7 @@ func TestCacheBackend(t *testing.T) {
 		}
 		return nil
 	})
-	be := NewCacheBackend(c, cachebackend.Options{Remote: remote.Options{RegistryConfig: writeEmptyDockerConfig(t)},
+	be := NewCacheBackend(c, cachebackend.Options{Remote: remote.Options{RegistryConfig: testenv.EmptyDockerConfig(t)},
 		PlainHTTPRegistries: []string{reg.Host}, Verifier: verify}, &recorded, 2<<20)
 	ctx := context.Background()
 	ref := reg.Host + "/models/a:v1"
@@ -146,14 +112,4 @@ func TestCacheBackend(t *testing.T) {
 	if _, err := be.Resolve(ctx, reg.Host+"/models/missing:v1"); err == nil || !errors.Is(err, remote.ErrNotFound) {
 		t.Errorf("Resolve of a missing model = %v, want not found", err)
 	}
-}
-
-func writeEmptyDockerConfig(t *testing.T) string {
-	t.Helper()
-	p := t.TempDir() + "/config.json"
-	// An empty docker config keeps the host's credentials out of the test.
-	if err := os.WriteFile(p, []byte(`{"auths":{}}`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
 }

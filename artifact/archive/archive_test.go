@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/internal/testenv"
 )
 
 // entry is one tar entry for a generated test archive.
@@ -63,39 +63,10 @@ func makeTar(t testing.TB, entries ...entry) []byte {
 	return buf.Bytes()
 }
 
-// tree lists dir as "path type [content|target] mode" lines for comparison.
+// tree lists dir as testenv.Tree does, a file's content as itself.
 func tree(t testing.TB, dir string) []string {
 	t.Helper()
-	var out []string
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		if rel == "." {
-			return nil
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		switch {
-		case d.Type()&fs.ModeSymlink != 0:
-			target, _ := os.Readlink(p)
-			out = append(out, rel+" -> "+target)
-		case d.IsDir():
-			out = append(out, rel+"/ "+info.Mode().Perm().String())
-		default:
-			b, _ := os.ReadFile(p)
-			out = append(out, rel+" "+info.Mode().Perm().String()+" "+string(b))
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sort.Strings(out)
-	return out
+	return testenv.Tree(t, dir, func(b []byte) string { return string(b) })
 }
 
 func TestExtractFormats(t *testing.T) {
@@ -107,7 +78,7 @@ func TestExtractFormats(t *testing.T) {
 	zw, _ := zstd.NewWriter(&zs)
 	zw.Write(raw)
 	zw.Close()
-	want := []string{"a/ -rwxr-xr-x", "a/b.txt -rw-r--r-- hello", "a/l -> b.txt", "c -rw-r--r-- x", "h -rw-r--r-- hello"}
+	want := []string{"a dir 755", "a/b.txt file 644 hello", "a/l symlink b.txt", "c file 644 x", "h file 644 hello"}
 	for f, b := range map[artifact.Format][]byte{artifact.FormatTar: raw, artifact.FormatTarGzip: gz.Bytes(), artifact.FormatTarZstd: zs.Bytes()} {
 		t.Run(string(f), func(t *testing.T) {
 			d := t.TempDir()
@@ -250,7 +221,7 @@ func TestWhiteouts(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		want := "etc/ -rwxr-xr-x\netc/b -rw-r--r-- 2\nopq/ -rwxr-xr-x\nopq/new -rw-r--r-- n"
+		want := "etc dir 755\netc/b file 644 2\nopq dir 755\nopq/new file 644 n"
 		if got := strings.Join(tree(t, d), "\n"); got != want {
 			t.Errorf("got\n%s\nwant\n%s", got, want)
 		}
@@ -289,7 +260,7 @@ func TestReplaceEntries(t *testing.T) {
 	if err := Extract(bytes.NewReader(b), artifact.FormatTar, d, Options{}); err != nil {
 		t.Fatal(err)
 	}
-	want := "a/ -rwxr-xr-x\na/in -rw-r--r-- 1\nb -> a"
+	want := "a dir 755\na/in file 644 1\nb symlink a"
 	if got := strings.Join(tree(t, d), "\n"); got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}

@@ -612,7 +612,7 @@ func TestUnpackRefusesEscapes(t *testing.T) {
 	for name, layer := range map[string]ocispec.Descriptor{
 		"dot-dot raw":    push([]byte("evil"), raw, "../escaped"),
 		"absolute raw":   push([]byte("evil"), raw, "/tmp/escaped-abs"),
-		"dot-dot in tar": push(tarOf(t, "../escaped", "evil"), tarMT, "docs"),
+		"dot-dot in tar": push(testmodel.Tar(t, "../escaped", "evil"), tarMT, "docs"),
 		"nested dot-dot": push([]byte("evil"), raw, "a/../../escaped"),
 	} {
 		m := ocispec.Manifest{MediaType: ocispec.MediaTypeImageManifest, ArtifactType: artifact.ArtifactTypeModelManifest, Layers: []ocispec.Descriptor{layer}}

@@ -7,11 +7,8 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"io"
-	"log"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -208,7 +205,7 @@ func repoFor(t testing.TB, ref string, opts Options) *Repository {
 // countingProxy forwards to a registry and counts the blob bytes it sends back, optionally slowly, and can act
 // once a blob has sent a given number of bytes.
 type countingProxy struct {
-	srv        *httptest.Server
+	*testenv.Proxy
 	blobBytes  atomic.Int64
 	ranges     atomic.Int64
 	putBytes   atomic.Int64
@@ -221,45 +218,45 @@ type countingProxy struct {
 	mu         sync.Mutex
 	failPaths  map[string]int // path substring -> responses to fail with 500
 	failedOnce map[string]int
+	ns         []string // the ns query parameters of requests (which registry a mirror was asked for)
 }
 
 func newCountingProxy(t testing.TB, target string) *countingProxy {
 	t.Helper()
-	u, _ := url.Parse("http://" + target)
 	p := &countingProxy{fire: make(chan struct{}), failPaths: map[string]int{}, failedOnce: map[string]int{}}
-	rp := httputil.NewSingleHostReverseProxy(u)
-	rp.ErrorLog = log.New(io.Discard, "", 0)
-	rp.FlushInterval = -1
-	rp.ModifyResponse = func(resp *http.Response) error {
-		if resp.Request.Method == http.MethodGet && strings.Contains(resp.Request.URL.Path, "/blobs/") {
-			resp.Body = &proxyBody{ReadCloser: resp.Body, p: p, ctx: resp.Request.Context()}
-		}
-		return nil
-	}
-	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Range") != "" {
-			p.ranges.Add(1)
-		}
-		p.mu.Lock()
-		for sub, n := range p.failPaths {
-			if strings.Contains(r.URL.Path, sub) && p.failedOnce[sub] < n {
-				p.failedOnce[sub]++
-				p.mu.Unlock()
-				http.Error(w, "injected failure", http.StatusInternalServerError)
-				return
+	p.Proxy = testenv.StartProxy(t, target, testenv.ProxyHooks{
+		Request: func(w http.ResponseWriter, r *http.Request) bool {
+			if r.Header.Get("Range") != "" {
+				p.ranges.Add(1)
 			}
-		}
-		p.mu.Unlock()
-		if r.Method == http.MethodPut && r.Body != nil {
-			r.Body = &countBody{ReadCloser: r.Body, n: &p.putBytes}
-		}
-		rp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(p.srv.Close)
+			p.mu.Lock()
+			if ns := r.URL.Query().Get("ns"); ns != "" {
+				p.ns = append(p.ns, ns)
+			}
+			for sub, n := range p.failPaths {
+				if strings.Contains(r.URL.Path, sub) && p.failedOnce[sub] < n {
+					p.failedOnce[sub]++
+					p.mu.Unlock()
+					http.Error(w, "injected failure", http.StatusInternalServerError)
+					return false
+				}
+			}
+			p.mu.Unlock()
+			if r.Method == http.MethodPut && r.Body != nil {
+				r.Body = &countBody{ReadCloser: r.Body, n: &p.putBytes}
+			}
+			return true
+		},
+		Response: func(resp *http.Response) {
+			if resp.Request.Method == http.MethodGet && strings.Contains(resp.Request.URL.Path, "/blobs/") {
+				resp.Body = &proxyBody{ReadCloser: resp.Body, p: p, ctx: resp.Request.Context()}
+			}
+		},
+	})
 	return p
 }
 
-func (p *countingProxy) host() string { return strings.TrimPrefix(p.srv.URL, "http://") }
+func (p *countingProxy) host() string { return p.Host }
 
 type proxyBody struct {
 	io.ReadCloser

@@ -2,12 +2,10 @@ package remote
 
 import (
 	"context"
-	"net/http"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 )
 
@@ -89,9 +87,6 @@ func TestMirrorFirstThenOrigin(t *testing.T) {
 	origin, opts := plainRegistry(t)
 	mirror, _ := plainRegistry(t)
 	mp := newCountingProxy(t, mirror.Host)
-	var nsMu sync.Mutex
-	var nsSeen []string
-	mp.srv.Config.Handler = nsRecorder(mp.srv.Config.Handler, &nsMu, &nsSeen)
 	m := buildModel(t, 1<<20)
 	if _, err := Push(ctx, m.store, m.ref, repoFor(t, origin.Host+"/lib/model:v1", opts), TransferOptions{}); err != nil {
 		t.Fatal(err)
@@ -111,9 +106,9 @@ func TestMirrorFirstThenOrigin(t *testing.T) {
 		t.Fatalf("fetch with a mirror missing the model: %v", err)
 	}
 	m.checkFiles(t, dir)
-	nsMu.Lock()
-	firstNS := append([]string(nil), nsSeen...)
-	nsMu.Unlock()
+	mp.mu.Lock()
+	firstNS := append([]string(nil), mp.ns...)
+	mp.mu.Unlock()
 	if len(firstNS) == 0 || firstNS[0] != origin.Host {
 		t.Fatalf("the mirror was not asked first with ns=%s: %v", origin.Host, firstNS)
 	}
@@ -135,15 +130,4 @@ func TestMirrorFirstThenOrigin(t *testing.T) {
 	if _, err := Push(ctx, m.store, m.ref, repoFor(t, origin.Host+"/lib/model:v2", viaHosts), TransferOptions{}); Classify(err) != ErrUnavailable {
 		t.Fatalf("push with the origin down: %v, want unavailable", err)
 	}
-}
-
-func nsRecorder(next http.Handler, mu *sync.Mutex, seen *[]string) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if ns := r.URL.Query().Get("ns"); ns != "" {
-			mu.Lock()
-			*seen = append(*seen, ns)
-			mu.Unlock()
-		}
-		next.ServeHTTP(w, r)
-	})
 }

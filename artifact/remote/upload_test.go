@@ -5,13 +5,8 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -128,16 +123,13 @@ func TestResumablePushContinuesAfterCutConnection(t *testing.T) {
 	var total atomic.Int64
 	var cut atomic.Bool
 	const cutAt = 12 << 20 // inside the second chunk
-	rp := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: reg.Host})
-	rp.ErrorLog = log.New(io.Discard, "", 0)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	host := testenv.StartProxy(t, reg.Host, testenv.ProxyHooks{Request: func(_ http.ResponseWriter, r *http.Request) bool {
 		if r.Body != nil && r.Method == http.MethodPatch {
 			r.Body = &cutBody{ReadCloser: r.Body, total: &total, cutAt: cutAt, cut: &cut}
 		}
-		rp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	repo := repoFor(t, strings.TrimPrefix(srv.URL, "http://")+"/cut/c:v1", opts)
+		return true
+	}}).Host
+	repo := repoFor(t, host+"/cut/c:v1", opts)
 	data := randBytes(t, 4*uploadChunk)
 	desc := ocispec.Descriptor{MediaType: "application/octet-stream", Digest: digest.FromBytes(data), Size: int64(len(data))}
 	if err := transferBlob(context.Background(), anyBytes(data), repo, nil, desc, newTracker(nil), &memSessions{}); err != nil {

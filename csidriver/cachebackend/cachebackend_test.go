@@ -3,7 +3,6 @@ package cachebackend
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
@@ -21,6 +20,7 @@ import (
 	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/cache"
 	"github.com/modelpack/modelpack/csidriver"
+	"github.com/modelpack/modelpack/internal/testenv"
 )
 
 func TestClassifyMapsCausesToDriverErrors(t *testing.T) {
@@ -142,9 +142,8 @@ func TestTLSErrorsNameTheDriversFlags(t *testing.T) {
 // credential, a rotated password another, and a secret without an entry for the host presents the node's.
 func TestVolumeAndNodeCredentials(t *testing.T) {
 	ctx := context.Background()
-	cfg := func(host, userPass string) csidriver.Credentials {
-		return csidriver.Credentials{DockerConfigJSON: []byte(fmt.Sprintf(`{"auths":{%q:{"auth":%q}}}`, host,
-			base64.StdEncoding.EncodeToString([]byte(userPass))))}
+	cfg := func(host, user, pass string) csidriver.Credentials {
+		return csidriver.Credentials{DockerConfigJSON: []byte(testenv.DockerConfigJSON(host, user, pass))}
 	}
 	nodeCfg := filepath.Join(t.TempDir(), "config.json")
 	if err := os.WriteFile(nodeCfg, []byte(`{"auths":{"node.example":{"auth":"bjpw"}}}`), 0o600); err != nil {
@@ -159,17 +158,17 @@ func TestVolumeAndNodeCredentials(t *testing.T) {
 		}
 		return m
 	}
-	a := get(cfg("r.example", "alice:pw1"), "r.example")
-	if a == nil || !bytes.Equal(a, get(cfg("r.example", "alice:pw1"), "r.example")) {
+	a := get(cfg("r.example", "alice", "pw1"), "r.example")
+	if a == nil || !bytes.Equal(a, get(cfg("r.example", "alice", "pw1"), "r.example")) {
 		t.Fatalf("one credential gave %q and another value", a)
 	}
-	if bytes.Equal(a, get(cfg("r.example", "alice:pw2"), "r.example")) {
+	if bytes.Equal(a, get(cfg("r.example", "alice", "pw2"), "r.example")) {
 		t.Fatal("a rotated password presents the same credential")
 	}
-	if bytes.Equal(a, get(cfg("r.example", "alic:epw1"), "r.example")) {
+	if bytes.Equal(a, get(cfg("r.example", "alic", "epw1"), "r.example")) {
 		t.Fatal("user and password are not kept apart")
 	}
-	if m := get(cfg("other.example", "alice:pw1"), "r.example"); m != nil {
+	if m := get(cfg("other.example", "alice", "pw1"), "r.example"); m != nil {
 		t.Fatalf("a secret without an entry for the host presents %q", m)
 	}
 	if m := get(csidriver.Credentials{}, "r.example"); m != nil {

@@ -49,13 +49,27 @@ func StartRegistry(t testing.TB, opts RegistryOptions) *Registry {
 	if opts.Addr == "" {
 		opts.Addr = FreeAddr(t)
 	}
-	r := &Registry{Host: opts.Addr, Dir: opts.Dir, opts: opts, t: t}
-	cfgDir := t.TempDir()
+	r, err := LaunchRegistry(bin, t.TempDir(), opts)
+	if r != nil {
+		r.t = t
+		t.Cleanup(r.Stop)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// LaunchRegistry starts the registry binary bin with its configuration and log in cfgDir, and waits until it
+// answers; opts.Dir and opts.Addr must be set. It is StartRegistry for programs that are not tests (the
+// benchmarks), so both run the same registry: the caller stops it. Restart is for tests only.
+func LaunchRegistry(bin, cfgDir string, opts RegistryOptions) (*Registry, error) {
+	r := &Registry{Host: opts.Addr, Dir: opts.Dir, opts: opts}
 	var auth, tlsCfg string
 	if opts.Htpasswd != "" {
 		p := filepath.Join(cfgDir, "htpasswd")
 		if err := os.WriteFile(p, []byte(opts.Htpasswd), 0o600); err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		auth = fmt.Sprintf("auth:\n  htpasswd:\n    realm: test\n    path: %s\n", p)
 	}
@@ -77,25 +91,27 @@ http:
 %s%s`, !opts.AccessLog, opts.Dir, opts.Addr, tlsCfg, auth)
 	cfgPath := filepath.Join(cfgDir, "config.yml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	r.cmd = exec.Command(bin, "serve", cfgPath)
 	r.cmd.Env = append(os.Environ(), "OTEL_TRACES_EXPORTER=none")
 	r.LogPath = filepath.Join(cfgDir, "registry.log")
 	logf, err := os.Create(r.LogPath)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
+	defer logf.Close() // the child holds its own descriptor
 	r.cmd.Stdout, r.cmd.Stderr = logf, logf
 	if err := r.cmd.Start(); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	t.Cleanup(r.Stop)
-	r.waitReady(cfgDir)
-	return r
+	if err := r.waitReady(); err != nil {
+		return r, err
+	}
+	return r, nil
 }
 
-func (r *Registry) waitReady(cfgDir string) {
+func (r *Registry) waitReady() error {
 	scheme := "http"
 	client := &http.Client{Timeout: time.Second}
 	if r.opts.CertFile != "" {
@@ -107,12 +123,12 @@ func (r *Registry) waitReady(cfgDir string) {
 		resp, err := client.Get(scheme + "://" + r.Host + "/v2/")
 		if err == nil {
 			resp.Body.Close()
-			return
+			return nil
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	log, _ := os.ReadFile(filepath.Join(cfgDir, "registry.log"))
-	r.t.Fatalf("registry on %s did not start: %s", r.Host, log)
+	log, _ := os.ReadFile(r.LogPath)
+	return fmt.Errorf("registry on %s did not start: %s", r.Host, log)
 }
 
 // Stop kills the registry; its storage stays for Restart.

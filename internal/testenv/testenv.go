@@ -1,5 +1,8 @@
-// Package testenv gives tests the real parts they run against: the pinned tools on PATH, root, and a real
-// distribution registry per test. Under CI=true a missing tool or privilege fails the test instead of skipping it.
+// Package testenv gives tests the real parts they run against: the pinned tools on PATH, root, a real
+// distribution registry per test (LaunchRegistry starts the same one for the benchmarks), a reverse proxy in front
+// of it (StartProxy) for tests that count, pace or break what crosses the wire, kubelet's publish request, docker
+// configs, and one listing of a directory tree to compare trees by. Under CI=true a missing tool or privilege
+// fails the test instead of skipping it.
 package testenv
 
 import (

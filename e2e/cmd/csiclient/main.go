@@ -21,6 +21,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+
+	"github.com/modelpack/modelpack/internal/testenv"
 )
 
 type attrs map[string]string
@@ -103,19 +105,6 @@ func main() {
 	}
 }
 
-func publishRequest(volID, target string, a attrs) *csi.NodePublishVolumeRequest {
-	return &csi.NodePublishVolumeRequest{
-		VolumeId:      volID,
-		TargetPath:    target,
-		VolumeContext: a,
-		Readonly:      true,
-		VolumeCapability: &csi.VolumeCapability{
-			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
-			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY},
-		},
-	}
-}
-
 // bench times n publishes of content already on the node, each to a new target as for a new pod, and unpublishes
 // them after timing.
 func bench(node csi.NodeClient, a attrs, dir string, n int, timeout time.Duration) {
@@ -154,4 +143,11 @@ func bench(node csi.NodeClient, a attrs, dir string, n int, timeout time.Duratio
 func fail(err error) {
 	fmt.Fprintln(os.Stderr, "csiclient:", err)
 	os.Exit(1)
+}
+
+// publishRequest is kubelet's request for a pod whose volume says readOnly: true.
+func publishRequest(volID, target string, a attrs) *csi.NodePublishVolumeRequest {
+	req := testenv.PublishRequest(volID, target, a)
+	req.Readonly = true
+	return req
 }
