@@ -36,7 +36,7 @@ var (
 	// ErrTooLarge: a manifest, index or config over artifact's document limits.
 	ErrTooLarge = artifact.ErrTooLarge
 	// ErrUnsupported: a media type or manifest shape the cache cannot serve.
-	ErrUnsupported = errors.New("unsupported")
+	ErrUnsupported = errdef.ErrUnsupported
 	// ErrSizeMismatch and ErrDigestMismatch: bytes that do not match their descriptor.
 	ErrSizeMismatch   = cas.ErrSizeMismatch
 	ErrDigestMismatch = cas.ErrDigestMismatch

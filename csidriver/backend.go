@@ -96,10 +96,11 @@ var (
 	ErrUnavailable      = errdef.ErrUnavailable
 	ErrNoSpace          = errdef.ErrNoSpace
 	ErrInvalidReference = errors.New("invalid reference")
-	// ErrDenied is a policy refusal (an unsigned or untrusted artifact).
-	ErrDenied = errors.New("denied by policy")
-	// ErrUnsupported is content the node cannot mount (an unknown media type, a layer over the size limits).
-	ErrUnsupported = errors.New("unsupported content")
+	// ErrDenied is a policy refusal (an unsigned or untrusted artifact): signing.ErrDenied.
+	ErrDenied = errdef.ErrDenied
+	// ErrUnsupported is content the node cannot mount (an unknown media type, a layer over the size limits):
+	// cache.ErrUnsupported.
+	ErrUnsupported = errdef.ErrUnsupported
 	// ErrBadContent is hostile or corrupt content: bytes that do not match their digest or size, an archive
 	// entry escaping the model or naming a device, layers that claim the same path.
 	ErrBadContent = errors.New("content refused")

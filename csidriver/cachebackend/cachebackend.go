@@ -158,7 +158,7 @@ func (b *Backend) Verify(ctx context.Context, ref string, dgst digest.Digest, cr
 	}
 	if err := b.opts.Verifier.Verify(ctx, parsed.Registry+"/"+parsed.Repository+"@"+dgst.String()); err != nil {
 		if errors.Is(err, csidriver.ErrDenied) {
-			return err
+			return err // the message names the rule and the reason
 		}
 		return fmt.Errorf("verify signatures of %s: %w", dgst, classify(err))
 	}
@@ -347,13 +347,13 @@ func classify(err error) error {
 		sentinel = csidriver.ErrNoSpace
 	case isBadContent(err):
 		sentinel = csidriver.ErrBadContent
-	case errors.Is(err, cache.ErrTooLarge), errors.Is(err, cache.ErrUnsupported), errors.Is(err, archive.ErrLimit):
+	case errors.Is(err, cache.ErrTooLarge), errors.Is(err, archive.ErrLimit):
 		sentinel = csidriver.ErrUnsupported
 	case errors.Is(err, cache.ErrNotFound):
 		sentinel = csidriver.ErrNotFound
 	}
-	if sentinel == nil {
-		return err
+	if sentinel == nil || errors.Is(err, sentinel) {
+		return err // unknown, or already the driver's own (the driver, cache and transport share internal/errdef)
 	}
 	return fmt.Errorf("%w: %w", sentinel, err)
 }
