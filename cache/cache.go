@@ -136,7 +136,7 @@ type Cache struct {
 	// mu orders metadata decisions that must not interleave: recording a pull or a reference against GC's
 	// choice of what to delete.
 	mu      sync.Mutex
-	flights map[digest.Digest]*flight
+	flights map[flightKey]*flight
 	pulling map[digest.Digest]int // manifests a running pull is filling
 
 	// uncleanVerified: the verification an unclean start asked for has completed, so Close may clear the marker.
@@ -184,7 +184,7 @@ func Open(opts Options) (*Cache, error) {
 	c := &Cache{
 		opts: opts, root: root, blobs: blobs, db: db, m: newMetrics(), log: opts.Logger,
 		ctx: ctx, cancel: cancel,
-		flights: map[digest.Digest]*flight{}, pulling: map[digest.Digest]int{}, lstamps: map[digest.Digest]*layerStamps{},
+		flights: map[flightKey]*flight{}, pulling: map[digest.Digest]int{}, lstamps: map[digest.Digest]*layerStamps{},
 	}
 	c.layerFlusher = cas.NewFlusher(blobs, c.flushLayers)
 	if err := c.recover(); err != nil {

@@ -6,17 +6,13 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
 	"strings"
 	"syscall"
 
 	digest "github.com/opencontainers/go-digest"
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/registry"
 	"oras.land/oras-go/v2/registry/remote/auth"
 	"oras.land/oras-go/v2/registry/remote/credentials"
@@ -201,8 +197,7 @@ func credentialBytes(ctx context.Context, cf auth.CredentialFunc, host string) (
 	return b, nil
 }
 
-// Pull pulls dgst into the cache. For an index and an explicit platform the manifest is chosen here, since the
-// cache narrows indexes to the node's platform.
+// Pull pulls dgst into the cache; for an index, the cache picks the manifest of platform ("" for the node's).
 func (b *Backend) Pull(ctx context.Context, ref string, dgst digest.Digest, platform string, creds csidriver.Credentials, progress func(csidriver.Progress)) (digest.Digest, error) {
 	repo, _, err := b.repository(ref, creds)
 	if err != nil {
@@ -212,10 +207,12 @@ func (b *Backend) Pull(ctx context.Context, ref string, dgst digest.Digest, plat
 	if err != nil {
 		return "", classify(err)
 	}
-	if platform != "" && isIndex(desc.MediaType) {
-		if desc, err = pickPlatform(ctx, repo, desc, platform); err != nil {
-			return "", err
+	if platform != "" {
+		want, err := artifact.ParsePlatform(platform)
+		if err != nil {
+			return "", fmt.Errorf("%w: %v", csidriver.ErrInvalidReference, err)
 		}
+		desc.Platform = &want
 	}
 	sum := sha256.Sum256(creds.DockerConfigJSON)
 	got, err := b.cache.Pull(ctx, source{repo, hex.EncodeToString(sum[:8])}, desc, func(p cache.Progress) {
@@ -279,31 +276,6 @@ func (b *Backend) Stats() csidriver.Stats {
 		return csidriver.Stats{}
 	}
 	return csidriver.Stats{CacheBytes: u.Bytes, Views: u.Views, Refs: u.Refs}
-}
-
-func isIndex(mt string) bool {
-	return mt == ocispec.MediaTypeImageIndex || mt == "application/vnd.docker.distribution.manifest.list.v2+json"
-}
-
-// pickPlatform chooses the manifest of an index for "os/arch[/variant]", with the cache's chooser.
-func pickPlatform(ctx context.Context, repo *remote.Repository, desc ocispec.Descriptor, platform string) (ocispec.Descriptor, error) {
-	want, err := artifact.ParsePlatform(platform)
-	if err != nil {
-		return ocispec.Descriptor{}, fmt.Errorf("%w: %v", csidriver.ErrInvalidReference, err)
-	}
-	b, err := content.FetchAll(ctx, repo, desc)
-	if err != nil {
-		return ocispec.Descriptor{}, classify(err)
-	}
-	var idx ocispec.Index
-	if err := json.Unmarshal(b, &idx); err != nil {
-		return ocispec.Descriptor{}, fmt.Errorf("%w: index %s: %v", csidriver.ErrBadContent, desc.Digest, err)
-	}
-	m, err := artifact.ChoosePlatform(idx, want)
-	if err != nil {
-		return ocispec.Descriptor{}, classify(fmt.Errorf("index %s (node is %s/%s): %w", desc.Digest, runtime.GOOS, runtime.GOARCH, err))
-	}
-	return m, nil
 }
 
 // isBadContent reports hostile or corrupt content: the artifact is at fault, not the node or the registry's health.
