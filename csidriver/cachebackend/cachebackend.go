@@ -1,5 +1,6 @@
-// Package cachebackend connects the CSI driver to the node cache and the registry transport: it is the
-// csidriver.Backend of a real node.
+// Package cachebackend connects the CSI driver and prepull to the node cache and the registry transport: Backend is
+// the csidriver.Backend of a real node, and its Prepuller the prepull.Backend, so both reach registries, classify
+// their errors, verify and pull the same way (cachebackend.go), prepulls with their bandwidth cap (limit.go).
 package cachebackend
 
 import (
@@ -13,6 +14,9 @@ import (
 	"syscall"
 
 	digest "github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/time/rate"
+	"oras.land/oras-go/v2"
 	"oras.land/oras-go/v2/registry"
 	"oras.land/oras-go/v2/registry/remote/auth"
 	"oras.land/oras-go/v2/registry/remote/credentials"
@@ -214,10 +218,20 @@ func (b *Backend) Pull(ctx context.Context, ref string, dgst digest.Digest, plat
 		}
 		desc.Platform = &want
 	}
-	sum := sha256.Sum256(creds.DockerConfigJSON)
-	got, err := b.cache.Pull(ctx, source{repo, hex.EncodeToString(sum[:8])}, desc, func(p cache.Progress) {
+	return b.pull(ctx, repo, desc, creds, nil, func(p cache.Progress) {
 		progress(csidriver.Progress{DoneBytes: p.Done, TotalBytes: p.Total})
 	})
+}
+
+// pull brings desc from repo, read with creds, into the cache, its reads held to lim (nil: no limit), and returns
+// the manifest chosen.
+func (b *Backend) pull(ctx context.Context, repo *remote.Repository, desc ocispec.Descriptor, creds csidriver.Credentials, lim *rate.Limiter, progress func(cache.Progress)) (digest.Digest, error) {
+	sum := sha256.Sum256(creds.DockerConfigJSON)
+	var src oras.ReadOnlyTarget = source{repo, hex.EncodeToString(sum[:8])}
+	if lim != nil {
+		src = limitedTarget{ReadOnlyTarget: src, lim: lim}
+	}
+	got, err := b.cache.Pull(ctx, src, desc, progress)
 	if err != nil {
 		return "", classify(err)
 	}
@@ -256,14 +270,24 @@ func (b *Backend) Release(owner string) error { return b.cache.Release(owner) }
 
 // Owners lists the owners of views whose names start with prefix.
 func (b *Backend) Owners(prefix string) ([]string, error) {
+	refs, err := b.refs(prefix)
+	var out []string
+	for _, r := range refs {
+		out = append(out, r.Owner)
+	}
+	return out, err
+}
+
+// refs are the cache's holds on views whose owners' names start with prefix: the driver's volumes, or the pins.
+func (b *Backend) refs(prefix string) ([]cache.Ref, error) {
 	refs, err := b.cache.Refs()
 	if err != nil {
 		return nil, err
 	}
-	var out []string
+	var out []cache.Ref
 	for _, r := range refs {
 		if strings.HasPrefix(r.Owner, prefix) {
-			out = append(out, r.Owner)
+			out = append(out, r)
 		}
 	}
 	return out, nil
