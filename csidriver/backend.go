@@ -2,9 +2,7 @@ package csidriver
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"log/slog"
 
 	digest "github.com/opencontainers/go-digest"
 
@@ -46,25 +44,6 @@ type Backend interface {
 	// NodeCredential reports whether the node's own credentials hold one for host.
 	NodeCredential(ctx context.Context, host string) (bool, error)
 }
-
-// Credentials authenticate to registries for one request. The zero value means "the node's own credentials".
-type Credentials struct {
-	// DockerConfigJSON is the content of a kubernetes.io/dockerconfigjson secret.
-	DockerConfigJSON []byte
-}
-
-// String keeps credentials out of logs and error messages.
-func (Credentials) String() string { return "[credentials redacted]" }
-
-// GoString keeps credentials out of %#v.
-func (c Credentials) GoString() string { return c.String() }
-
-// LogValue keeps credentials out of slog output, text or JSON, also inside groups.
-func (c Credentials) LogValue() slog.Value { return slog.StringValue(c.String()) }
-
-// MarshalJSON keeps credentials out of JSON: slog's JSON handler marshals a struct holding them with
-// encoding/json, which would otherwise print the docker config (base64 and all).
-func (c Credentials) MarshalJSON() ([]byte, error) { return json.Marshal(c.String()) }
 
 // Selector picks a partial view of a model.
 type Selector struct {

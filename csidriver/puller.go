@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -12,7 +11,6 @@ import (
 	"time"
 
 	humanize "github.com/dustin/go-humanize"
-
 	digest "github.com/opencontainers/go-digest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -174,44 +172,4 @@ func (p *puller) inFlight() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.jobs)
-}
-
-// errorCodes is the table of doc.go (# Errors) for the causes a Backend reports, in order of precedence: the
-// first cause an error wraps decides its code. Anything else is INTERNAL: a bug of ours.
-var errorCodes = []struct {
-	cause error
-	code  codes.Code
-}{
-	{ErrInvalidReference, codes.InvalidArgument},
-	{ErrUnauthorized, codes.Unauthenticated},
-	{ErrDenied, codes.PermissionDenied},
-	{ErrForbidden, codes.PermissionDenied},
-	{ErrNoSpace, codes.ResourceExhausted},
-	{ErrBadContent, codes.FailedPrecondition},
-	{ErrUnsupported, codes.FailedPrecondition},
-	{ErrNotFound, codes.NotFound},
-	{ErrUnavailable, codes.Unavailable},
-	{context.Canceled, codes.Aborted},
-	{context.DeadlineExceeded, codes.Aborted},
-}
-
-// codeOf maps a backend error to the CSI code the spec asks for.
-func codeOf(err error) codes.Code {
-	if s, ok := status.FromError(err); ok {
-		return s.Code()
-	}
-	for _, row := range errorCodes {
-		if errors.Is(err, row.cause) {
-			return row.code
-		}
-	}
-	return codes.Internal
-}
-
-// toStatus turns a backend error into a gRPC status error with a code the orchestrator can act on.
-func toStatus(err error, format string, args ...any) error {
-	if _, ok := status.FromError(err); ok {
-		return err
-	}
-	return status.Errorf(codeOf(err), "%s: %v", fmt.Sprintf(format, args...), err)
 }
