@@ -4,9 +4,6 @@ import (
 	"encoding/json"
 	"log/slog"
 	"strings"
-
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // Credentials authenticate to registries for one request. The zero value means "the node's own credentials".
@@ -43,15 +40,14 @@ func credentialsFrom(secrets map[string]string) (Credentials, error) {
 		for k := range secrets {
 			keys = append(keys, k)
 		}
-		return Credentials{}, status.Errorf(codes.Unauthenticated,
-			"nodePublishSecretRef must be a kubernetes.io/dockerconfigjson secret with key %s (it has keys %s)", dockerConfigKey, strings.Join(keys, ", "))
+		return Credentials{}, fail(ErrUnauthorized, "nodePublishSecretRef must be a kubernetes.io/dockerconfigjson secret with key %s (it has keys %s)", dockerConfigKey, strings.Join(keys, ", "))
 	}
 	var probe struct {
 		Auths map[string]json.RawMessage `json:"auths"`
 	}
 	if err := json.Unmarshal([]byte(cfg), &probe); err != nil {
 		// The parse error could quote the secret: say only where it is.
-		return Credentials{}, status.Errorf(codes.Unauthenticated, "nodePublishSecretRef key %s is not valid JSON", dockerConfigKey)
+		return Credentials{}, fail(ErrUnauthorized, "nodePublishSecretRef key %s is not valid JSON", dockerConfigKey)
 	}
 	return Credentials{DockerConfigJSON: []byte(cfg)}, nil
 }

@@ -62,7 +62,7 @@ func (d *Driver) findImage(ctx context.Context, a *Attributes, creds Credentials
 		}
 	}
 	if a.PullPolicy == PullNever {
-		return image{}, false, status.Errorf(codes.FailedPrecondition, "pullPolicy is Never and %s is not on this node", a.Reference)
+		return image{}, false, fail(errPrecondition, "pullPolicy is Never and %s is not on this node", a.Reference)
 	}
 	// A registry too slow to answer within the budget gets the same ABORTED as a slow pull, in time for the
 	// caller to read it.
@@ -72,7 +72,7 @@ func (d *Driver) findImage(ctx context.Context, a *Attributes, creds Credentials
 	cancel()
 	if err != nil {
 		if outOfTime {
-			return image{}, false, status.Errorf(codes.Aborted, "resolving %s did not finish before the deadline: %v", a.Reference, err)
+			return image{}, false, fail(errRetry, "resolving %s did not finish before the deadline: %v", a.Reference, err)
 		}
 		if haveLocal {
 			return image{}, false, refusal(err, accessKey(a, local.Digest), who)
@@ -87,7 +87,7 @@ func (d *Driver) findImage(ctx context.Context, a *Attributes, creds Credentials
 	key := accessKey(a, dgst.String())
 	if img, ok := d.knownImage(dgst, a.Platform); ok {
 		if err := d.recordImage(a.Reference, a.Platform, img); err != nil {
-			return image{}, false, status.Errorf(codes.Internal, "record image: %v", err)
+			return image{}, false, fail(errNode, "record image: %v", err)
 		}
 		if err := d.grant(ctx, key, who, access.ViaCheck); err != nil {
 			return image{}, false, err
@@ -95,7 +95,7 @@ func (d *Driver) findImage(ctx context.Context, a *Attributes, creds Credentials
 		return img, true, nil
 	}
 	if err := d.access.Intend(key, who); err != nil {
-		return image{}, false, status.Errorf(codes.Internal, "record pull of %s: %v", key, err)
+		return image{}, false, fail(errNode, "record pull of %s: %v", key, err)
 	}
 	job, joined := d.pulls.start(a.Reference, dgst, a.Platform, creds)
 	if joined {

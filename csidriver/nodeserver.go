@@ -30,14 +30,14 @@ func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublish
 		"pod", podName, "namespace", podNS, "podUID", podUID)
 
 	if !d.lockTarget(ctx, target) {
-		return nil, status.Errorf(codes.Aborted, "an operation on target %s is already in progress", target)
+		return nil, fail(errRetry, "an operation on target %s is already in progress", target)
 	}
 	defer d.unlockTarget(target)
 
 	if req.GetVolumeCapability().GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER {
 		for t, v := range d.state.Snapshot().Volumes {
 			if v.VolumeID == req.GetVolumeId() && t != target {
-				return nil, status.Errorf(codes.FailedPrecondition, "volume %s has access mode SINGLE_NODE_SINGLE_WRITER and is already published at %s", v.VolumeID, t)
+				return nil, fail(errPrecondition, "volume %s has access mode SINGLE_NODE_SINGLE_WRITER and is already published at %s", v.VolumeID, t)
 			}
 		}
 	}
@@ -86,14 +86,14 @@ func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublish
 // publishArgs checks a publish request: the target, the capability, the attributes and the pull secret.
 func (d *Driver) publishArgs(req *csi.NodePublishVolumeRequest) (target string, attrs *Attributes, creds Credentials, err error) {
 	if req.GetVolumeId() == "" {
-		return "", nil, Credentials{}, status.Error(codes.InvalidArgument, "volume id is required")
+		return "", nil, Credentials{}, fail(errInvalidArgument, "volume id is required")
 	}
 	target = req.GetTargetPath()
 	if target == "" {
-		return "", nil, Credentials{}, status.Error(codes.InvalidArgument, "target path is required")
+		return "", nil, Credentials{}, fail(errInvalidArgument, "target path is required")
 	}
 	if !filepath.IsAbs(target) {
-		return "", nil, Credentials{}, status.Errorf(codes.InvalidArgument, "target path %q is not absolute", target)
+		return "", nil, Credentials{}, fail(errInvalidArgument, "target path %q is not absolute", target)
 	}
 	target = filepath.Clean(target)
 	if err := d.checkTarget(target); err != nil {
@@ -103,13 +103,13 @@ func (d *Driver) publishArgs(req *csi.NodePublishVolumeRequest) (target string, 
 		return "", nil, Credentials{}, err
 	}
 	if req.GetVolumeCapability() == nil {
-		return "", nil, Credentials{}, status.Error(codes.InvalidArgument, "volume capability is required")
+		return "", nil, Credentials{}, fail(errInvalidArgument, "volume capability is required")
 	}
 	if err := checkCapabilities([]*csi.VolumeCapability{req.GetVolumeCapability()}); err != nil {
 		return "", nil, Credentials{}, err
 	}
 	if attrs, err = ParseAttributes(req.GetVolumeContext()); err != nil {
-		return "", nil, Credentials{}, status.Error(codes.InvalidArgument, err.Error())
+		return "", nil, Credentials{}, fail(errInvalidArgument, "%s", err.Error())
 	}
 	if creds, err = credentialsFrom(req.GetSecrets()); err != nil {
 		return "", nil, Credentials{}, err
@@ -120,18 +120,18 @@ func (d *Driver) publishArgs(req *csi.NodePublishVolumeRequest) (target string, 
 func (s *nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
 	d := s.d
 	if req.GetVolumeId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+		return nil, fail(errInvalidArgument, "volume id is required")
 	}
 	target := req.GetTargetPath()
 	if target == "" {
-		return nil, status.Error(codes.InvalidArgument, "target path is required")
+		return nil, fail(errInvalidArgument, "target path is required")
 	}
 	target = filepath.Clean(target)
 	if err := d.checkTarget(target); err != nil {
 		return nil, err
 	}
 	if !d.lockTarget(ctx, target) {
-		return nil, status.Errorf(codes.Aborted, "an operation on target %s is already in progress", target)
+		return nil, fail(errRetry, "an operation on target %s is already in progress", target)
 	}
 	defer d.unlockTarget(target)
 
@@ -141,7 +141,7 @@ func (s *nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpub
 			return nil, err
 		}
 		if err := d.backend.Release(ownerOf(target)); err != nil {
-			return nil, status.Errorf(codes.Internal, "release view of %s: %v", target, err)
+			return nil, fail(errNode, "release view of %s: %v", target, err)
 		}
 		return &csi.NodeUnpublishVolumeResponse{}, nil
 	}
@@ -150,7 +150,7 @@ func (s *nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpub
 		log.Warn("unpublish names another volume id than the one published here; unpublishing the target", "requested", req.GetVolumeId())
 	}
 	if err := d.undo(vol); err != nil {
-		return nil, status.Errorf(codes.Internal, "unpublish %s: %v", target, err)
+		return nil, fail(errNode, "unpublish %s: %v", target, err)
 	}
 	log.Info("volume unpublished")
 	return &csi.NodeUnpublishVolumeResponse{}, nil
@@ -158,19 +158,19 @@ func (s *nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpub
 
 func (s *nodeServer) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
 	if req.GetVolumeId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+		return nil, fail(errInvalidArgument, "volume id is required")
 	}
 	if req.GetVolumePath() == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume path is required")
+		return nil, fail(errInvalidArgument, "volume path is required")
 	}
 	path := filepath.Clean(req.GetVolumePath())
 	vol, ok := s.d.state.Snapshot().Volumes[path]
 	if !ok || vol.VolumeID != req.GetVolumeId() || vol.Phase != state.PhasePublished {
-		return nil, status.Errorf(codes.NotFound, "volume %s is not published at %s", req.GetVolumeId(), req.GetVolumePath())
+		return nil, fail(errNoVolume, "volume %s is not published at %s", req.GetVolumeId(), req.GetVolumePath())
 	}
 	var sfs unix.Statfs_t
 	if err := unix.Statfs(path, &sfs); err != nil {
-		return nil, status.Errorf(codes.Internal, "statfs %s: %v", path, err)
+		return nil, fail(errNode, "statfs %s: %v", path, err)
 	}
 	bsize := int64(sfs.Bsize)
 	// The volume is a view onto the node cache's filesystem, so these are the cache filesystem's figures.
@@ -185,7 +185,7 @@ func (s *nodeServer) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVol
 func (s *nodeServer) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
 	id := req.GetVolumeId()
 	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+		return nil, fail(errInvalidArgument, "volume id is required")
 	}
 	var vols []state.Volume
 	for _, v := range s.d.state.Snapshot().Volumes {
@@ -195,7 +195,7 @@ func (s *nodeServer) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVo
 		}
 	}
 	if len(vols) == 0 {
-		return nil, status.Errorf(codes.NotFound, "volume %s is not published on this node", id)
+		return nil, fail(errNoVolume, "volume %s is not published on this node", id)
 	}
 	health := &csi.VolumeHealth{VolumeId: id}
 	for _, v := range vols {

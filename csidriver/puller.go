@@ -12,8 +12,6 @@ import (
 
 	humanize "github.com/dustin/go-humanize"
 	digest "github.com/opencontainers/go-digest"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // pullJob is one pull running under the driver's lifetime. Every publish that needs the same content from the same
@@ -147,7 +145,7 @@ func (p *puller) wait(ctx context.Context, j *pullJob) (digest.Digest, error) {
 		return j.manifest, j.err
 	case <-bctx.Done():
 	}
-	return "", status.Error(codes.Aborted, j.describe()+"; the pull continues in the background and a retry will join it")
+	return "", fail(errRetry, "%s; the pull continues in the background and a retry will join it", j.describe())
 }
 
 // withBudget bounds ctx by the wait budget of its deadline.

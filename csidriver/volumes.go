@@ -13,8 +13,6 @@ import (
 	"time"
 
 	digest "github.com/opencontainers/go-digest"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	mount "k8s.io/mount-utils"
 
 	"github.com/modelpack/modelpack/csidriver/state"
@@ -41,7 +39,7 @@ func (d *Driver) acquireSource(vol state.Volume, sel Selector) (string, error) {
 	}
 	source, err := resolveInside(view, vol.SubPath)
 	if err != nil {
-		return "", status.Errorf(codes.InvalidArgument, "subPath %q: %v", vol.SubPath, err)
+		return "", fail(errInvalidArgument, "subPath %q: %v", vol.SubPath, err)
 	}
 	return source, nil
 }
@@ -215,11 +213,11 @@ func (d *Driver) ensureMounted(vol state.Volume) error {
 // to start again from a clean slate.
 func (d *Driver) republish(ctx context.Context, old state.Volume, fingerprint string, creds Credentials) (done bool, err error) {
 	if old.Fingerprint != fingerprint {
-		return false, status.Errorf(codes.AlreadyExists, "target %s is already published for volume %s with other arguments", old.TargetPath, old.VolumeID)
+		return false, fail(errExists, "target %s is already published for volume %s with other arguments", old.TargetPath, old.VolumeID)
 	}
 	if old.Phase != state.PhasePublished {
 		if err := d.undo(old); err != nil {
-			return false, status.Errorf(codes.Internal, "clean up interrupted publish of %s: %v", old.TargetPath, err)
+			return false, fail(errNode, "clean up interrupted publish of %s: %v", old.TargetPath, err)
 		}
 		return false, nil
 	}
@@ -230,7 +228,7 @@ func (d *Driver) republish(ctx context.Context, old state.Volume, fingerprint st
 		}
 	}
 	if err := d.ensureMounted(old); err != nil {
-		return false, status.Errorf(codes.Internal, "repair mount of %s: %v", old.TargetPath, err)
+		return false, fail(errNode, "repair mount of %s: %v", old.TargetPath, err)
 	}
 	return true, nil
 }
@@ -246,7 +244,7 @@ func (d *Driver) publish(vol state.Volume, sel Selector, log *slog.Logger, start
 	// The intent only has to survive the driver being killed, not the node losing power (which takes the mount
 	// with it), so it is not synced to disk: the record of the finished publish below is.
 	if err := d.stageVolume(vol); err != nil {
-		return status.Errorf(codes.Internal, "record publish of %s: %v", vol.TargetPath, err)
+		return fail(errNode, "record publish of %s: %v", vol.TargetPath, err)
 	}
 	published, killed := false, false
 	defer func() {
@@ -271,7 +269,7 @@ func (d *Driver) publish(vol state.Volume, sel Selector, log *slog.Logger, start
 	tAcquire := time.Since(start)
 	vol.Source = source
 	if err := d.mountTarget(vol); err != nil {
-		return status.Errorf(codes.Internal, "mount %s on %s: %v", source, vol.TargetPath, err)
+		return fail(errNode, "mount %s on %s: %v", source, vol.TargetPath, err)
 	}
 	if killed = d.killed("mounted"); killed {
 		return errKilled
@@ -280,7 +278,7 @@ func (d *Driver) publish(vol state.Volume, sel Selector, log *slog.Logger, start
 	vol.Phase = state.PhasePublished
 	vol.UpdatedAt = time.Now().UTC()
 	if err := d.putVolume(vol); err != nil {
-		return status.Errorf(codes.Internal, "record publish of %s: %v", vol.TargetPath, err)
+		return fail(errNode, "record publish of %s: %v", vol.TargetPath, err)
 	}
 	published = true
 	log.Info("volume published", "digest", vol.Digest, "manifest", vol.Manifest, "subPath", vol.SubPath,
