@@ -662,9 +662,6 @@ func (c *Cache) extractLayer(ctx context.Context, l artifact.Layer, dst string) 
 	return lead, err
 }
 
-// layerFlightHook, if set (tests), runs once a caller has started or joined the shared extraction of a layer.
-var layerFlightHook func(digest.Digest)
-
 type ctxReader struct {
 	ctx context.Context
 	r   io.Reader
