@@ -1,6 +1,8 @@
 package csidriver
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"log/slog"
 	"strings"
@@ -24,6 +26,13 @@ func (c Credentials) LogValue() slog.Value { return slog.StringValue(c.String())
 // MarshalJSON keeps credentials out of JSON: slog's JSON handler marshals a struct holding them with
 // encoding/json, which would otherwise print the docker config (base64 and all).
 func (c Credentials) MarshalJSON() ([]byte, error) { return json.Marshal(c.String()) }
+
+// Key names the credentials without revealing them, so that pulls, and the sources of one pull, made with other
+// credentials stay apart: a short hash.
+func (c Credentials) Key() string {
+	sum := sha256.Sum256(c.DockerConfigJSON)
+	return hex.EncodeToString(sum[:8])
+}
 
 // dockerConfigKey is the key of a kubernetes.io/dockerconfigjson secret.
 const dockerConfigKey = ".dockerconfigjson"

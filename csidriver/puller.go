@@ -2,8 +2,6 @@ package csidriver
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -71,8 +69,7 @@ func pullKey(ref string, dgst digest.Digest, platform string, creds Credentials)
 	if r, err := ParseReference(ref); err == nil {
 		repo = r.Registry + "/" + r.Repository
 	}
-	sum := sha256.Sum256(creds.DockerConfigJSON)
-	return dgst.String() + "|" + platform + "|" + repo + "|" + hex.EncodeToString(sum[:8])
+	return dgst.String() + "|" + platform + "|" + repo + "|" + creds.Key()
 }
 
 // start returns the running pull of dgst for platform from ref's source, starting one if there is none; joined

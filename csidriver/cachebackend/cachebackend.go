@@ -5,8 +5,6 @@ package cachebackend
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -226,8 +224,7 @@ func (b *Backend) Pull(ctx context.Context, ref string, dgst digest.Digest, plat
 // pull brings desc from repo, read with creds, into the cache, its reads held to lim (nil: no limit), and returns
 // the manifest chosen.
 func (b *Backend) pull(ctx context.Context, repo *remote.Repository, desc ocispec.Descriptor, creds csidriver.Credentials, lim *rate.Limiter, progress func(cache.Progress)) (digest.Digest, error) {
-	sum := sha256.Sum256(creds.DockerConfigJSON)
-	var src oras.ReadOnlyTarget = source{repo, hex.EncodeToString(sum[:8])}
+	var src oras.ReadOnlyTarget = source{repo, creds.Key()}
 	if lim != nil {
 		src = limitedTarget{ReadOnlyTarget: src, lim: lim}
 	}
@@ -243,7 +240,7 @@ func (b *Backend) pull(ctx context.Context, repo *remote.Repository, desc ocispe
 // fails, on its own.
 type source struct {
 	*remote.Repository
-	creds string // a hash of the credentials
+	creds string // csidriver.Credentials.Key
 }
 
 func (s source) String() string { return s.Repository.String() + "#" + s.creds }
