@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"syscall"
 
 	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -316,19 +315,13 @@ func classify(err error) error {
 		return nil
 	}
 	var sentinel error
-	switch remote.Classify(err) {
+	switch cause := remote.Classify(err); cause {
 	case remote.ErrDigestMismatch, remote.ErrSizeMismatch, remote.ErrRedirectRefused:
 		sentinel = csidriver.ErrBadContent
-	case remote.ErrUnauthorized:
-		sentinel = csidriver.ErrUnauthorized
-	case remote.ErrForbidden:
-		sentinel = csidriver.ErrForbidden
-	case remote.ErrNotFound:
-		sentinel = csidriver.ErrNotFound
-	case remote.ErrUnavailable, remote.ErrTLS, remote.ErrNotOCI:
+	case remote.ErrTLS, remote.ErrNotOCI:
 		sentinel = csidriver.ErrUnavailable
-	case remote.ErrNoSpace:
-		sentinel = csidriver.ErrNoSpace
+	case csidriver.ErrUnauthorized, csidriver.ErrForbidden, csidriver.ErrNotFound, csidriver.ErrUnavailable, csidriver.ErrNoSpace:
+		sentinel = cause // internal/errdef's, which the transport and the driver share
 	}
 	switch {
 	case sentinel != nil:
@@ -336,14 +329,10 @@ func classify(err error) error {
 		sentinel = csidriver.ErrInvalidReference
 	case errors.Is(err, remote.ErrHostsConfig):
 		sentinel = csidriver.ErrUnavailable // the node's configuration: fixed there, then retried
-	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
-		sentinel = csidriver.ErrNoSpace
 	case isBadContent(err):
 		sentinel = csidriver.ErrBadContent
 	case errors.Is(err, cache.ErrTooLarge), errors.Is(err, archive.ErrLimit):
 		sentinel = csidriver.ErrUnsupported
-	case errors.Is(err, cache.ErrNotFound):
-		sentinel = csidriver.ErrNotFound
 	}
 	if sentinel == nil || errors.Is(err, sentinel) {
 		return err // unknown, or already the driver's own (the driver, cache and transport share internal/errdef)

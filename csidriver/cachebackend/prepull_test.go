@@ -22,6 +22,7 @@ import (
 	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/cache"
+	"github.com/modelpack/modelpack/csidriver"
 	"github.com/modelpack/modelpack/internal/testenv"
 	"github.com/modelpack/modelpack/prepull"
 )
@@ -145,6 +146,10 @@ func TestPrepuller(t *testing.T) {
 	}
 	if _, err := be.Resolve(ctx, reg.Host+"/models/missing:v1"); err == nil || !errors.Is(err, remote.ErrNotFound) {
 		t.Errorf("Resolve of a missing model = %v, want not found", err)
+	}
+	// Prepulls are classified as mounts are: the same causes, the same words.
+	if _, err := be.Resolve(ctx, "Not A Reference"); !errors.Is(err, csidriver.ErrInvalidReference) {
+		t.Errorf("Resolve of a bad reference = %v, want ErrInvalidReference", err)
 	}
 }
 
