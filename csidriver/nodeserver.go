@@ -84,35 +84,37 @@ func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublish
 }
 
 // publishArgs checks a publish request: the target, the capability, the attributes and the pull secret.
-func (d *Driver) publishArgs(req *csi.NodePublishVolumeRequest) (target string, attrs *Attributes, creds Credentials, err error) {
-	if req.GetVolumeId() == "" {
-		return "", nil, Credentials{}, fail(errInvalidArgument, "volume id is required")
-	}
-	target = req.GetTargetPath()
-	if target == "" {
-		return "", nil, Credentials{}, fail(errInvalidArgument, "target path is required")
-	}
-	if !filepath.IsAbs(target) {
-		return "", nil, Credentials{}, fail(errInvalidArgument, "target path %q is not absolute", target)
+func (d *Driver) publishArgs(req *csi.NodePublishVolumeRequest) (string, *Attributes, Credentials, error) {
+	bad := func(err error) (string, *Attributes, Credentials, error) { return "", nil, Credentials{}, err }
+	target := req.GetTargetPath()
+	switch {
+	case req.GetVolumeId() == "":
+		return bad(fail(errInvalidArgument, "volume id is required"))
+	case target == "":
+		return bad(fail(errInvalidArgument, "target path is required"))
+	case !filepath.IsAbs(target):
+		return bad(fail(errInvalidArgument, "target path %q is not absolute", target))
 	}
 	target = filepath.Clean(target)
 	if err := d.checkTarget(target); err != nil {
-		return "", nil, Credentials{}, err
+		return bad(err)
 	}
 	if err := refuseLinkTarget(target); err != nil {
-		return "", nil, Credentials{}, err
+		return bad(err)
 	}
 	if req.GetVolumeCapability() == nil {
-		return "", nil, Credentials{}, fail(errInvalidArgument, "volume capability is required")
+		return bad(fail(errInvalidArgument, "volume capability is required"))
 	}
 	if err := checkCapabilities([]*csi.VolumeCapability{req.GetVolumeCapability()}); err != nil {
-		return "", nil, Credentials{}, err
+		return bad(err)
 	}
-	if attrs, err = ParseAttributes(req.GetVolumeContext()); err != nil {
-		return "", nil, Credentials{}, fail(errInvalidArgument, "%s", err.Error())
+	attrs, err := ParseAttributes(req.GetVolumeContext())
+	if err != nil {
+		return bad(fail(errInvalidArgument, "%s", err.Error()))
 	}
-	if creds, err = credentialsFrom(req.GetSecrets()); err != nil {
-		return "", nil, Credentials{}, err
+	creds, err := credentialsFrom(req.GetSecrets())
+	if err != nil {
+		return bad(err)
 	}
 	return target, attrs, creds, nil
 }
