@@ -36,7 +36,7 @@ var (
 	// ErrTooLarge: a manifest, index or config over artifact's document limits.
 	ErrTooLarge = artifact.ErrTooLarge
 	// ErrUnsupported: a media type or manifest shape the cache cannot serve.
-	ErrUnsupported = errors.New("unsupported")
+	ErrUnsupported = errdef.ErrUnsupported
 	// ErrSizeMismatch and ErrDigestMismatch: bytes that do not match their descriptor.
 	ErrSizeMismatch   = cas.ErrSizeMismatch
 	ErrDigestMismatch = cas.ErrDigestMismatch
@@ -136,7 +136,7 @@ type Cache struct {
 	// mu orders metadata decisions that must not interleave: recording a pull or a reference against GC's
 	// choice of what to delete.
 	mu      sync.Mutex
-	flights map[digest.Digest]*flight
+	flights map[flightKey]*flight
 	pulling map[digest.Digest]int // manifests a running pull is filling
 
 	// uncleanVerified: the verification an unclean start asked for has completed, so Close may clear the marker.
@@ -184,7 +184,7 @@ func Open(opts Options) (*Cache, error) {
 	c := &Cache{
 		opts: opts, root: root, blobs: blobs, db: db, m: newMetrics(), log: opts.Logger,
 		ctx: ctx, cancel: cancel,
-		flights: map[digest.Digest]*flight{}, pulling: map[digest.Digest]int{}, lstamps: map[digest.Digest]*layerStamps{},
+		flights: map[flightKey]*flight{}, pulling: map[digest.Digest]int{}, lstamps: map[digest.Digest]*layerStamps{},
 	}
 	c.layerFlusher = cas.NewFlusher(blobs, c.flushLayers)
 	if err := c.recover(); err != nil {
@@ -260,7 +260,7 @@ func (c *Cache) recover() error {
 			return err
 		}
 	}
-	dropped := map[digest.Digest]bool{}
+	var dropped map[digest.Digest]bool
 	var droppedViews, unflushed []digest.Digest
 	if err := c.db.Update(func(tx *bolt.Tx) error {
 		for _, b := range buckets {
@@ -268,84 +268,14 @@ func (c *Cache) recover() error {
 				return err
 			}
 		}
-		// A view or layer directory under its final name was renamed into place complete. A layer directory
-		// whose statistics were not yet recorded gets them now; records of vanished directories go.
-		lb := tx.Bucket(bucketLayers)
-		entries, err := os.ReadDir(filepath.Join(c.root, "layers", "sha256"))
-		if err != nil {
+		var err error
+		if dropped, unflushed, err = c.recoverLayers(tx); err != nil {
 			return err
 		}
-		present := map[digest.Digest]bool{}
-		durable := tx.Bucket(bucketDurableLayers)
-		for _, e := range entries {
-			d := digest.NewDigestFromEncoded(digest.SHA256, e.Name())
-			if d.Validate() != nil {
-				continue
-			}
-			if durable.Get([]byte(d)) == nil {
-				if c.blobs.Recovered().BootChanged {
-					// Extracted just before a restart of the machine: its files may never have reached the disk.
-					if err := c.trash(c.layerDir(d)); err != nil {
-						return err
-					}
-					dropped[d] = true
-					continue
-				}
-				unflushed = append(unflushed, d) // a process crash: correct in the page cache, not yet flushed
-			}
-			present[d] = true
-			if lb.Get([]byte(d)) == nil {
-				st, err := dirStats(c.layerDir(d))
-				if err != nil {
-					return err
-				}
-				if err := putJSON(lb, string(d), st); err != nil {
-					return err
-				}
-			}
-		}
-		var stale [][]byte
-		lb.ForEach(func(k, _ []byte) error {
-			if !present[digest.Digest(k)] {
-				stale = append(stale, append([]byte(nil), k...))
-			}
-			return nil
-		})
-		for _, k := range stale {
-			if err := lb.Delete(k); err != nil {
-				return err
-			}
-			if err := durable.Delete(k); err != nil {
-				return err
-			}
-			if err := tx.Bucket(bucketLayerStamps).Delete(k); err != nil {
-				return err
-			}
-		}
-		// The views built from dropped layers hold hardlinks to their files.
-		ms, err := allManifests(tx)
-		if err != nil {
+		if droppedViews, err = manifestsUsing(tx, dropped); err != nil {
 			return err
 		}
-		for _, m := range ms {
-			for _, l := range m.Layers {
-				if dropped[l.Digest] {
-					droppedViews = append(droppedViews, m.Descriptor.Digest)
-					break
-				}
-			}
-		}
-		// The view root is made read-only after its rename; finish that if the process died in between.
-		views, err := os.ReadDir(filepath.Join(c.root, "views"))
-		if err != nil {
-			return err
-		}
-		for _, v := range views {
-			if err := os.Chmod(filepath.Join(c.root, "views", v.Name()), 0o555); err != nil {
-				return err
-			}
-		}
-		return nil
+		return c.sealViews()
 	}); err != nil {
 		return err
 	}
@@ -367,6 +297,93 @@ func (c *Cache) recover() error {
 		c.corrupt(d, "digest", bad[d])
 	}
 	return c.repair(bad)
+}
+
+// recoverLayers reconciles the layer directories with their records. A directory under its final name was renamed
+// into place complete; one whose statistics were not yet recorded gets them now, and records of vanished
+// directories go. A layer not known to be on disk is dropped after a restart of the machine (its files may never
+// have reached the disk) and returned as unflushed after a process crash (correct in the page cache).
+func (c *Cache) recoverLayers(tx *bolt.Tx) (dropped map[digest.Digest]bool, unflushed []digest.Digest, err error) {
+	lb := tx.Bucket(bucketLayers)
+	entries, err := os.ReadDir(filepath.Join(c.root, "layers", "sha256"))
+	if err != nil {
+		return nil, nil, err
+	}
+	dropped, present := map[digest.Digest]bool{}, map[digest.Digest]bool{}
+	durable := tx.Bucket(bucketDurableLayers)
+	for _, e := range entries {
+		d := digest.NewDigestFromEncoded(digest.SHA256, e.Name())
+		if d.Validate() != nil {
+			continue
+		}
+		if durable.Get([]byte(d)) == nil {
+			if c.blobs.Recovered().BootChanged {
+				if err := c.trash(c.layerDir(d)); err != nil {
+					return nil, nil, err
+				}
+				dropped[d] = true
+				continue
+			}
+			unflushed = append(unflushed, d)
+		}
+		present[d] = true
+		if lb.Get([]byte(d)) == nil {
+			st, err := dirStats(c.layerDir(d))
+			if err != nil {
+				return nil, nil, err
+			}
+			if err := putJSON(lb, string(d), st); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	var stale [][]byte
+	lb.ForEach(func(k, _ []byte) error {
+		if !present[digest.Digest(k)] {
+			stale = append(stale, append([]byte(nil), k...))
+		}
+		return nil
+	})
+	for _, k := range stale {
+		for _, b := range [][]byte{bucketLayers, bucketDurableLayers, bucketLayerStamps} {
+			if err := tx.Bucket(b).Delete(k); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	return dropped, unflushed, nil
+}
+
+// manifestsUsing lists the manifests with a layer in layers: their views hold hardlinks to the layers' files.
+func manifestsUsing(tx *bolt.Tx, layers map[digest.Digest]bool) ([]digest.Digest, error) {
+	ms, err := allManifests(tx)
+	if err != nil {
+		return nil, err
+	}
+	var out []digest.Digest
+	for _, m := range ms {
+		for _, l := range m.Layers {
+			if layers[l.Digest] {
+				out = append(out, m.Descriptor.Digest)
+				break
+			}
+		}
+	}
+	return out, nil
+}
+
+// sealViews makes every view root read-only, as it is made after its rename: the process may have died in between.
+func (c *Cache) sealViews() error {
+	views, err := os.ReadDir(filepath.Join(c.root, "views"))
+	if err != nil {
+		return err
+	}
+	for _, v := range views {
+		if err := os.Chmod(filepath.Join(c.root, "views", v.Name()), 0o555); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func randomSuffix() string {

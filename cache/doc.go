@@ -24,7 +24,8 @@
 //	    blobs and views and resumable partial downloads are kept. One process holds a root at a time.
 //	func (c *Cache) Close() error
 //	func (c *Cache) Pull(ctx, src oras.ReadOnlyTarget, desc ocispec.Descriptor, progress func(Progress)) (ocispec.Descriptor, error)
-//	    desc is a resolved manifest or index (OCI or Docker v2); an index is narrowed to Options.Platform. Returns
+//	    desc is a resolved manifest or index (OCI or Docker v2); an index is narrowed to desc.Platform if set (the
+//	    index is then fetched once and not recorded), else to Options.Platform. Returns
 //	    the manifest descriptor chosen. Every digest and size is verified, tar layers are extracted, hostile
 //	    content is refused. Concurrent Pulls of one digest share one transfer; a Pull whose ctx ends returns, and
 //	    the transfer goes on for Options.PullLinger so that a retry joins it (the CSI deadline pattern). A partial

@@ -9,7 +9,6 @@ import (
 	"runtime"
 	"sort"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	digest "github.com/opencontainers/go-digest"
@@ -39,9 +38,6 @@ import (
 
 // runningFile exists while a process has the cache open; finding it at Open means the last one did not Close.
 const runningFile = "running"
-
-// backgroundVerifyHook, if set (tests), receives the result of each background verification.
-var backgroundVerifyHook func(VerifyReport, error)
 
 // damage is what the check on use found wrong with a manifest's blobs, by digest. It re-hashes the blobs whose
 // stamp changed or whose re-hash is pending, so it runs outside any transaction.
@@ -193,10 +189,6 @@ type extraction = cas.Version[digest.Digest]
 // closes).
 func (c *Cache) flushLayerLater(e extraction) { c.layerFlusher.Add(e) }
 
-// syncFSHook, if set (tests), runs after each syncfs of the layers' file system, before the marks it allows, with
-// the cache's root.
-var syncFSHook atomic.Pointer[func(root string)]
-
 // flushLayers is the layer flusher's work. The batch was taken before the syncfs began, and an extraction joins a
 // batch only once complete, so the syncfs covers every file of every layer it marks.
 func (c *Cache) flushLayers(batch []extraction) {
@@ -261,9 +253,6 @@ func (c *Cache) maintain(unclean bool) {
 		}
 	}
 }
-
-// scrubHook, if set (tests), runs on the scrub's thread once it has lowered its priorities, with their result.
-var scrubHook func(err error)
 
 // scrub re-hashes every blob in the background and takes the bad ones out of use (see the top of this file). It
 // runs on a thread of its own at idle I/O priority and nice 19, paced to ScrubRate; a use that needs a blob the

@@ -29,7 +29,13 @@ type Progress struct {
 	Done  int64 `json:"done"`
 }
 
-// flight is one pull in progress, shared by every caller that asks for the same digest.
+// flightKey names a pull: a digest, and the platform a caller named for an index ("" for the node's).
+type flightKey struct {
+	digest   digest.Digest
+	platform string
+}
+
+// flight is one pull in progress, shared by every caller that asks for the same digest and platform.
 type flight struct {
 	ctx    context.Context
 	done   chan struct{}
@@ -85,6 +91,10 @@ func (f *flight) publish(force bool) {
 // source failed returns src's own failure. When ctx ends, Pull returns but the transfer goes on for
 // Options.PullLinger so that a retry can join it. progress (may be nil) is called from the transfer, one call at a
 // time and never after Pull returned; it must not block.
+//
+// An index is narrowed to Options.Platform, or to desc.Platform when the caller names one (a volume's platform
+// attribute): the index is then fetched once, here, and the cache keeps no record of it, since the cache's answer
+// for an index (Resolve) is the node's platform.
 func (c *Cache) Pull(ctx context.Context, src oras.ReadOnlyTarget, desc ocispec.Descriptor, progress func(Progress)) (ocispec.Descriptor, error) {
 	if err := checkDescriptor(desc); err != nil {
 		return ocispec.Descriptor{}, err
@@ -92,7 +102,8 @@ func (c *Cache) Pull(ctx context.Context, src oras.ReadOnlyTarget, desc ocispec.
 	if desc.Size > MaxManifestBytes {
 		return ocispec.Descriptor{}, fmt.Errorf("manifest %s is %d bytes: %w (limit %d)", desc.Digest, desc.Size, ErrTooLarge, MaxManifestBytes)
 	}
-	if m, ok := c.completeManifest(desc.Digest); ok {
+	// For a named platform only a manifest pulled as itself counts: an index's record is the node's platform's.
+	if m, ok := c.completeManifest(desc.Digest); ok && (desc.Platform == nil || m.Digest == desc.Digest) {
 		c.m.pulls.WithLabelValues("cached").Inc()
 		c.touch(m.Digest)
 		return m, nil
@@ -137,9 +148,13 @@ func (c *Cache) Pull(ctx context.Context, src oras.ReadOnlyTarget, desc ocispec.
 // joinFlight joins the pull of desc under way, offering src to it, or starts one from src. It returns the flight,
 // the index of src among its sources (-1 if the set was full) and the caller's subscription.
 func (c *Cache) joinFlight(desc ocispec.Descriptor, src oras.ReadOnlyTarget, progress func(Progress)) (*flight, int, int) {
+	key := flightKey{digest: desc.Digest}
+	if desc.Platform != nil && !isManifestType(desc.MediaType) {
+		key.platform = artifact.PlatformString(*desc.Platform)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	f := c.flights[desc.Digest]
+	f := c.flights[key]
 	if f != nil && f.ctx.Err() != nil && c.ctx.Err() == nil {
 		f = nil // abandoned (its linger ran out) and winding down: start afresh rather than inherit its cancellation
 	}
@@ -147,14 +162,14 @@ func (c *Cache) joinFlight(desc ocispec.Descriptor, src oras.ReadOnlyTarget, pro
 	if f == nil {
 		ctx, cancel := context.WithCancel(c.ctx)
 		f = &flight{ctx: ctx, done: make(chan struct{}), cancel: cancel, subs: map[int]func(Progress){}, src: newSourceSet(src)}
-		c.flights[desc.Digest] = f
+		c.flights[key] = f
 		c.wg.Add(1)
 		go func() {
 			defer c.wg.Done()
 			f.result, f.err = c.pull(ctx, f, f.src, desc)
 			c.mu.Lock()
-			if c.flights[desc.Digest] == f {
-				delete(c.flights, desc.Digest)
+			if c.flights[key] == f {
+				delete(c.flights, key)
 			}
 			c.mu.Unlock()
 			cancel()
@@ -295,7 +310,11 @@ func (c *Cache) pull(ctx context.Context, f *flight, src oras.ReadOnlyTarget, de
 	}
 	top, topBytes := desc, b
 	if p.index != nil {
-		m, err := choosePlatform(p.index, c.opts.Platform)
+		want := c.opts.Platform
+		if desc.Platform != nil {
+			want = *desc.Platform
+		}
+		m, err := choosePlatform(p.index, want)
 		if err != nil {
 			return ocispec.Descriptor{}, fmt.Errorf("index %s: %w", desc.Digest, err)
 		}
@@ -313,6 +332,9 @@ func (c *Cache) pull(ctx context.Context, f *flight, src oras.ReadOnlyTarget, de
 		}
 		if p.manifest == nil {
 			return ocispec.Descriptor{}, fmt.Errorf("index %s: %w: entry %s is itself an index", desc.Digest, ErrUnsupported, m.Digest)
+		}
+		if desc.Platform != nil {
+			top, topBytes = m, b // the manifest stands alone: the index's record stays the node's platform's
 		}
 		desc = m
 	}
@@ -639,9 +661,6 @@ func (c *Cache) extractLayer(ctx context.Context, l artifact.Layer, dst string) 
 	}
 	return lead, err
 }
-
-// layerFlightHook, if set (tests), runs once a caller has started or joined the shared extraction of a layer.
-var layerFlightHook func(digest.Digest)
 
 type ctxReader struct {
 	ctx context.Context

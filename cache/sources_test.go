@@ -96,7 +96,7 @@ func waitForSources(t *testing.T, c *Cache, d digest.Digest, n int) {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		c.mu.Lock()
-		f := c.flights[d]
+		f := c.flights[flightKey{digest: d}]
 		c.mu.Unlock()
 		if f != nil {
 			f.src.mu.Lock()

@@ -2,12 +2,10 @@ package cli
 
 import (
 	"context"
-	"errors"
 
 	"github.com/spf13/pflag"
 
 	"github.com/modelpack/modelpack/artifact/remote"
-	"github.com/modelpack/modelpack/csidriver"
 	"github.com/modelpack/modelpack/csidriver/cachebackend"
 	"github.com/modelpack/modelpack/signing"
 )
@@ -42,11 +40,9 @@ func signingExtension() csiDriverExtension {
 			go v.WatchPolicy(ctx, policyPath, 0)
 			// The volume's pull secret, in ctx (remote.WithCredential), reads its signatures too, from the origin
 			// and from mirrors.
+			// A refusal wraps signing.ErrDenied, which is the driver's ErrDenied (PERMISSION_DENIED).
 			env.Verifier = cachebackend.VerifierFunc(func(ctx context.Context, digestRef string) error {
 				_, err := v.Verify(ctx, digestRef)
-				if errors.Is(err, signing.ErrDenied) {
-					return policyDenial{err}
-				}
 				return err
 			})
 			env.Logger.Info("trust policy loaded", "path", policyPath, "version", p.Version())
@@ -54,10 +50,3 @@ func signingExtension() csiDriverExtension {
 		},
 	}
 }
-
-// policyDenial is a signing refusal that the driver also recognises as its own ErrDenied (PERMISSION_DENIED),
-// keeping signing's message, which names the rule and the reason.
-type policyDenial struct{ error }
-
-func (e policyDenial) Unwrap() error        { return e.error }
-func (e policyDenial) Is(target error) bool { return target == csidriver.ErrDenied }

@@ -78,9 +78,9 @@ func startPrepullAPI(t *testing.T, plainHTTP ...string) string {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(dir, "prepull.sock")
-	be := prepull.NewCacheBackend(c, cachebackend.Options{
+	be := cachebackend.New(c, cachebackend.Options{
 		Remote: remote.Options{RegistryConfig: filepath.Join(t.TempDir(), "config.json")}, PlainHTTPRegistries: plainHTTP,
-	}, nil, 0)
+	}).Prepuller(nil, 0)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- prepull.Serve(ctx, sock, be, prepull.Options{Logger: slog.New(slog.DiscardHandler)}) }()

@@ -56,11 +56,11 @@ func prepullExtension() csiDriverExtension {
 				case <-ctx.Done():
 					return
 				}
-				be := prepull.NewCacheBackend(env.Cache, cachebackend.Options{
+				be := cachebackend.New(env.Cache, cachebackend.Options{
 					Remote:              env.Remote,
 					PlainHTTPRegistries: env.PlainHTTPRegistries,
 					Verifier:            env.Verifier,
-				}, env.Instance, bps)
+				}).Prepuller(env.Instance, bps)
 				log := env.Logger.With("component", "prepull")
 				if err := prepull.Serve(ctx, socket, be, prepull.Options{Concurrency: concurrency, Logger: log}); err != nil {
 					log.Error("prepull API stopped", "error", err.Error())

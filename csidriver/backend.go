@@ -2,9 +2,7 @@ package csidriver
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"log/slog"
 
 	digest "github.com/opencontainers/go-digest"
 
@@ -47,25 +45,6 @@ type Backend interface {
 	NodeCredential(ctx context.Context, host string) (bool, error)
 }
 
-// Credentials authenticate to registries for one request. The zero value means "the node's own credentials".
-type Credentials struct {
-	// DockerConfigJSON is the content of a kubernetes.io/dockerconfigjson secret.
-	DockerConfigJSON []byte
-}
-
-// String keeps credentials out of logs and error messages.
-func (Credentials) String() string { return "[credentials redacted]" }
-
-// GoString keeps credentials out of %#v.
-func (c Credentials) GoString() string { return c.String() }
-
-// LogValue keeps credentials out of slog output, text or JSON, also inside groups.
-func (c Credentials) LogValue() slog.Value { return slog.StringValue(c.String()) }
-
-// MarshalJSON keeps credentials out of JSON: slog's JSON handler marshals a struct holding them with
-// encoding/json, which would otherwise print the docker config (base64 and all).
-func (c Credentials) MarshalJSON() ([]byte, error) { return json.Marshal(c.String()) }
-
 // Selector picks a partial view of a model.
 type Selector struct {
 	// Kinds are ModelPack layer kinds (weight, weight.config, doc, code, dataset); empty means all.
@@ -96,10 +75,11 @@ var (
 	ErrUnavailable      = errdef.ErrUnavailable
 	ErrNoSpace          = errdef.ErrNoSpace
 	ErrInvalidReference = errors.New("invalid reference")
-	// ErrDenied is a policy refusal (an unsigned or untrusted artifact).
-	ErrDenied = errors.New("denied by policy")
-	// ErrUnsupported is content the node cannot mount (an unknown media type, a layer over the size limits).
-	ErrUnsupported = errors.New("unsupported content")
+	// ErrDenied is a policy refusal (an unsigned or untrusted artifact): signing.ErrDenied.
+	ErrDenied = errdef.ErrDenied
+	// ErrUnsupported is content the node cannot mount (an unknown media type, a layer over the size limits):
+	// cache.ErrUnsupported.
+	ErrUnsupported = errdef.ErrUnsupported
 	// ErrBadContent is hostile or corrupt content: bytes that do not match their digest or size, an archive
 	// entry escaping the model or naming a device, layers that claim the same path.
 	ErrBadContent = errors.New("content refused")

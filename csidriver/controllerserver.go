@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/modelpack/modelpack/csidriver/state"
@@ -27,16 +26,16 @@ var errConflict = errors.New("conflict")
 func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
 	name := req.GetName()
 	if name == "" {
-		return nil, status.Error(codes.InvalidArgument, "name is required")
+		return nil, fail(errInvalidArgument, "name is required")
 	}
 	if len(req.GetVolumeCapabilities()) == 0 {
-		return nil, status.Error(codes.InvalidArgument, "volume capabilities are required")
+		return nil, fail(errInvalidArgument, "volume capabilities are required")
 	}
 	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
 		return nil, err
 	}
 	if req.GetVolumeContentSource() != nil {
-		return nil, status.Error(codes.InvalidArgument, "volume content sources (snapshots, clones) are not supported: the content is the model named by the reference parameter")
+		return nil, fail(errInvalidArgument, "volume content sources (snapshots, clones) are not supported: the content is the model named by the reference parameter")
 	}
 	params := map[string]string{}
 	for k, v := range req.GetParameters() {
@@ -46,7 +45,7 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 		}
 	}
 	if _, err := ParseAttributes(params); err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+		return nil, fail(errInvalidArgument, "%s", err.Error())
 	}
 	capacity := req.GetCapacityRange().GetRequiredBytes()
 	if capacity == 0 {
@@ -64,10 +63,10 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 		return nil
 	})
 	if errors.Is(err, errConflict) {
-		return nil, status.Errorf(codes.AlreadyExists, "volume %q exists with other parameters or capacity", name)
+		return nil, fail(errExists, "volume %q exists with other parameters or capacity", name)
 	}
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "record volume %q: %v", name, err)
+		return nil, fail(errNode, "record volume %q: %v", name, err)
 	}
 	s.d.log.Info("volume created", "volume", name, "reference", params[AttrReference])
 	return &csi.CreateVolumeResponse{Volume: &csi.Volume{
@@ -80,14 +79,14 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 func (s *controllerServer) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
 	id := req.GetVolumeId()
 	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+		return nil, fail(errInvalidArgument, "volume id is required")
 	}
 	err := s.d.state.Update(func(st *state.State) error {
 		delete(st.ControllerVolumes, id)
 		return nil
 	})
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "delete volume %q: %v", id, err)
+		return nil, fail(errNode, "delete volume %q: %v", id, err)
 	}
 	return &csi.DeleteVolumeResponse{}, nil
 }
@@ -95,14 +94,14 @@ func (s *controllerServer) DeleteVolume(ctx context.Context, req *csi.DeleteVolu
 func (s *controllerServer) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
 	id := req.GetVolumeId()
 	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+		return nil, fail(errInvalidArgument, "volume id is required")
 	}
 	if len(req.GetVolumeCapabilities()) == 0 {
-		return nil, status.Error(codes.InvalidArgument, "volume capabilities are required")
+		return nil, fail(errInvalidArgument, "volume capabilities are required")
 	}
 	vol, ok := s.d.state.Snapshot().ControllerVolumes[id]
 	if !ok {
-		return nil, status.Errorf(codes.NotFound, "volume %q does not exist", id)
+		return nil, fail(errNoVolume, "volume %q does not exist", id)
 	}
 	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
 		return &csi.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
@@ -127,7 +126,7 @@ func (s *controllerServer) ControllerGetCapabilities(context.Context, *csi.Contr
 // ListVolumes pages through the created volumes in name order; the token is the last name of the previous page.
 func (s *controllerServer) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
 	if req.GetMaxEntries() < 0 {
-		return nil, status.Error(codes.InvalidArgument, "max_entries must not be negative")
+		return nil, fail(errInvalidArgument, "max_entries must not be negative")
 	}
 	vols := s.d.state.Snapshot().ControllerVolumes
 	names := slices.Sorted(maps.Keys(vols))
@@ -135,7 +134,7 @@ func (s *controllerServer) ListVolumes(ctx context.Context, req *csi.ListVolumes
 	if tok := req.GetStartingToken(); tok != "" {
 		last, ok := strings.CutPrefix(tok, listTokenPrefix)
 		if !ok {
-			return nil, status.Errorf(codes.Aborted, "starting token %q was not returned by ListVolumes", tok)
+			return nil, fail(errRetry, "starting token %q was not returned by ListVolumes", tok)
 		}
 		// Resume after the last volume returned, even if it was deleted since.
 		start, _ = slices.BinarySearch(names, last)
@@ -165,13 +164,13 @@ const listTokenPrefix = "after:"
 func checkCapabilities(caps []*csi.VolumeCapability) error {
 	for _, c := range caps {
 		if c.GetBlock() != nil {
-			return status.Error(codes.InvalidArgument, "block volumes are not supported: a model is mounted as a directory")
+			return fail(errInvalidArgument, "block volumes are not supported: a model is mounted as a directory")
 		}
 		if c.GetMount() == nil {
-			return status.Error(codes.InvalidArgument, "volume capability must have access type mount")
+			return fail(errInvalidArgument, "volume capability must have access type mount")
 		}
 		if c.GetAccessMode() == nil || c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_UNKNOWN {
-			return status.Error(codes.InvalidArgument, "volume capability must have an access mode")
+			return fail(errInvalidArgument, "volume capability must have an access mode")
 		}
 	}
 	return nil

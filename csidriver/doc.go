@@ -1,10 +1,15 @@
 // Package csidriver is a CSI node plugin that mounts models (OCI artifacts) read-only into pods with the
 // semantics of Kubernetes' native image volumes. It translates CSI calls into calls on a Backend — the node cache
-// and the registry transport (package cachebackend) — and keeps what it published in a persisted state
-// (package state), so it survives being killed.
+// and the registry transport (package cachebackend, which serves prepull too) — and keeps what it published in a
+// persisted state (package state), so it survives being killed.
 //
 // The layout follows kubernetes-csi/csi-driver-host-path: identityserver.go, nodeserver.go, controllerserver.go
-// and server.go, which serves them over a unix socket.
+// hold the RPCs and server.go serves them over a unix socket. Behind the node RPCs: attributes.go and
+// credentials.go read a request's volume context and pull secret; image.go finds or pulls what a reference names
+// (the pull policy) and records it; puller.go runs and joins the pulls; tenancy.go decides who may read content
+// already on the node; volumes.go records volumes and mounts them (targets.go guards target paths, mounter.go
+// does the bind mounts); recovery.go reconciles the state with the node; errorcodes.go is the table below.
+// testing.go holds the hooks tests use to stage a killed driver.
 //
 // # Volumes
 //
@@ -35,8 +40,9 @@
 //
 // # Errors
 //
-// Every failure maps to one code (errorCodes in puller.go implements this table; INTERNAL is left for bugs of
-// the driver and for the node failing under it: a mount or a state write that fails):
+// Every failure maps to one code (errorCodes in errorcodes.go implements this table, for the Backend's causes and
+// the driver's own; INTERNAL is left for bugs of the driver and for the node failing under it: a mount or a state
+// write that fails):
 //
 //	INVALID_ARGUMENT     missing field, unknown or bad attribute, bad reference (one carrying credentials is
 //	                     refused without being repeated), subPath not in the model or over the path limits,

@@ -15,6 +15,12 @@ import (
 // doc.go and the README names every code the driver returns.
 func TestErrorTableMapsEveryCause(t *testing.T) {
 	want := map[error]codes.Code{
+		errInvalidArgument:       codes.InvalidArgument,
+		errExists:                codes.AlreadyExists,
+		errRetry:                 codes.Aborted,
+		errPrecondition:          codes.FailedPrecondition,
+		errNoVolume:              codes.NotFound,
+		errNode:                  codes.Internal,
 		ErrInvalidReference:      codes.InvalidArgument,
 		ErrUnauthorized:          codes.Unauthenticated,
 		ErrDenied:                codes.PermissionDenied,

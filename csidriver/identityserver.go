@@ -4,8 +4,6 @@ import (
 	"context"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -53,7 +51,7 @@ func (s *identityServer) Probe(context.Context, *csi.ProbeRequest) (*csi.ProbeRe
 	}
 	if cause != nil {
 		s.d.log.Warn("not ready", "error", cause.Error())
-		return nil, status.Errorf(codes.FailedPrecondition, "not ready: %v", cause)
+		return nil, fail(errPrecondition, "not ready: %v", cause)
 	}
 	return &csi.ProbeResponse{Ready: wrapperspb.Bool(ready)}, nil
 }

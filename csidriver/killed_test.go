@@ -27,7 +27,7 @@ func TestPublishKilledHalfWayIsUndoneAndRetried(t *testing.T) {
 
 			first, sock := startDriverAt(t, dir, b)
 			kill := func(s string) bool { return s == step }
-			first.d.killedAt.Store(&kill)
+			first.d.hooks.killedAt.Store(&kill)
 			if _, err := nodeClient(t, sock).NodePublishVolume(context.Background(), testenv.PublishRequest("v", target, attrs)); err == nil {
 				t.Fatal("the killed publish succeeded")
 			}

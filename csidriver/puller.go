@@ -2,9 +2,6 @@ package csidriver
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -12,10 +9,7 @@ import (
 	"time"
 
 	humanize "github.com/dustin/go-humanize"
-
 	digest "github.com/opencontainers/go-digest"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // pullJob is one pull running under the driver's lifetime. Every publish that needs the same content from the same
@@ -75,8 +69,7 @@ func pullKey(ref string, dgst digest.Digest, platform string, creds Credentials)
 	if r, err := ParseReference(ref); err == nil {
 		repo = r.Registry + "/" + r.Repository
 	}
-	sum := sha256.Sum256(creds.DockerConfigJSON)
-	return dgst.String() + "|" + platform + "|" + repo + "|" + hex.EncodeToString(sum[:8])
+	return dgst.String() + "|" + platform + "|" + repo + "|" + creds.Key()
 }
 
 // start returns the running pull of dgst for platform from ref's source, starting one if there is none; joined
@@ -149,7 +142,7 @@ func (p *puller) wait(ctx context.Context, j *pullJob) (digest.Digest, error) {
 		return j.manifest, j.err
 	case <-bctx.Done():
 	}
-	return "", status.Error(codes.Aborted, j.describe()+"; the pull continues in the background and a retry will join it")
+	return "", fail(errRetry, "%s; the pull continues in the background and a retry will join it", j.describe())
 }
 
 // withBudget bounds ctx by the wait budget of its deadline.
@@ -174,44 +167,4 @@ func (p *puller) inFlight() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.jobs)
-}
-
-// errorCodes is the table of doc.go (# Errors) for the causes a Backend reports, in order of precedence: the
-// first cause an error wraps decides its code. Anything else is INTERNAL: a bug of ours.
-var errorCodes = []struct {
-	cause error
-	code  codes.Code
-}{
-	{ErrInvalidReference, codes.InvalidArgument},
-	{ErrUnauthorized, codes.Unauthenticated},
-	{ErrDenied, codes.PermissionDenied},
-	{ErrForbidden, codes.PermissionDenied},
-	{ErrNoSpace, codes.ResourceExhausted},
-	{ErrBadContent, codes.FailedPrecondition},
-	{ErrUnsupported, codes.FailedPrecondition},
-	{ErrNotFound, codes.NotFound},
-	{ErrUnavailable, codes.Unavailable},
-	{context.Canceled, codes.Aborted},
-	{context.DeadlineExceeded, codes.Aborted},
-}
-
-// codeOf maps a backend error to the CSI code the spec asks for.
-func codeOf(err error) codes.Code {
-	if s, ok := status.FromError(err); ok {
-		return s.Code()
-	}
-	for _, row := range errorCodes {
-		if errors.Is(err, row.cause) {
-			return row.code
-		}
-	}
-	return codes.Internal
-}
-
-// toStatus turns a backend error into a gRPC status error with a code the orchestrator can act on.
-func toStatus(err error, format string, args ...any) error {
-	if _, ok := status.FromError(err); ok {
-		return err
-	}
-	return status.Errorf(codeOf(err), "%s: %v", fmt.Sprintf(format, args...), err)
 }

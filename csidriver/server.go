@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -105,17 +104,7 @@ type Driver struct {
 	ns  *nodeServer
 	cs  *controllerServer
 
-	// killedAt, set by tests, stands for the driver being killed at a step of a publish ("staged", "acquired",
-	// "mounted"): when it returns true the publish stops there and undoes nothing, as after a SIGKILL.
-	killedAt atomic.Pointer[func(step string) bool]
-}
-
-// errKilled is what a publish stopped by killedAt returns.
-var errKilled = status.Error(codes.Unavailable, "driver killed (test)")
-
-func (d *Driver) killed(step string) bool {
-	f := d.killedAt.Load()
-	return f != nil && (*f)(step)
+	hooks testHooks // tests only (testing.go)
 }
 
 // New opens the driver's state and builds its services; Run serves them.

@@ -8,8 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	mount "k8s.io/mount-utils"
 )
 
@@ -56,7 +54,7 @@ func (d *Driver) checkTarget(target string) error {
 	real := realPath(target)
 	for _, dir := range d.ownDirs() {
 		if within(real, dir) || within(dir, real) {
-			return status.Errorf(codes.InvalidArgument, "target path %q lies in or over the driver's own directory %s; kubelet never asks for that", target, dir)
+			return fail(errInvalidArgument, "target path %q lies in or over the driver's own directory %s; kubelet never asks for that", target, dir)
 		}
 	}
 	return nil
@@ -66,7 +64,7 @@ func (d *Driver) checkTarget(target string) error {
 // wherever it points.
 func refuseLinkTarget(target string) error {
 	if fi, err := os.Lstat(target); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
-		return status.Errorf(codes.InvalidArgument, "target path %q is a symbolic link; kubelet creates a directory or nothing there", target)
+		return fail(errInvalidArgument, "target path %q is a symbolic link; kubelet creates a directory or nothing there", target)
 	}
 	return nil
 }
@@ -81,7 +79,7 @@ func (d *Driver) unpublishUnknown(target string) error {
 		return nil
 	}
 	if err != nil {
-		return status.Errorf(codes.Internal, "unpublish %s: %v", target, err)
+		return fail(errNode, "unpublish %s: %v", target, err)
 	}
 	if !fi.IsDir() {
 		d.log.Warn("unpublish of an unknown target that is not a directory: left alone", "target", target, "type", fi.Mode().Type().String())
@@ -89,11 +87,11 @@ func (d *Driver) unpublishUnknown(target string) error {
 	}
 	ours, err := d.mountedView(target)
 	if err != nil {
-		return status.Errorf(codes.Internal, "unpublish %s: %v", target, err)
+		return fail(errNode, "unpublish %s: %v", target, err)
 	}
 	if ours {
 		if err := d.unmountTarget(target, false); err != nil {
-			return status.Errorf(codes.Internal, "unmount %s: %v", target, err)
+			return fail(errNode, "unmount %s: %v", target, err)
 		}
 	}
 	if err := os.Remove(target); err != nil && !errors.Is(err, fs.ErrNotExist) {

@@ -5,8 +5,6 @@ import (
 	"fmt"
 
 	digest "github.com/opencontainers/go-digest"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/modelpack/modelpack/csidriver/access"
 )
@@ -52,7 +50,7 @@ func (d *Driver) grant(ctx context.Context, k access.Key, who access.Identity, v
 		}
 		has, err := d.backend.NodeCredential(ctx, k.Host)
 		if err != nil {
-			return status.Errorf(codes.Internal, "node credentials for %s: %v", k.Host, err)
+			return fail(errNode, "node credentials for %s: %v", k.Host, err)
 		}
 		who.Kind = access.Anonymous
 		if has {
@@ -63,7 +61,7 @@ func (d *Driver) grant(ctx context.Context, k access.Key, who access.Identity, v
 		return nil
 	}
 	if err := d.access.Add(k, who, via); err != nil {
-		return status.Errorf(codes.Internal, "record access to %s: %v", k, err)
+		return fail(errNode, "record access to %s: %v", k, err)
 	}
 	d.log.Info("access recorded", "content", k.String(), "credential", who.Kind, "namespace", who.Namespace, "via", via)
 	return nil
@@ -81,7 +79,7 @@ func (d *Driver) checkAccess(ctx context.Context, k access.Key, creds Credential
 	}
 	if err != nil {
 		if outOfTime {
-			return status.Errorf(codes.Aborted, "checking access to %s did not finish before the deadline: %v", k, err)
+			return fail(errRetry, "checking access to %s did not finish before the deadline: %v", k, err)
 		}
 		return refusal(err, k, who)
 	}

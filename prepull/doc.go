@@ -4,6 +4,11 @@
 // the driver mounts from, checked against the same trust policy first, and pinned so cache GC keeps it until the
 // entry leaves its list.
 //
+// The Backend of a real node is cachebackend's Prepuller: the driver's own backend, with the bandwidth cap of
+// --prepull-bandwidth. Here: backend.go is that interface, manager.go runs the entries (concurrency, retries,
+// pins), entry.go is an entry and its pin's name, server.go and client.go are the API's two ends, list.go reads
+// list files, watch.go follows a ConfigMap.
+//
 // HTTP API (all bodies JSON):
 //
 //	GET    /v1/prepulls?list=L&since=V  snapshot of entries; with since, waits (≤30s) until the version passes V

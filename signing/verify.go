@@ -28,10 +28,13 @@ import (
 	"github.com/sigstore/sigstore/pkg/signature/options"
 	"github.com/sigstore/sigstore/pkg/signature/payload"
 	"golang.org/x/sync/singleflight"
+
+	"github.com/modelpack/modelpack/internal/errdef"
 )
 
-// ErrDenied is wrapped by every refusal of an enforce rule; the error text names the rule and the reason.
-var ErrDenied = errors.New("signature policy denied")
+// ErrDenied is wrapped by every refusal of an enforce rule; the error text names the rule and the reason. It is
+// the driver's ErrDenied too, so a refusal reaches kubelet as PERMISSION_DENIED without a translation.
+var ErrDenied = errdef.ErrDenied
 
 // Reasons a signature check fails, most specific first.
 const (

@@ -1,22 +1,19 @@
-// Package cachebackend connects the CSI driver to the node cache and the registry transport: it is the
-// csidriver.Backend of a real node.
+// Package cachebackend connects the CSI driver and prepull to the node cache and the registry transport: Backend is
+// the csidriver.Backend of a real node, and its Prepuller the prepull.Backend, so both reach registries, classify
+// their errors, verify and pull the same way (cachebackend.go), prepulls with their bandwidth cap (limit.go).
 package cachebackend
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
 	"strings"
-	"syscall"
 
 	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"oras.land/oras-go/v2/content"
+	"golang.org/x/time/rate"
+	"oras.land/oras-go/v2"
 	"oras.land/oras-go/v2/registry"
 	"oras.land/oras-go/v2/registry/remote/auth"
 	"oras.land/oras-go/v2/registry/remote/credentials"
@@ -158,7 +155,7 @@ func (b *Backend) Verify(ctx context.Context, ref string, dgst digest.Digest, cr
 	}
 	if err := b.opts.Verifier.Verify(ctx, parsed.Registry+"/"+parsed.Repository+"@"+dgst.String()); err != nil {
 		if errors.Is(err, csidriver.ErrDenied) {
-			return err
+			return err // the message names the rule and the reason
 		}
 		return fmt.Errorf("verify signatures of %s: %w", dgst, classify(err))
 	}
@@ -201,8 +198,7 @@ func credentialBytes(ctx context.Context, cf auth.CredentialFunc, host string) (
 	return b, nil
 }
 
-// Pull pulls dgst into the cache. For an index and an explicit platform the manifest is chosen here, since the
-// cache narrows indexes to the node's platform.
+// Pull pulls dgst into the cache; for an index, the cache picks the manifest of platform ("" for the node's).
 func (b *Backend) Pull(ctx context.Context, ref string, dgst digest.Digest, platform string, creds csidriver.Credentials, progress func(csidriver.Progress)) (digest.Digest, error) {
 	repo, _, err := b.repository(ref, creds)
 	if err != nil {
@@ -212,15 +208,26 @@ func (b *Backend) Pull(ctx context.Context, ref string, dgst digest.Digest, plat
 	if err != nil {
 		return "", classify(err)
 	}
-	if platform != "" && isIndex(desc.MediaType) {
-		if desc, err = pickPlatform(ctx, repo, desc, platform); err != nil {
-			return "", err
+	if platform != "" {
+		want, err := artifact.ParsePlatform(platform)
+		if err != nil {
+			return "", fmt.Errorf("%w: %v", csidriver.ErrInvalidReference, err)
 		}
+		desc.Platform = &want
 	}
-	sum := sha256.Sum256(creds.DockerConfigJSON)
-	got, err := b.cache.Pull(ctx, source{repo, hex.EncodeToString(sum[:8])}, desc, func(p cache.Progress) {
+	return b.pull(ctx, repo, desc, creds, nil, func(p cache.Progress) {
 		progress(csidriver.Progress{DoneBytes: p.Done, TotalBytes: p.Total})
 	})
+}
+
+// pull brings desc from repo, read with creds, into the cache, its reads held to lim (nil: no limit), and returns
+// the manifest chosen.
+func (b *Backend) pull(ctx context.Context, repo *remote.Repository, desc ocispec.Descriptor, creds csidriver.Credentials, lim *rate.Limiter, progress func(cache.Progress)) (digest.Digest, error) {
+	var src oras.ReadOnlyTarget = source{repo, creds.Key()}
+	if lim != nil {
+		src = limitedTarget{ReadOnlyTarget: src, lim: lim}
+	}
+	got, err := b.cache.Pull(ctx, src, desc, progress)
 	if err != nil {
 		return "", classify(err)
 	}
@@ -232,7 +239,7 @@ func (b *Backend) Pull(ctx context.Context, ref string, dgst digest.Digest, plat
 // fails, on its own.
 type source struct {
 	*remote.Repository
-	creds string // a hash of the credentials
+	creds string // csidriver.Credentials.Key
 }
 
 func (s source) String() string { return s.Repository.String() + "#" + s.creds }
@@ -259,14 +266,24 @@ func (b *Backend) Release(owner string) error { return b.cache.Release(owner) }
 
 // Owners lists the owners of views whose names start with prefix.
 func (b *Backend) Owners(prefix string) ([]string, error) {
+	refs, err := b.refs(prefix)
+	var out []string
+	for _, r := range refs {
+		out = append(out, r.Owner)
+	}
+	return out, err
+}
+
+// refs are the cache's holds on views whose owners' names start with prefix: the driver's volumes, or the pins.
+func (b *Backend) refs(prefix string) ([]cache.Ref, error) {
 	refs, err := b.cache.Refs()
 	if err != nil {
 		return nil, err
 	}
-	var out []string
+	var out []cache.Ref
 	for _, r := range refs {
 		if strings.HasPrefix(r.Owner, prefix) {
-			out = append(out, r.Owner)
+			out = append(out, r)
 		}
 	}
 	return out, nil
@@ -279,31 +296,6 @@ func (b *Backend) Stats() csidriver.Stats {
 		return csidriver.Stats{}
 	}
 	return csidriver.Stats{CacheBytes: u.Bytes, Views: u.Views, Refs: u.Refs}
-}
-
-func isIndex(mt string) bool {
-	return mt == ocispec.MediaTypeImageIndex || mt == "application/vnd.docker.distribution.manifest.list.v2+json"
-}
-
-// pickPlatform chooses the manifest of an index for "os/arch[/variant]", with the cache's chooser.
-func pickPlatform(ctx context.Context, repo *remote.Repository, desc ocispec.Descriptor, platform string) (ocispec.Descriptor, error) {
-	want, err := artifact.ParsePlatform(platform)
-	if err != nil {
-		return ocispec.Descriptor{}, fmt.Errorf("%w: %v", csidriver.ErrInvalidReference, err)
-	}
-	b, err := content.FetchAll(ctx, repo, desc)
-	if err != nil {
-		return ocispec.Descriptor{}, classify(err)
-	}
-	var idx ocispec.Index
-	if err := json.Unmarshal(b, &idx); err != nil {
-		return ocispec.Descriptor{}, fmt.Errorf("%w: index %s: %v", csidriver.ErrBadContent, desc.Digest, err)
-	}
-	m, err := artifact.ChoosePlatform(idx, want)
-	if err != nil {
-		return ocispec.Descriptor{}, classify(fmt.Errorf("index %s (node is %s/%s): %w", desc.Digest, runtime.GOOS, runtime.GOARCH, err))
-	}
-	return m, nil
 }
 
 // isBadContent reports hostile or corrupt content: the artifact is at fault, not the node or the registry's health.
@@ -323,19 +315,13 @@ func classify(err error) error {
 		return nil
 	}
 	var sentinel error
-	switch remote.Classify(err) {
+	switch cause := remote.Classify(err); cause {
 	case remote.ErrDigestMismatch, remote.ErrSizeMismatch, remote.ErrRedirectRefused:
 		sentinel = csidriver.ErrBadContent
-	case remote.ErrUnauthorized:
-		sentinel = csidriver.ErrUnauthorized
-	case remote.ErrForbidden:
-		sentinel = csidriver.ErrForbidden
-	case remote.ErrNotFound:
-		sentinel = csidriver.ErrNotFound
-	case remote.ErrUnavailable, remote.ErrTLS, remote.ErrNotOCI:
+	case remote.ErrTLS, remote.ErrNotOCI:
 		sentinel = csidriver.ErrUnavailable
-	case remote.ErrNoSpace:
-		sentinel = csidriver.ErrNoSpace
+	case csidriver.ErrUnauthorized, csidriver.ErrForbidden, csidriver.ErrNotFound, csidriver.ErrUnavailable, csidriver.ErrNoSpace:
+		sentinel = cause // internal/errdef's, which the transport and the driver share
 	}
 	switch {
 	case sentinel != nil:
@@ -343,17 +329,13 @@ func classify(err error) error {
 		sentinel = csidriver.ErrInvalidReference
 	case errors.Is(err, remote.ErrHostsConfig):
 		sentinel = csidriver.ErrUnavailable // the node's configuration: fixed there, then retried
-	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
-		sentinel = csidriver.ErrNoSpace
 	case isBadContent(err):
 		sentinel = csidriver.ErrBadContent
-	case errors.Is(err, cache.ErrTooLarge), errors.Is(err, cache.ErrUnsupported), errors.Is(err, archive.ErrLimit):
+	case errors.Is(err, cache.ErrTooLarge), errors.Is(err, archive.ErrLimit):
 		sentinel = csidriver.ErrUnsupported
-	case errors.Is(err, cache.ErrNotFound):
-		sentinel = csidriver.ErrNotFound
 	}
-	if sentinel == nil {
-		return err
+	if sentinel == nil || errors.Is(err, sentinel) {
+		return err // unknown, or already the driver's own (the driver, cache and transport share internal/errdef)
 	}
 	return fmt.Errorf("%w: %w", sentinel, err)
 }

@@ -1,4 +1,4 @@
-// Package errdef holds the causes every layer of modelpack reports (cas, cache, artifact/remote, csidriver), so
+// Package errdef holds the causes every layer of modelpack reports (cas, cache, artifact/remote, signing, csidriver), so
 // errors.Is gives one answer whichever layer wrapped an error. Each package re-exports the ones it returns.
 package errdef
 
@@ -26,4 +26,9 @@ var (
 	ErrTooLarge = errors.New("too large")
 	// ErrNoSpace: the disk is full.
 	ErrNoSpace = errors.New("no space left on device")
+	// ErrDenied: the node's trust policy refused the artifact (unsigned, or signed by no one it trusts).
+	ErrDenied = errors.New("denied by policy")
+	// ErrUnsupported: content the node cannot serve (a media type, manifest shape or digest algorithm it does not
+	// know): the content's fault, not the registry's or the node's.
+	ErrUnsupported = errors.New("unsupported")
 )

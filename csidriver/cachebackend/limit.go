@@ -1,4 +1,4 @@
-package prepull
+package cachebackend
 
 import (
 	"context"

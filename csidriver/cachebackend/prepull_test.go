@@ -1,4 +1,4 @@
-package prepull
+package cachebackend
 
 import (
 	"context"
@@ -13,9 +13,10 @@ import (
 
 	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/cache"
-	"github.com/modelpack/modelpack/csidriver/cachebackend"
+	"github.com/modelpack/modelpack/csidriver"
 	"github.com/modelpack/modelpack/internal/testenv"
 	"github.com/modelpack/modelpack/internal/testmodel"
+	"github.com/modelpack/modelpack/prepull"
 )
 
 // pushModel pushes a one-weight ModelPack artifact as repo:v1 and returns its manifest digest.
@@ -32,9 +33,9 @@ func (r *recordedImages) RecordImage(ref, platform string, dgst, manifest digest
 	return nil
 }
 
-// TestCacheBackend drives the real cache from a real registry: the verifier sees the digest reference a mount
+// TestPrepuller drives the real cache from a real registry: the verifier sees the digest reference a mount
 // would, the bandwidth cap holds, a pull is recorded for mounts, and pins are cache references named pin:<name>.
-func TestCacheBackend(t *testing.T) {
+func TestPrepuller(t *testing.T) {
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
 	weight := make([]byte, 1<<20)
 	rand.Read(weight)
@@ -46,15 +47,15 @@ func TestCacheBackend(t *testing.T) {
 	defer c.Close()
 	var checked []string
 	var recorded recordedImages
-	verify := cachebackend.VerifierFunc(func(_ context.Context, digestRef string) error {
+	verify := VerifierFunc(func(_ context.Context, digestRef string) error {
 		checked = append(checked, digestRef)
 		if digestRef == reg.Host+"/models/denied@"+dig.String() {
 			return errors.New("denied: no signature")
 		}
 		return nil
 	})
-	be := NewCacheBackend(c, cachebackend.Options{Remote: remote.Options{RegistryConfig: testenv.EmptyDockerConfig(t)},
-		PlainHTTPRegistries: []string{reg.Host}, Verifier: verify}, &recorded, 2<<20)
+	be := New(c, Options{Remote: remote.Options{RegistryConfig: testenv.EmptyDockerConfig(t)},
+		PlainHTTPRegistries: []string{reg.Host}, Verifier: verify}).Prepuller(&recorded, 2<<20)
 	ctx := context.Background()
 	ref := reg.Host + "/models/a:v1"
 
@@ -89,21 +90,21 @@ func TestCacheBackend(t *testing.T) {
 		t.Errorf("recorded %q, want %q", recorded, want)
 	}
 
-	if err := be.Pin(ctx, PinName("l", ref), manifest); err != nil {
+	if err := be.Pin(ctx, prepull.PinName("l", ref), manifest); err != nil {
 		t.Fatal(err)
 	}
 	pins, err := be.Pins(ctx)
-	if err != nil || pins[PinName("l", ref)] != dig || len(pins) != 1 {
+	if err != nil || pins[prepull.PinName("l", ref)] != dig || len(pins) != 1 {
 		t.Fatalf("Pins = %v, %v", pins, err)
 	}
 	es, err := be.Cache(ctx)
-	if err != nil || len(es) != 1 || es[0].Digest != dig || !es[0].Complete || !slices.Equal(es[0].Owners, []string{"pin:" + PinName("l", ref)}) {
+	if err != nil || len(es) != 1 || es[0].Digest != dig || !es[0].Complete || !slices.Equal(es[0].Owners, []string{"pin:" + prepull.PinName("l", ref)}) {
 		t.Fatalf("Cache = %+v, %v", es, err)
 	}
-	if err := be.Unpin(ctx, PinName("l", ref)); err != nil {
+	if err := be.Unpin(ctx, prepull.PinName("l", ref)); err != nil {
 		t.Fatal(err)
 	}
-	if err := be.Unpin(ctx, PinName("l", ref)); err != nil {
+	if err := be.Unpin(ctx, prepull.PinName("l", ref)); err != nil {
 		t.Errorf("unpinning twice: %v", err)
 	}
 	if pins, _ := be.Pins(ctx); len(pins) != 0 {
@@ -111,5 +112,9 @@ func TestCacheBackend(t *testing.T) {
 	}
 	if _, err := be.Resolve(ctx, reg.Host+"/models/missing:v1"); err == nil || !errors.Is(err, remote.ErrNotFound) {
 		t.Errorf("Resolve of a missing model = %v, want not found", err)
+	}
+	// Prepulls are classified as mounts are: the same causes, the same words.
+	if _, err := be.Resolve(ctx, "Not A Reference"); !errors.Is(err, csidriver.ErrInvalidReference) {
+		t.Errorf("Resolve of a bad reference = %v, want ErrInvalidReference", err)
 	}
 }
