@@ -85,7 +85,7 @@ func TestHostileArtifacts(t *testing.T) {
 			d := src.manifestDesc(b)
 			src.put(d.Digest, append(b, bytes.Repeat([]byte(" "), 5<<20)...))
 			return d
-		}, ErrSizeMismatch, "descriptor says"},
+		}, ErrSizeMismatch, "want"},
 		{"config-too-large", func(t *testing.T, src *memTarget) ocispec.Descriptor {
 			cfg := pushBlob(t, src, artifact.MediaTypeModelConfig, bytes.Repeat([]byte("{}"), 3<<20), nil)
 			w := pushBlob(t, src, artifact.LayerMediaType(artifact.KindWeight, artifact.FormatRaw), weights.Data, map[string]string{artifact.AnnotationFilepath: "w"})
