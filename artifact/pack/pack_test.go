@@ -682,7 +682,9 @@ func TestUnpackVerifiesDigests(t *testing.T) {
 
 type fetcherFunc func(ctx context.Context, d ocispec.Descriptor) (io.ReadCloser, error)
 
-func (f fetcherFunc) Fetch(ctx context.Context, d ocispec.Descriptor) (io.ReadCloser, error) { return f(ctx, d) }
+func (f fetcherFunc) Fetch(ctx context.Context, d ocispec.Descriptor) (io.ReadCloser, error) {
+	return f(ctx, d)
+}
 
 // A file that changes size while it is packed must fail the pack rather than be stored under a wrong descriptor.
 type shrinkSink struct {
