@@ -89,8 +89,8 @@ func (c *Cache) Pull(ctx context.Context, src oras.ReadOnlyTarget, desc ocispec.
 	if err := checkDescriptor(desc); err != nil {
 		return ocispec.Descriptor{}, err
 	}
-	if desc.Size > MaxManifestBytes {
-		return ocispec.Descriptor{}, fmt.Errorf("manifest %s is %d bytes: %w (limit %d)", desc.Digest, desc.Size, ErrTooLarge, MaxManifestBytes)
+	if err := artifact.CheckSize("manifest", desc); err != nil {
+		return ocispec.Descriptor{}, err
 	}
 	if m, ok := c.completeManifest(desc.Digest); ok {
 		c.m.pulls.WithLabelValues("cached").Inc()
@@ -299,8 +299,8 @@ func (c *Cache) pull(ctx context.Context, f *flight, src oras.ReadOnlyTarget, de
 		if err != nil {
 			return ocispec.Descriptor{}, fmt.Errorf("index %s: %w", desc.Digest, err)
 		}
-		if m.Size > MaxManifestBytes {
-			return ocispec.Descriptor{}, fmt.Errorf("manifest %s is %d bytes: %w (limit %d)", m.Digest, m.Size, ErrTooLarge, MaxManifestBytes)
+		if err := artifact.CheckSize("manifest", m); err != nil {
+			return ocispec.Descriptor{}, err
 		}
 		if m.MediaType == "" {
 			m.MediaType = ocispec.MediaTypeImageManifest
@@ -363,11 +363,11 @@ func (c *Cache) pull(ctx context.Context, f *flight, src oras.ReadOnlyTarget, de
 	return rec.Descriptor, nil
 }
 
-// fetchSmallOnce reads a manifest, index or config fully, refusing more than MaxManifestBytes and checking size and
-// digest.
+// fetchSmallOnce reads a manifest, index or config fully, refusing more than artifact.MaxManifestBytes and checking
+// size and digest.
 func (c *Cache) fetchSmallOnce(ctx context.Context, src oras.ReadOnlyTarget, desc ocispec.Descriptor, what string) ([]byte, error) {
-	if desc.Size > MaxManifestBytes {
-		return nil, fmt.Errorf("%s %s is %d bytes: %w (limit %d)", what, desc.Digest, desc.Size, ErrTooLarge, MaxManifestBytes)
+	if err := artifact.CheckSize(what, desc); err != nil {
+		return nil, err
 	}
 	if rc, err := c.blobs.Open(desc.Digest); err == nil {
 		// Already here (another manifest shares this config): no fetch; still bounded and verified by name.

@@ -83,16 +83,12 @@ type artifactInfo struct {
 func loadArtifact(ctx context.Context, store *layout.Store, ref string) (*artifactInfo, error) {
 	desc, m, err := store.Manifest(ctx, ref)
 	if err != nil {
-		if isIndex(desc.MediaType) {
+		if artifact.IsIndex(desc.MediaType) {
 			return &artifactInfo{Reference: ref, Descriptor: desc, Size: desc.Size}, nil // an index: no layers to show
 		}
 		return nil, err
 	}
 	return describeManifest(ctx, store, ref, desc, m), nil
-}
-
-func isIndex(mediaType string) bool {
-	return mediaType == ocispec.MediaTypeImageIndex || mediaType == "application/vnd.docker.distribution.manifest.list.v2+json"
 }
 
 // describeManifest is what list and inspect show of a manifest whose blobs src holds.
@@ -101,7 +97,7 @@ func describeManifest(ctx context.Context, src content.Fetcher, ref string, desc
 	for _, l := range m.Layers {
 		info.Size += l.Size
 	}
-	if m.Config.Size <= artifact.MaxManifestBytes {
+	if artifact.CheckSize("config", m.Config) == nil {
 		if cb, err := content.FetchAll(ctx, src, m.Config); err == nil && json.Valid(cb) {
 			info.Config = cb
 			if artifact.IsModelManifest(m.ArtifactType, m.Config.MediaType) {
@@ -131,7 +127,7 @@ func loadRemoteArtifact(ctx context.Context, ref registry.Reference, opts remote
 	if err != nil {
 		return nil, fmt.Errorf("manifest of %s: %w", ref, err)
 	}
-	if isIndex(desc.MediaType) {
+	if artifact.IsIndex(desc.MediaType) {
 		return &artifactInfo{Reference: ref.String(), Descriptor: desc, Size: desc.Size}, nil
 	}
 	var m ocispec.Manifest

@@ -140,8 +140,8 @@ func resolveManifest(ctx context.Context, src *Repository, reference string) (oc
 	if err != nil {
 		return desc, ocispec.Manifest{}, src.wrap("manifest "+reference, err)
 	}
-	switch desc.MediaType {
-	case ocispec.MediaTypeImageIndex, "application/vnd.docker.distribution.manifest.list.v2+json":
+	switch {
+	case artifact.IsIndex(desc.MediaType):
 		var idx ocispec.Index
 		if err := json.Unmarshal(b, &idx); err != nil {
 			return desc, ocispec.Manifest{}, src.wrap("index "+reference, err)
@@ -158,7 +158,7 @@ func resolveManifest(ctx context.Context, src *Repository, reference string) (oc
 			return desc, ocispec.Manifest{}, src.wrap("manifest "+child.Digest.String(), err)
 		}
 		desc = child
-	case ocispec.MediaTypeImageManifest, "application/vnd.docker.distribution.manifest.v2+json":
+	case artifact.IsManifest(desc.MediaType):
 	default:
 		return desc, ocispec.Manifest{}, src.wrap("manifest "+reference, fmt.Errorf("unsupported manifest media type %q", desc.MediaType))
 	}
@@ -174,8 +174,8 @@ const partialDir = ".modelpack-partial"
 
 func readManifest(rc io.ReadCloser, desc ocispec.Descriptor) ([]byte, error) {
 	defer rc.Close()
-	if desc.Size > artifact.MaxManifestBytes {
-		return nil, fmt.Errorf("manifest %s is %d bytes: %w (limit %d)", desc.Digest, desc.Size, artifact.ErrTooLarge, artifact.MaxManifestBytes)
+	if err := artifact.CheckSize("manifest", desc); err != nil {
+		return nil, err
 	}
 	b, err := content.ReadAll(rc, desc)
 	if err != nil {

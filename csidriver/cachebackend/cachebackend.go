@@ -212,7 +212,7 @@ func (b *Backend) Pull(ctx context.Context, ref string, dgst digest.Digest, plat
 	if err != nil {
 		return "", classify(err)
 	}
-	if platform != "" && isIndex(desc.MediaType) {
+	if platform != "" && artifact.IsIndex(desc.MediaType) {
 		if desc, err = pickPlatform(ctx, repo, desc, platform); err != nil {
 			return "", err
 		}
@@ -281,10 +281,6 @@ func (b *Backend) Stats() csidriver.Stats {
 	return csidriver.Stats{CacheBytes: u.Bytes, Views: u.Views, Refs: u.Refs}
 }
 
-func isIndex(mt string) bool {
-	return mt == ocispec.MediaTypeImageIndex || mt == "application/vnd.docker.distribution.manifest.list.v2+json"
-}
-
 // pickPlatform chooses the manifest of an index for "os/arch[/variant]", with the cache's chooser.
 func pickPlatform(ctx context.Context, repo *remote.Repository, desc ocispec.Descriptor, platform string) (ocispec.Descriptor, error) {
 	want, err := artifact.ParsePlatform(platform)
@@ -347,7 +343,7 @@ func classify(err error) error {
 		sentinel = csidriver.ErrNoSpace
 	case isBadContent(err):
 		sentinel = csidriver.ErrBadContent
-	case errors.Is(err, cache.ErrTooLarge), errors.Is(err, cache.ErrUnsupported), errors.Is(err, archive.ErrLimit):
+	case errors.Is(err, cache.ErrTooLarge), errors.Is(err, cache.ErrUnsupported):
 		sentinel = csidriver.ErrUnsupported
 	case errors.Is(err, cache.ErrNotFound):
 		sentinel = csidriver.ErrNotFound
