@@ -259,10 +259,10 @@ func (s *Store) ingest(ctx context.Context, d digest.Digest, size int64, open Op
 	// is kept so the next attempt resumes it.
 	defer f.Close()
 	v := NewVerifier(d, size)
-	offset, err := rehash(f, v, size)
-	if err != nil {
+	if err := v.Resume(f); err != nil {
 		return err
 	}
+	offset := v.Written()
 	resumed := offset
 	if offset == size && size > 0 {
 		// A crash after the last byte but before the commit: the partial may already be the blob, and asking the
@@ -363,26 +363,6 @@ func startOver(f *os.File, v *Verifier) error {
 	}
 	_, err := f.Seek(0, io.SeekStart)
 	return err
-}
-
-// rehash feeds the bytes already in a partial file into h and leaves f positioned after them. A partial longer
-// than the blob is discarded.
-func rehash(f *os.File, h io.Writer, size int64) (int64, error) {
-	fi, err := f.Stat()
-	if err != nil {
-		return 0, err
-	}
-	if fi.Size() > size {
-		if err := f.Truncate(0); err != nil {
-			return 0, err
-		}
-		return 0, nil
-	}
-	n, err := io.Copy(h, f)
-	if err != nil {
-		return 0, err
-	}
-	return n, nil
 }
 
 // Write commits a blob whose digest is not known in advance, hashing and writing it in one pass.

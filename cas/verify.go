@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"os"
 
 	digest "github.com/opencontainers/go-digest"
 )
@@ -53,6 +54,20 @@ func (v *Verifier) Check() error {
 		return fmt.Errorf("%w: the bytes hash to %s, want %s", ErrDigestMismatch, got, v.d)
 	}
 	return nil
+}
+
+// Resume feeds v the bytes a partial file (f, open at its start) already holds of the blob and leaves f positioned
+// after them, so a transfer can go on from there. A file longer than the blob is emptied.
+func (v *Verifier) Resume(f *os.File) error {
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if fi.Size() > v.size {
+		return f.Truncate(0)
+	}
+	_, err = io.CopyN(v, f, fi.Size())
+	return err
 }
 
 // Reader reads r through v. It never asks r for more than one byte past the declared size, fails with

@@ -310,13 +310,14 @@ func (f *fetcher) rawFile(ctx context.Context, l artifact.Layer) (_ []string, er
 			os.Remove(name)
 		}
 	}()
-	h, err := hashPrefix(tmp, l)
+	held := cas.NewVerifier(l.Digest, l.Size)
+	err = held.Resume(tmp)
 	if err == nil {
 		err = diskio.Preallocate(tmp, l.Size)
 	}
 	var v *verifiedStream
 	if err == nil {
-		v, err = f.openAt(ctx, l.Descriptor, h)
+		v, err = f.openAt(ctx, l.Descriptor, held)
 	}
 	if err == nil {
 		defer v.rr.Close()
@@ -376,27 +377,6 @@ func (f *fetcher) rawFile(ctx context.Context, l artifact.Layer) (_ []string, er
 
 // onlyWriter hides *os.File's ReadFrom so io.CopyBuffer uses our large buffer instead of the file's 32 KiB path.
 type onlyWriter struct{ io.Writer }
-
-// hashPrefix checks what a partial file holds of l and leaves it positioned after it; a file longer than the
-// layer is emptied.
-func hashPrefix(f *os.File, l artifact.Layer) (*cas.Verifier, error) {
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	v := cas.NewVerifier(l.Digest, l.Size)
-	held := fi.Size()
-	if held > l.Size {
-		if err := f.Truncate(0); err != nil {
-			return nil, err
-		}
-		held = 0
-	}
-	if _, err := io.CopyN(v, f, held); err != nil {
-		return nil, err
-	}
-	return v, nil
-}
 
 // fileMeta reads a raw layer's mode and mtime from its file-metadata annotation (current or legacy name).
 func fileMeta(ann map[string]string) (fs.FileMode, time.Time) {
