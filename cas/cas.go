@@ -7,6 +7,9 @@
 // re-hashes unmarked blobs after a restart of the machine (durable.go). Ingests of the same
 // digest are coalesced within a process (singleflight) and serialised across processes (a file lock), and a partial
 // ingest left by a crash or a dropped connection resumes where it stopped.
+//
+// Verifier (verify.go) is the project's one check of bytes against a descriptor's size and digest: the ingest uses
+// it, and so does every other reader of blobs (fetch, unpack, pack from the Hub, documents read into memory).
 package cas
 
 import (

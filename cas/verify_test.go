@@ -41,6 +41,12 @@ func TestVerifier(t *testing.T) {
 			}
 		})
 	}
+	// A digest nothing can match (hostile input) is a mismatch, not a panic.
+	for _, bad := range []digest.Digest{"sha999:00", "sha256:xyz", ""} {
+		if err := VerifyBytes(b, bad, int64(len(b))); !errors.Is(err, ErrDigestMismatch) {
+			t.Errorf("%q: %v, want a digest mismatch", bad, err)
+		}
+	}
 }
 
 type countReader struct {
