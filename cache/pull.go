@@ -372,7 +372,7 @@ func (c *Cache) fetchSmallOnce(ctx context.Context, src oras.ReadOnlyTarget, des
 	if rc, err := c.blobs.Open(desc.Digest); err == nil {
 		// Already here (another manifest shares this config): no fetch; still bounded and verified by name.
 		defer rc.Close()
-		if b, err := io.ReadAll(cas.NewVerifier(desc.Digest, desc.Size).Reader(rc)); err == nil {
+		if b, err := cas.ReadAll(rc, desc.Digest, desc.Size); err == nil {
 			return b, nil
 		}
 	}
@@ -381,7 +381,7 @@ func (c *Cache) fetchSmallOnce(ctx context.Context, src oras.ReadOnlyTarget, des
 		return nil, fmt.Errorf("fetch %s %s: %w", what, desc.Digest, err)
 	}
 	defer rc.Close()
-	b, err := io.ReadAll(cas.NewVerifier(desc.Digest, desc.Size).Reader(rc))
+	b, err := cas.ReadAll(rc, desc.Digest, desc.Size)
 	if err != nil {
 		return nil, fmt.Errorf("fetch %s %s: %w", what, desc.Digest, err)
 	}

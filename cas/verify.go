@@ -109,11 +109,10 @@ func (vr *verifyingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// VerifyBytes checks b, a whole blob held in memory, against digest d and size.
-func VerifyBytes(b []byte, d digest.Digest, size int64) error {
-	v := NewVerifier(d, size)
-	v.Write(b)
-	return v.Check()
+// ReadAll reads the whole blob d of size bytes from r into memory, checked. Callers bound size first (a manifest, a
+// config: artifact.CheckSize).
+func ReadAll(r io.Reader, d digest.Digest, size int64) ([]byte, error) {
+	return io.ReadAll(NewVerifier(d, size).Reader(r))
 }
 
 // hashedHook, if set (CountHashedForTesting), is told of every byte a Verifier hashes.

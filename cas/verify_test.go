@@ -36,14 +36,14 @@ func TestVerifier(t *testing.T) {
 			if src.n > c.size+1 {
 				t.Errorf("read %d bytes of a source declared %d", src.n, c.size)
 			}
-			if err := VerifyBytes(c.src, d, c.size); !errors.Is(err, c.want) {
+			if _, err := ReadAll(bytes.NewReader(c.src), d, c.size); !errors.Is(err, c.want) {
 				t.Errorf("bytes: %v, want %v", err, c.want)
 			}
 		})
 	}
 	// A digest nothing can match (hostile input) is a mismatch, not a panic.
 	for _, bad := range []digest.Digest{"sha999:00", "sha256:xyz", ""} {
-		if err := VerifyBytes(b, bad, int64(len(b))); !errors.Is(err, ErrDigestMismatch) {
+		if _, err := ReadAll(bytes.NewReader(b), bad, int64(len(b))); !errors.Is(err, ErrDigestMismatch) {
 			t.Errorf("%q: %v, want a digest mismatch", bad, err)
 		}
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/modelpack/modelpack/artifact/layout"
 	"github.com/modelpack/modelpack/artifact/pack"
 	"github.com/modelpack/modelpack/artifact/remote"
+	"github.com/modelpack/modelpack/cas"
 )
 
 func init() {
@@ -123,7 +124,7 @@ func loadRemoteArtifact(ctx context.Context, ref registry.Reference, opts remote
 		return nil, err
 	}
 	defer rc.Close()
-	b, err := content.ReadAll(rc, desc)
+	b, err := cas.ReadAll(rc, desc.Digest, desc.Size)
 	if err != nil {
 		return nil, fmt.Errorf("manifest of %s: %w", ref, err)
 	}

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path"
 	"path/filepath"
@@ -274,7 +273,7 @@ func readBlob(repo name.Repository, desc ocispec.Descriptor, c client) ([]byte, 
 		return nil, fmt.Errorf("blob %s: %w", desc.Digest, err)
 	}
 	defer rc.Close()
-	data, err := io.ReadAll(cas.NewVerifier(desc.Digest, desc.Size).Reader(rc))
+	data, err := cas.ReadAll(rc, desc.Digest, desc.Size)
 	if err != nil {
 		return nil, fmt.Errorf("blob %s: %w", desc.Digest, err)
 	}

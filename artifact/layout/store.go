@@ -464,7 +464,7 @@ func (s *Store) readManifest(desc ocispec.Descriptor) (*manifestish, error) {
 		return nil, err
 	}
 	defer rc.Close()
-	b, err := content.ReadAll(rc, desc)
+	b, err := cas.ReadAll(rc, desc.Digest, desc.Size)
 	if err != nil {
 		return nil, err
 	}

@@ -19,7 +19,6 @@ import (
 	"github.com/modelpack/modelpack/cas"
 	"github.com/modelpack/modelpack/internal/diskio"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"oras.land/oras-go/v2/content"
 )
 
 // FetchOptions tune Fetch.
@@ -177,7 +176,7 @@ func readManifest(rc io.ReadCloser, desc ocispec.Descriptor) ([]byte, error) {
 	if err := artifact.CheckSize("manifest", desc); err != nil {
 		return nil, err
 	}
-	b, err := content.ReadAll(rc, desc)
+	b, err := cas.ReadAll(rc, desc.Digest, desc.Size)
 	if err != nil {
 		return nil, err
 	}
