@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
 	"github.com/modelpack/modelpack/internal/errdef"
 )
 
@@ -30,12 +32,41 @@ const (
 // ErrTooLarge is a document over one of the limits above.
 var ErrTooLarge = errdef.ErrTooLarge
 
+// The Docker v2 names of a manifest and an index, read wherever OCI's are.
+const (
+	MediaTypeDockerManifest     = "application/vnd.docker.distribution.manifest.v2+json"
+	MediaTypeDockerManifestList = "application/vnd.docker.distribution.manifest.list.v2+json"
+)
+
+// IsIndex reports whether mediaType names an index: OCI's, or Docker's manifest list.
+func IsIndex(mediaType string) bool {
+	return mediaType == ocispec.MediaTypeImageIndex || mediaType == MediaTypeDockerManifestList
+}
+
+// IsManifest reports whether mediaType names an image manifest: OCI's, or Docker's v2.
+func IsManifest(mediaType string) bool {
+	return mediaType == ocispec.MediaTypeImageManifest || mediaType == MediaTypeDockerManifest
+}
+
+// CheckSize refuses a document whose descriptor declares more than MaxManifestBytes, before anything fetches it.
+// what names it in errors ("manifest", "config").
+func CheckSize(what string, d ocispec.Descriptor) error {
+	return checkDeclared(fmt.Sprintf("%s %s", what, d.Digest), d.Size)
+}
+
+func checkDeclared(what string, declared int64) error {
+	if declared > MaxManifestBytes {
+		return fmt.Errorf("%s is %d bytes: %w (limit %d)", what, declared, ErrTooLarge, MaxManifestBytes)
+	}
+	return nil
+}
+
 // ReadDocument reads a document of declared size (-1 when unknown) from r, refusing it before the read when the
 // declared size is over MaxManifestBytes and during the read when more arrives, then checks its shape with
 // CheckDocument. what names it in errors ("manifest sha256:…").
 func ReadDocument(r io.Reader, declared int64, what string) ([]byte, error) {
-	if declared > MaxManifestBytes {
-		return nil, fmt.Errorf("%s is %d bytes: %w (limit %d)", what, declared, ErrTooLarge, MaxManifestBytes)
+	if err := checkDeclared(what, declared); err != nil {
+		return nil, err
 	}
 	b, err := io.ReadAll(io.LimitReader(r, MaxManifestBytes+1))
 	if err != nil {

@@ -6,7 +6,32 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
+
+// One answer to "is this an index / a manifest" and "is this document too large to read", for OCI and Docker names.
+func TestDocumentKinds(t *testing.T) {
+	for mt, want := range map[string][2]bool{
+		ocispec.MediaTypeImageIndex:    {true, false},
+		MediaTypeDockerManifestList:    {true, false},
+		ocispec.MediaTypeImageManifest: {false, true},
+		MediaTypeDockerManifest:        {false, true},
+		MediaTypeModelConfig:           {false, false},
+		"":                             {false, false},
+	} {
+		if got := [2]bool{IsIndex(mt), IsManifest(mt)}; got != want {
+			t.Errorf("%q: IsIndex, IsManifest = %v, want %v", mt, got, want)
+		}
+	}
+	if err := CheckSize("manifest", ocispec.Descriptor{Size: MaxManifestBytes}); err != nil {
+		t.Errorf("at the limit: %v", err)
+	}
+	err := CheckSize("config", ocispec.Descriptor{Digest: "sha256:x", Size: MaxManifestBytes + 1})
+	if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "config sha256:x") || !strings.Contains(err.Error(), "limit") {
+		t.Errorf("over the limit: %v", err)
+	}
+}
 
 func TestCheckDocumentLimits(t *testing.T) {
 	layers := func(n int, entry string) string {

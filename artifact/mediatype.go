@@ -1,5 +1,7 @@
 // Package artifact knows the shapes of model artifacts: the CNCF ModelPack media types, annotations and config,
-// the formats other tools produce, and how to pack a directory into a ModelPack artifact.
+// the formats other tools produce, and how to pack a directory into a ModelPack artifact. It is the one home of
+// what every reader of documents asks (document.go): is this an index or a manifest (IsIndex, IsManifest), may it
+// be read into memory (CheckSize, ReadDocument, CheckDocument).
 package artifact
 
 import (

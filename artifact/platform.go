@@ -13,8 +13,6 @@ import (
 // ErrAmbiguousIndex: an index with several manifests and no platform on any to choose by.
 var ErrAmbiguousIndex = errors.New("index has no platforms to choose by")
 
-const dockerManifestType = "application/vnd.docker.distribution.manifest.v2+json"
-
 // ChoosePlatform picks the manifest of an index for platform want (an arm64 variant "" is "v8"). An index with no
 // platforms and one manifest (a model wrapped in an index by its packer) gives that manifest, whatever want is.
 // Nested indexes and foreign entries are not candidates. It is the one chooser of `fetch`, the node cache and the
@@ -24,7 +22,7 @@ func ChoosePlatform(ix ocispec.Index, want ocispec.Platform) (ocispec.Descriptor
 	var seen []string
 	best, bestScore := -1, 0
 	for i, m := range ix.Manifests {
-		if m.MediaType != "" && m.MediaType != ocispec.MediaTypeImageManifest && m.MediaType != dockerManifestType {
+		if m.MediaType != "" && !IsManifest(m.MediaType) {
 			continue
 		}
 		pl := m.Platform

@@ -33,7 +33,7 @@ var (
 	ErrNotFound = errdef.ErrNotFound
 	// ErrInUse: the content is referenced by a volume or pin, or is being pulled.
 	ErrInUse = errors.New("in use")
-	// ErrTooLarge: a manifest, index or config over artifact's document limits.
+	// ErrTooLarge: a manifest, index or config over artifact's document limits, or a layer over the archive limits.
 	ErrTooLarge = artifact.ErrTooLarge
 	// ErrUnsupported: a media type or manifest shape the cache cannot serve.
 	ErrUnsupported = errdef.ErrUnsupported
@@ -41,9 +41,6 @@ var (
 	ErrSizeMismatch   = cas.ErrSizeMismatch
 	ErrDigestMismatch = cas.ErrDigestMismatch
 )
-
-// MaxManifestBytes caps manifests, indexes and configs, which are read into memory (artifact's limit).
-const MaxManifestBytes = artifact.MaxManifestBytes
 
 // Options configure a Cache.
 type Options struct {

@@ -54,9 +54,9 @@
 // Selector{Kinds []artifact.Kind; Include []string} narrows a view to some layer kinds and to files matching
 // globs ("*.safetensors", "tokenizer/**"); the zero Selector is the whole artifact.
 //
-// Errors: ErrNotFound, ErrInUse, ErrTooLarge (manifest or config over artifact's document limits), ErrUnsupported (media types,
-// schema 1, escaping file paths), ErrSizeMismatch and ErrDigestMismatch (= cas's), and archive.ErrUnsafePath,
-// ErrLinkEscape, ErrSpecialFile, ErrLimit from layer extraction.
+// Errors: ErrNotFound, ErrInUse, ErrTooLarge (manifest or config over artifact's document limits, a layer over
+// archive.Limits), ErrUnsupported (media types, schema 1, escaping file paths), ErrSizeMismatch and
+// ErrDigestMismatch (= cas's), and archive.ErrUnsafePath, ErrLinkEscape, ErrSpecialFile from layer extraction.
 //
 // Crash safety: metadata is written in bbolt transactions; a view or layer directory appears under its final name
 // only by rename once complete; GC commits metadata before it deletes files. A SIGKILL at any point leaves a cache

@@ -14,11 +14,9 @@ import (
 
 // Manifest media types the cache reads.
 const (
-	mediaTypeDockerManifest     = "application/vnd.docker.distribution.manifest.v2+json"
-	mediaTypeDockerManifestList = "application/vnd.docker.distribution.manifest.list.v2+json"
-	mediaTypeDockerSchema1      = "application/vnd.docker.distribution.manifest.v1+json"
-	mediaTypeDockerSchema1Sig   = "application/vnd.docker.distribution.manifest.v1+prettyjws"
-	dockerImageConfig           = "application/vnd.docker.container.image.v1+json"
+	mediaTypeDockerSchema1    = "application/vnd.docker.distribution.manifest.v1+json"
+	mediaTypeDockerSchema1Sig = "application/vnd.docker.distribution.manifest.v1+prettyjws"
+	dockerImageConfig         = "application/vnd.docker.container.image.v1+json"
 )
 
 // maxLayers bounds a manifest's layer list; real images stay under 128 layers and models under a few thousand
@@ -32,15 +30,6 @@ type parsed struct {
 	index     *ocispec.Index
 	layers    []artifact.Layer
 	image     bool
-}
-
-// isIndexType reports whether a media type names an index (so fetches go to the manifests endpoint).
-func isIndexType(mt string) bool {
-	return mt == ocispec.MediaTypeImageIndex || mt == mediaTypeDockerManifestList
-}
-
-func isManifestType(mt string) bool {
-	return mt == ocispec.MediaTypeImageManifest || mt == mediaTypeDockerManifest
 }
 
 // parseManifest decodes the bytes of desc, an image/artifact manifest or an index (OCI or Docker v2), and checks
@@ -84,7 +73,7 @@ func parseManifest(desc ocispec.Descriptor, b []byte) (*parsed, error) {
 	}
 	p := &parsed{mediaType: mt}
 	switch {
-	case isIndexType(mt):
+	case artifact.IsIndex(mt):
 		var ix ocispec.Index
 		if err := json.Unmarshal(b, &ix); err != nil {
 			return nil, fmt.Errorf("index %s: %w", desc.Digest, err)
@@ -101,7 +90,7 @@ func parseManifest(desc ocispec.Descriptor, b []byte) (*parsed, error) {
 			}
 		}
 		p.index = &ix
-	case isManifestType(mt):
+	case artifact.IsManifest(mt):
 		var m ocispec.Manifest
 		if err := json.Unmarshal(b, &m); err != nil {
 			return nil, fmt.Errorf("manifest %s: %w", desc.Digest, err)
@@ -109,8 +98,8 @@ func parseManifest(desc ocispec.Descriptor, b []byte) (*parsed, error) {
 		if err := checkDescriptor(m.Config); err != nil {
 			return nil, fmt.Errorf("manifest %s: config: %w", desc.Digest, err)
 		}
-		if m.Config.Size > MaxManifestBytes {
-			return nil, fmt.Errorf("manifest %s: config %s is %d bytes: %w (limit %d)", desc.Digest, m.Config.Digest, m.Config.Size, ErrTooLarge, MaxManifestBytes)
+		if err := artifact.CheckSize("config", m.Config); err != nil {
+			return nil, fmt.Errorf("manifest %s: %w", desc.Digest, err)
 		}
 		if len(m.Layers) > maxLayers {
 			return nil, fmt.Errorf("manifest %s: %w: %d layers", desc.Digest, ErrTooLarge, len(m.Layers))

@@ -99,8 +99,8 @@ func (c *Cache) Pull(ctx context.Context, src oras.ReadOnlyTarget, desc ocispec.
 	if err := checkDescriptor(desc); err != nil {
 		return ocispec.Descriptor{}, err
 	}
-	if desc.Size > MaxManifestBytes {
-		return ocispec.Descriptor{}, fmt.Errorf("manifest %s is %d bytes: %w (limit %d)", desc.Digest, desc.Size, ErrTooLarge, MaxManifestBytes)
+	if err := artifact.CheckSize("manifest", desc); err != nil {
+		return ocispec.Descriptor{}, err
 	}
 	// For a named platform only a manifest pulled as itself counts: an index's record is the node's platform's.
 	if m, ok := c.completeManifest(desc.Digest); ok && (desc.Platform == nil || m.Digest == desc.Digest) {
@@ -149,7 +149,7 @@ func (c *Cache) Pull(ctx context.Context, src oras.ReadOnlyTarget, desc ocispec.
 // the index of src among its sources (-1 if the set was full) and the caller's subscription.
 func (c *Cache) joinFlight(desc ocispec.Descriptor, src oras.ReadOnlyTarget, progress func(Progress)) (*flight, int, int) {
 	key := flightKey{digest: desc.Digest}
-	if desc.Platform != nil && !isManifestType(desc.MediaType) {
+	if desc.Platform != nil && !artifact.IsManifest(desc.MediaType) {
 		key.platform = artifact.PlatformString(*desc.Platform)
 	}
 	c.mu.Lock()
@@ -318,8 +318,8 @@ func (c *Cache) pull(ctx context.Context, f *flight, src oras.ReadOnlyTarget, de
 		if err != nil {
 			return ocispec.Descriptor{}, fmt.Errorf("index %s: %w", desc.Digest, err)
 		}
-		if m.Size > MaxManifestBytes {
-			return ocispec.Descriptor{}, fmt.Errorf("manifest %s is %d bytes: %w (limit %d)", m.Digest, m.Size, ErrTooLarge, MaxManifestBytes)
+		if err := artifact.CheckSize("manifest", m); err != nil {
+			return ocispec.Descriptor{}, err
 		}
 		if m.MediaType == "" {
 			m.MediaType = ocispec.MediaTypeImageManifest
@@ -385,17 +385,16 @@ func (c *Cache) pull(ctx context.Context, f *flight, src oras.ReadOnlyTarget, de
 	return rec.Descriptor, nil
 }
 
-// fetchSmallOnce reads a manifest, index or config fully, refusing more than MaxManifestBytes and checking size and
-// digest.
+// fetchSmallOnce reads a manifest, index or config fully, refusing more than artifact.MaxManifestBytes and checking
+// size and digest.
 func (c *Cache) fetchSmallOnce(ctx context.Context, src oras.ReadOnlyTarget, desc ocispec.Descriptor, what string) ([]byte, error) {
-	if desc.Size > MaxManifestBytes {
-		return nil, fmt.Errorf("%s %s is %d bytes: %w (limit %d)", what, desc.Digest, desc.Size, ErrTooLarge, MaxManifestBytes)
+	if err := artifact.CheckSize(what, desc); err != nil {
+		return nil, err
 	}
 	if rc, err := c.blobs.Open(desc.Digest); err == nil {
 		// Already here (another manifest shares this config): no fetch; still bounded and verified by name.
 		defer rc.Close()
-		b, err := io.ReadAll(io.LimitReader(rc, MaxManifestBytes+1))
-		if err == nil && int64(len(b)) == desc.Size && digest.SHA256.FromBytes(b) == desc.Digest {
+		if b, err := cas.ReadAll(rc, desc.Digest, desc.Size); err == nil {
 			return b, nil
 		}
 	}
@@ -404,15 +403,9 @@ func (c *Cache) fetchSmallOnce(ctx context.Context, src oras.ReadOnlyTarget, des
 		return nil, fmt.Errorf("fetch %s %s: %w", what, desc.Digest, err)
 	}
 	defer rc.Close()
-	b, err := io.ReadAll(io.LimitReader(rc, desc.Size+1))
+	b, err := cas.ReadAll(rc, desc.Digest, desc.Size)
 	if err != nil {
 		return nil, fmt.Errorf("fetch %s %s: %w", what, desc.Digest, err)
-	}
-	if int64(len(b)) != desc.Size {
-		return nil, fmt.Errorf("%s %s: %w: got %d bytes, descriptor says %d", what, desc.Digest, ErrSizeMismatch, len(b), desc.Size)
-	}
-	if got := digest.SHA256.FromBytes(b); got != desc.Digest {
-		return nil, fmt.Errorf("%s %s: %w: the bytes hash to %s", what, desc.Digest, ErrDigestMismatch, got)
 	}
 	return b, nil
 }

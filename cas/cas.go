@@ -7,6 +7,9 @@
 // re-hashes unmarked blobs after a restart of the machine (durable.go). Ingests of the same
 // digest are coalesced within a process (singleflight) and serialised across processes (a file lock), and a partial
 // ingest left by a crash or a dropped connection resumes where it stopped.
+//
+// Verifier (verify.go) is the project's one check of bytes against a descriptor's size and digest: the ingest uses
+// it, and so does every other reader of blobs (fetch, unpack, pack from the Hub, documents read into memory).
 package cas
 
 import (
@@ -258,26 +261,22 @@ func (s *Store) ingest(ctx context.Context, d digest.Digest, size int64, open Op
 	// A partial that fails verification is removed below; one cut short (cancellation, a dropped connection)
 	// is kept so the next attempt resumes it.
 	defer f.Close()
-	h := d.Algorithm().Hash()
-	offset, err := rehash(f, h, size)
-	if err != nil {
+	v := NewVerifier(d, size)
+	if err := v.Resume(f); err != nil {
 		return err
 	}
+	offset := v.Written()
 	resumed := offset
 	if offset == size && size > 0 {
 		// A crash after the last byte but before the commit: the partial may already be the blob, and asking the
 		// source for a range starting at its end is an error (416).
-		if digest.NewDigest(d.Algorithm(), h) == d {
+		if v.Check() == nil {
 			committed = true
 			return s.commit(partial, d)
 		}
-		if err := f.Truncate(0); err != nil {
+		if err := startOver(f, v); err != nil {
 			return err
 		}
-		if _, err := f.Seek(0, io.SeekStart); err != nil {
-			return err
-		}
-		h.Reset()
 		offset = 0
 	}
 	// Reserving the blob's blocks before the first request: a disk that cannot hold it fails now, not after
@@ -299,13 +298,9 @@ func (s *Store) ingest(ctx context.Context, d digest.Digest, size int64, open Op
 		if start != 0 {
 			return fmt.Errorf("source of %s resumed at %d, want %d or 0", d, start, offset)
 		}
-		if err := f.Truncate(0); err != nil {
+		if err := startOver(f, v); err != nil {
 			return err
 		}
-		if _, err := f.Seek(0, io.SeekStart); err != nil {
-			return err
-		}
-		h.Reset()
 		offset = 0
 	}
 	// Read one byte more than expected so an oversized source is caught rather than truncated. The bytes go to the
@@ -313,7 +308,7 @@ func (s *Store) ingest(ctx context.Context, d digest.Digest, size int64, open Op
 	// I/O submission on the download's CPU (README, Performance); the flush is the flusher's.
 	buf := copyBuffers.Get().(*[]byte)
 	defer copyBuffers.Put(buf)
-	n, err := io.CopyBuffer(io.MultiWriter(h, f), io.LimitReader(ctxReader{ctx, rc}, size-offset+1), *buf)
+	_, err = io.CopyBuffer(io.MultiWriter(v, f), io.LimitReader(ctxReader{ctx, rc}, size-offset+1), *buf)
 	if err != nil {
 		if errors.Is(err, ErrDigestMismatch) {
 			// The source itself says its bytes are not the blob (it checks what it serves): nothing to resume.
@@ -326,22 +321,18 @@ func (s *Store) ingest(ctx context.Context, d digest.Digest, size int64, open Op
 		}
 		return fmt.Errorf("fetch %s: %w", d, err)
 	}
-	got := offset + n
-	if got != size {
-		if got > size {
-			os.Remove(partial)
-		}
+	if err := v.Check(); err != nil {
 		// A stream that ends cleanly short of size says the blob is shorter than its descriptor (a dropped
 		// connection is an error, above). The partial stays in case it was only cut off.
-		return fmt.Errorf("%s: %w: got %d bytes, want %d", d, ErrSizeMismatch, got, size)
-	}
-	if actual := digest.NewDigest(d.Algorithm(), h); actual != d {
-		os.Remove(partial)
-		if resumed > 0 && start == resumed {
-			// The kept part may be what broke the digest (a power loss can leave zeros where unflushed bytes were).
-			return fmt.Errorf("%w: want %s, got %s after resuming at %d: %w", ErrDigestMismatch, d, actual, resumed, errBadResume)
+		if errors.Is(err, ErrSizeMismatch) && v.Written() < size {
+			return fmt.Errorf("%s: %w", d, err)
 		}
-		return fmt.Errorf("%w: want %s, got %s; the bytes were dropped", ErrDigestMismatch, d, actual)
+		os.Remove(partial)
+		if errors.Is(err, ErrDigestMismatch) && resumed > 0 && start == resumed {
+			// The kept part may be what broke the digest (a power loss can leave zeros where unflushed bytes were).
+			return fmt.Errorf("%s: %w after resuming at %d: %w", d, err, resumed, errBadResume)
+		}
+		return fmt.Errorf("%s: %w; the bytes were dropped", d, err)
 	}
 	committed = true
 	return s.commit(partial, d)
@@ -367,24 +358,14 @@ func lockIngest(ctx context.Context, path string) (*flock.Flock, error) {
 	}
 }
 
-// rehash feeds the bytes already in a partial file into h and leaves f positioned after them. A partial longer
-// than the blob is discarded.
-func rehash(f *os.File, h io.Writer, size int64) (int64, error) {
-	fi, err := f.Stat()
-	if err != nil {
-		return 0, err
+// startOver empties a partial file whose bytes cannot be kept, and v with it.
+func startOver(f *os.File, v *Verifier) error {
+	v.Reset()
+	if err := f.Truncate(0); err != nil {
+		return err
 	}
-	if fi.Size() > size {
-		if err := f.Truncate(0); err != nil {
-			return 0, err
-		}
-		return 0, nil
-	}
-	n, err := io.Copy(h, f)
-	if err != nil {
-		return 0, err
-	}
-	return n, nil
+	_, err := f.Seek(0, io.SeekStart)
+	return err
 }
 
 // Write commits a blob whose digest is not known in advance, hashing and writing it in one pass.

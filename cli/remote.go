@@ -199,7 +199,7 @@ func isImageConfig(t string) bool {
 // fillArtifactType gives a manifest descriptor the artifactType of the manifest it names (or, as OCI 1.1 says
 // for manifests without one, its config's media type), reading the manifest from src.
 func fillArtifactType(ctx context.Context, src content.Fetcher, d *ocispec.Descriptor) {
-	if d.ArtifactType != "" || (d.MediaType != ocispec.MediaTypeImageManifest && d.MediaType != "application/vnd.docker.distribution.manifest.v2+json") || d.Size > artifact.MaxManifestBytes {
+	if d.ArtifactType != "" || !artifact.IsManifest(d.MediaType) || artifact.CheckSize("manifest", *d) != nil {
 		return
 	}
 	b, err := content.FetchAll(ctx, src, *d)

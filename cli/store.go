@@ -24,6 +24,7 @@ import (
 	"github.com/modelpack/modelpack/artifact/layout"
 	"github.com/modelpack/modelpack/artifact/pack"
 	"github.com/modelpack/modelpack/artifact/remote"
+	"github.com/modelpack/modelpack/cas"
 )
 
 // completeRefThenDir completes REF DIR: a stored reference, then a directory.
@@ -74,16 +75,12 @@ type artifactInfo struct {
 func loadArtifact(ctx context.Context, store *layout.Store, ref string) (*artifactInfo, error) {
 	desc, m, err := store.Manifest(ctx, ref)
 	if err != nil {
-		if isIndex(desc.MediaType) {
+		if artifact.IsIndex(desc.MediaType) {
 			return &artifactInfo{Reference: ref, Descriptor: desc, Size: desc.Size}, nil // an index: no layers to show
 		}
 		return nil, err
 	}
 	return describeManifest(ctx, store, ref, desc, m), nil
-}
-
-func isIndex(mediaType string) bool {
-	return mediaType == ocispec.MediaTypeImageIndex || mediaType == "application/vnd.docker.distribution.manifest.list.v2+json"
 }
 
 // describeManifest is what list and inspect show of a manifest whose blobs src holds.
@@ -92,7 +89,7 @@ func describeManifest(ctx context.Context, src content.Fetcher, ref string, desc
 	for _, l := range m.Layers {
 		info.Size += l.Size
 	}
-	if m.Config.Size <= artifact.MaxManifestBytes {
+	if artifact.CheckSize("config", m.Config) == nil {
 		if cb, err := content.FetchAll(ctx, src, m.Config); err == nil && json.Valid(cb) {
 			info.Config = cb
 			if artifact.IsModelManifest(m.ArtifactType, m.Config.MediaType) {
@@ -118,11 +115,11 @@ func loadRemoteArtifact(ctx context.Context, ref registry.Reference, opts remote
 		return nil, err
 	}
 	defer rc.Close()
-	b, err := content.ReadAll(rc, desc)
+	b, err := cas.ReadAll(rc, desc.Digest, desc.Size)
 	if err != nil {
 		return nil, fmt.Errorf("manifest of %s: %w", ref, err)
 	}
-	if isIndex(desc.MediaType) {
+	if artifact.IsIndex(desc.MediaType) {
 		return &artifactInfo{Reference: ref.String(), Descriptor: desc, Size: desc.Size}, nil
 	}
 	var m ocispec.Manifest

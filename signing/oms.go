@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path"
 	"path/filepath"
@@ -23,6 +22,7 @@ import (
 	ociremote "github.com/sigstore/cosign/v2/pkg/oci/remote"
 
 	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/cas"
 	"github.com/modelpack/modelpack/signing/oms"
 )
 
@@ -273,12 +273,9 @@ func readBlob(repo name.Repository, desc ocispec.Descriptor, c client) ([]byte, 
 		return nil, fmt.Errorf("blob %s: %w", desc.Digest, err)
 	}
 	defer rc.Close()
-	data, err := io.ReadAll(io.LimitReader(rc, maxSignatureBlob+1))
+	data, err := cas.ReadAll(rc, desc.Digest, desc.Size)
 	if err != nil {
 		return nil, fmt.Errorf("blob %s: %w", desc.Digest, err)
-	}
-	if digest.FromBytes(data) != desc.Digest {
-		return nil, fmt.Errorf("blob %s: content has digest %s", desc.Digest, digest.FromBytes(data))
 	}
 	return data, nil
 }

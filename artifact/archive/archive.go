@@ -32,8 +32,9 @@ var (
 	ErrLinkEscape = errors.New("link escapes the destination")
 	// ErrSpecialFile: a character or block device, a fifo, or another entry type that has no place in a model.
 	ErrSpecialFile = errors.New("special file refused")
-	// ErrLimit: the archive is larger, or has more entries, than Limits allow.
-	ErrLimit = errors.New("archive over limit")
+	// ErrTooLarge: the archive is larger, or has more entries, than Limits allow (the project's one cause for
+	// content over a limit, see internal/errdef).
+	ErrTooLarge = artifact.ErrTooLarge
 )
 
 // Limits cap what one archive may write. Zero fields take DefaultLimits' values. Sizes are apparent sizes: a sparse
@@ -93,9 +94,9 @@ func (l Limits) maxBytesFor(size int64) int64 {
 func (x *extractor) limitError(what string) error {
 	if x.maxBytes < x.opts.Limits.MaxBytes {
 		return fmt.Errorf("%w: %s past %d bytes, %g times the layer's declared %d bytes (the expansion ratio limit)",
-			ErrLimit, what, x.maxBytes, x.opts.Limits.MaxRatio, x.opts.Size)
+			ErrTooLarge, what, x.maxBytes, x.opts.Limits.MaxRatio, x.opts.Size)
 	}
-	return fmt.Errorf("%w: %s past %d bytes (the size limit)", ErrLimit, what, x.maxBytes)
+	return fmt.Errorf("%w: %s past %d bytes (the size limit)", ErrTooLarge, what, x.maxBytes)
 }
 
 // Options control an extraction.
@@ -195,7 +196,7 @@ type limitedReader struct {
 
 func (l *limitedReader) Read(p []byte) (int, error) {
 	if l.n < 0 {
-		return 0, ErrLimit
+		return 0, ErrTooLarge
 	}
 	if int64(len(p)) > l.n+1 {
 		p = p[:l.n+1]
@@ -203,7 +204,7 @@ func (l *limitedReader) Read(p []byte) (int, error) {
 	n, err := l.r.Read(p)
 	l.n -= int64(n)
 	if l.n < 0 {
-		return n, ErrLimit
+		return n, ErrTooLarge
 	}
 	return n, err
 }
@@ -240,7 +241,7 @@ func (x *extractor) run(tr *tar.Reader) error {
 			return fmt.Errorf("read tar: %w", err)
 		}
 		if x.stats.Entries++; x.stats.Entries > x.opts.Limits.MaxFiles {
-			return fmt.Errorf("%w: more than %d entries", ErrLimit, x.opts.Limits.MaxFiles)
+			return fmt.Errorf("%w: more than %d entries", ErrTooLarge, x.opts.Limits.MaxFiles)
 		}
 		if err := x.entry(hdr, tr); err != nil {
 			return err

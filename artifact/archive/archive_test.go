@@ -163,8 +163,8 @@ func TestHostile(t *testing.T) {
 		{"chardev", []entry{{name: "null", typ: tar.TypeChar, mode: 0o666}}, Options{}, ErrSpecialFile},
 		{"blockdev", []entry{{name: "sda", typ: tar.TypeBlock, mode: 0o660}}, Options{}, ErrSpecialFile},
 		{"fifo", []entry{{name: "pipe", typ: tar.TypeFifo, mode: 0o644}}, Options{}, ErrSpecialFile},
-		{"too-many-bytes", []entry{file("a", strings.Repeat("x", 600)), file("b", strings.Repeat("x", 600))}, Options{Limits: Limits{MaxBytes: 1000}}, ErrLimit},
-		{"too-many-files", []entry{file("a", ""), file("b", ""), file("c", "")}, Options{Limits: Limits{MaxFiles: 2}}, ErrLimit},
+		{"too-many-bytes", []entry{file("a", strings.Repeat("x", 600)), file("b", strings.Repeat("x", 600))}, Options{Limits: Limits{MaxBytes: 1000}}, ErrTooLarge},
+		{"too-many-files", []entry{file("a", ""), file("b", ""), file("c", "")}, Options{Limits: Limits{MaxFiles: 2}}, ErrTooLarge},
 		{"whiteout-dotdot", []entry{file(".wh...", "")}, Options{}, ErrUnsafePath},
 		// Each target stays inside on its own, but the kernel follows d (-> the destination) before the "..",
 		// so a/q/e resolves to the destination's parent.
@@ -202,8 +202,8 @@ func TestBombGzip(t *testing.T) {
 	gw.Close()
 	d := t.TempDir()
 	err := Extract(&buf, artifact.FormatTarGzip, d, Options{Limits: Limits{MaxBytes: 1 << 20}})
-	if !errors.Is(err, ErrLimit) {
-		t.Fatalf("err = %v, want ErrLimit", err)
+	if !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("err = %v, want ErrTooLarge", err)
 	}
 	if _, err := os.Stat(filepath.Join(d, "zeros")); err == nil {
 		t.Error("bomb file written")
@@ -369,8 +369,8 @@ func TestBombsStopAtTheExpansionRatio(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			d := t.TempDir()
 			err := Extract(bytes.NewReader(tc.b), tc.format, d, Options{Size: int64(len(tc.b))})
-			if !errors.Is(err, ErrLimit) || !strings.Contains(err.Error(), "expansion ratio") {
-				t.Fatalf("a %d-byte layer: %v, want ErrLimit by the expansion ratio", len(tc.b), err)
+			if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "expansion ratio") {
+				t.Fatalf("a %d-byte layer: %v, want ErrTooLarge by the expansion ratio", len(tc.b), err)
 			}
 			if _, err := os.Lstat(filepath.Join(d, tc.file)); err == nil {
 				t.Errorf("%s was written", tc.file)
@@ -380,8 +380,8 @@ func TestBombsStopAtTheExpansionRatio(t *testing.T) {
 	// The absolute cap applies whatever the ratio, and a small layer fits under the ratio's floor.
 	small := gzipped(4 << 20)
 	err := Extract(bytes.NewReader(small), artifact.FormatTarGzip, t.TempDir(), Options{Size: 1 << 30, Limits: Limits{MaxBytes: 1 << 20}})
-	if !errors.Is(err, ErrLimit) || !strings.Contains(err.Error(), "size limit") {
-		t.Fatalf("over MaxBytes: %v, want ErrLimit by the size limit", err)
+	if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "size limit") {
+		t.Fatalf("over MaxBytes: %v, want ErrTooLarge by the size limit", err)
 	}
 	if err := Extract(bytes.NewReader(small), artifact.FormatTarGzip, t.TempDir(), Options{Size: int64(len(small))}); err != nil {
 		t.Fatalf("a small compressible layer under the floor: %v", err)

@@ -434,13 +434,11 @@ func (s *Store) Manifest(ctx context.Context, reference string) (ocispec.Descrip
 	if err != nil {
 		return desc, ocispec.Manifest{}, err
 	}
-	switch desc.MediaType {
-	case ocispec.MediaTypeImageManifest, "application/vnd.docker.distribution.manifest.v2+json":
-	default:
+	if !artifact.IsManifest(desc.MediaType) {
 		return desc, ocispec.Manifest{}, fmt.Errorf("%s is a %s, not an image manifest", reference, desc.MediaType)
 	}
-	if desc.Size > artifact.MaxManifestBytes {
-		return desc, ocispec.Manifest{}, fmt.Errorf("manifest %s: %d bytes: %w (limit %d)", desc.Digest, desc.Size, artifact.ErrTooLarge, artifact.MaxManifestBytes)
+	if err := artifact.CheckSize("manifest", desc); err != nil {
+		return desc, ocispec.Manifest{}, err
 	}
 	b, err := content.FetchAll(ctx, s, desc)
 	if err != nil {
@@ -458,15 +456,15 @@ func (s *Store) Manifest(ctx context.Context, reference string) (ocispec.Descrip
 
 // readManifest fetches and decodes a manifest (or the fields an index shares with it).
 func (s *Store) readManifest(desc ocispec.Descriptor) (*manifestish, error) {
-	if desc.Size > artifact.MaxManifestBytes {
-		return nil, fmt.Errorf("manifest %s: %d bytes: %w (limit %d)", desc.Digest, desc.Size, artifact.ErrTooLarge, artifact.MaxManifestBytes)
+	if err := artifact.CheckSize("manifest", desc); err != nil {
+		return nil, err
 	}
 	rc, err := s.Fetch(context.Background(), desc)
 	if err != nil {
 		return nil, err
 	}
 	defer rc.Close()
-	b, err := content.ReadAll(rc, desc)
+	b, err := cas.ReadAll(rc, desc.Digest, desc.Size)
 	if err != nil {
 		return nil, err
 	}
@@ -500,12 +498,7 @@ func (m *manifestish) children() []ocispec.Descriptor {
 }
 
 func isManifest(mediaType string) bool {
-	switch mediaType {
-	case ocispec.MediaTypeImageManifest, ocispec.MediaTypeImageIndex,
-		"application/vnd.docker.distribution.manifest.v2+json", "application/vnd.docker.distribution.manifest.list.v2+json":
-		return true
-	}
-	return false
+	return artifact.IsManifest(mediaType) || artifact.IsIndex(mediaType)
 }
 
 // plain keeps the fields of a descriptor that identify content.

@@ -376,22 +376,11 @@ func (w *layerWriter) open() (io.ReadCloser, error) {
 	return pr, nil
 }
 
-// openAt reads a remote raw layer for a StatedSink from offset. From the first byte its digest is checked here
-// too; a resumed read is checked by the sink, which holds the bytes before offset.
+// openAt reads a remote raw layer for a StatedSink from offset, unchecked: the sink checks it (StatedSink).
 func (w *layerWriter) openAt(ctx context.Context, offset int64) (io.ReadCloser, int64, error) {
-	n := w.plan.nodes[0]
-	if offset == 0 {
-		rc, err := n.open(ctx, w.progress)
-		return rc, 0, err
-	}
-	rc, start, err := n.remote.Open(ctx, offset)
+	rc, start, err := w.plan.nodes[0].remote.Open(ctx, offset)
 	if err != nil {
 		return nil, 0, err
-	}
-	if start == 0 {
-		rc.Close()
-		rc, err := n.open(ctx, w.progress)
-		return rc, 0, err
 	}
 	return &countingReader{rc: rc, progress: w.progress}, start, nil
 }

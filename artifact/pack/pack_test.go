@@ -24,6 +24,7 @@ import (
 	"github.com/modelpack/modelpack/artifact/layout"
 	"github.com/modelpack/modelpack/artifact/pack"
 	"github.com/modelpack/modelpack/artifact/schema"
+	"github.com/modelpack/modelpack/cas"
 	"github.com/modelpack/modelpack/internal/testenv"
 	"github.com/modelpack/modelpack/internal/testmodel"
 )
@@ -652,12 +653,37 @@ func TestUnpackVerifiesDigests(t *testing.T) {
 	f.Close()
 	out := t.TempDir()
 	_, err = pack.Unpack(context.Background(), s, m, out, pack.UnpackOptions{})
-	if err == nil || !strings.Contains(err.Error(), "digest mismatch") {
+	if !errors.Is(err, cas.ErrDigestMismatch) {
 		t.Fatalf("got %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(out, l.Annotations[artifact.AnnotationFilepath])); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatal("corrupt file left under its final name")
 	}
+	// A source that sends more or fewer bytes than the descriptor says (the store refuses to; a source need not).
+	for _, tail := range []int{1, -1} {
+		grown := fetcherFunc(func(ctx context.Context, d ocispec.Descriptor) (io.ReadCloser, error) {
+			b, err := content.FetchAll(ctx, s, ocispec.Descriptor{Digest: d.Digest, Size: d.Size})
+			if err != nil {
+				return nil, err
+			}
+			if tail > 0 {
+				b = append(b, "more"...)
+			} else {
+				b = b[:len(b)-1]
+			}
+			return io.NopCloser(bytes.NewReader(b)), nil
+		})
+		m.Layers = m.Layers[1:]
+		if _, err := pack.Unpack(context.Background(), grown, m, t.TempDir(), pack.UnpackOptions{}); !errors.Is(err, cas.ErrSizeMismatch) {
+			t.Fatalf("unpack from a source %+d bytes off: %v, want a size mismatch", tail, err)
+		}
+	}
+}
+
+type fetcherFunc func(ctx context.Context, d ocispec.Descriptor) (io.ReadCloser, error)
+
+func (f fetcherFunc) Fetch(ctx context.Context, d ocispec.Descriptor) (io.ReadCloser, error) {
+	return f(ctx, d)
 }
 
 // A file that changes size while it is packed must fail the pack rather than be stored under a wrong descriptor.

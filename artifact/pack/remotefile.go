@@ -2,9 +2,7 @@ package pack
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"os"
 	"path"
@@ -14,7 +12,7 @@ import (
 	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/modelpack/modelpack/internal/errdef"
+	"github.com/modelpack/modelpack/cas"
 )
 
 // RemoteFile is a file of the model whose bytes are elsewhere (a file on the Hugging Face Hub) and are read only
@@ -30,7 +28,8 @@ type RemoteFile struct {
 }
 
 // StatedSink is implemented by sinks that can take a blob whose digest and size are known before it is read (desc
-// carries them): they skip one they hold, may resume one cut short, and refuse bytes that do not match.
+// carries them): they skip one they hold, may resume one cut short, and refuse bytes that do not match. The sink
+// owns that check (cas.Verifier): open's reader is not checked, so each byte is hashed once.
 type StatedSink interface {
 	AddStatedBlob(ctx context.Context, desc ocispec.Descriptor, open func(ctx context.Context, offset int64) (io.ReadCloser, int64, error)) (ocispec.Descriptor, error)
 }
@@ -95,7 +94,7 @@ func walkLess(a, b string) bool {
 }
 
 // open reads a node's bytes: a local file, checked against the size the walk saw, or a remote file from its
-// first byte, checked against its stated size and digest.
+// first byte, checked against its stated size and digest before the consumer can name them.
 func (n node) open(ctx context.Context, progress Progress) (io.ReadCloser, error) {
 	if n.remote == nil {
 		f, err := os.Open(n.src)
@@ -112,40 +111,5 @@ func (n node) open(ctx context.Context, progress Progress) (io.ReadCloser, error
 		rc.Close()
 		return nil, fmt.Errorf("source of %s started at byte %d, not 0", n.rel, start)
 	}
-	return &statedReader{rc: rc, f: n.remote, h: n.remote.Digest.Algorithm().Hash(), progress: progress}, nil
+	return readCloser{cas.NewVerifier(n.remote.Digest, n.remote.Size).Reader(&countingReader{rc: rc, progress: progress}), rc}, nil
 }
-
-// statedReader checks a remote file's bytes against what its source states and fails at the end, before the
-// consumer can name them, if they differ.
-type statedReader struct {
-	rc       io.ReadCloser
-	f        *RemoteFile
-	h        hash.Hash
-	n        int64
-	progress Progress
-}
-
-func (s *statedReader) Read(p []byte) (int, error) {
-	n, err := s.rc.Read(p)
-	if n > 0 {
-		s.h.Write(p[:n])
-		s.n += int64(n)
-		if s.progress != nil {
-			s.progress.Add(int64(n))
-		}
-	}
-	if s.n > s.f.Size {
-		return n, fmt.Errorf("%w: more than the %d bytes its source states", errdef.ErrSizeMismatch, s.f.Size)
-	}
-	if errors.Is(err, io.EOF) {
-		if s.n != s.f.Size {
-			return n, fmt.Errorf("%w: %d bytes, its source states %d", errdef.ErrSizeMismatch, s.n, s.f.Size)
-		}
-		if got := digest.NewDigest(s.f.Digest.Algorithm(), s.h); got != s.f.Digest {
-			return n, fmt.Errorf("%w: the bytes hash to %s, their source states %s; refused", errdef.ErrDigestMismatch, got, s.f.Digest)
-		}
-	}
-	return n, err
-}
-
-func (s *statedReader) Close() error { return s.rc.Close() }

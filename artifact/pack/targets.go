@@ -13,6 +13,7 @@ import (
 
 	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/artifact/archive"
+	"github.com/modelpack/modelpack/cas"
 )
 
 // ExistsError is the refusal to write over what a target directory already holds. It is returned before
@@ -147,9 +148,6 @@ func Identical(dir string, l artifact.Layer) bool {
 		return false
 	}
 	defer f.Close()
-	v := l.Digest.Verifier()
-	if _, err := io.Copy(v, f); err != nil {
-		return false
-	}
-	return v.Verified()
+	_, err = io.Copy(io.Discard, cas.NewVerifier(l.Digest, l.Size).Reader(f))
+	return err == nil
 }

@@ -3,7 +3,6 @@ package pack
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -14,13 +13,13 @@ import (
 	"sort"
 	"strings"
 
-	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
 	"oras.land/oras-go/v2/content"
 
 	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/artifact/archive"
+	"github.com/modelpack/modelpack/cas"
 )
 
 // ParseFilter maps an `unpack --filter` value to a layer kind (artifact.ParseFilter, the one list of names).
@@ -276,43 +275,19 @@ func unsafe(err error) error {
 	return err
 }
 
-// fetchVerified opens a blob whose reader fails at EOF unless the bytes match the descriptor's size and digest.
+// fetchVerified opens a blob whose reader fails at its end unless the bytes match the descriptor (cas.Verifier).
 func fetchVerified(ctx context.Context, src content.Fetcher, d ocispec.Descriptor, p Progress) (io.ReadCloser, error) {
 	rc, err := src.Fetch(ctx, d)
 	if err != nil {
 		return nil, err
 	}
-	return &verifyReader{rc: rc, r: io.LimitReader(rc, d.Size+1), v: d.Digest.Verifier(), d: d, p: p}, nil
+	return readCloser{cas.NewVerifier(d.Digest, d.Size).Reader(&countingReader{rc: rc, progress: p}), rc}, nil
 }
 
-type verifyReader struct {
-	rc io.ReadCloser
-	r  io.Reader
-	v  digest.Verifier
-	d  ocispec.Descriptor
-	n  int64
-	p  Progress
+type readCloser struct {
+	io.Reader
+	io.Closer
 }
-
-func (v *verifyReader) Read(b []byte) (int, error) {
-	n, err := v.r.Read(b)
-	v.v.Write(b[:n])
-	v.n += int64(n)
-	if v.p != nil && n > 0 {
-		v.p.Add(int64(n))
-	}
-	if errors.Is(err, io.EOF) {
-		if v.n != v.d.Size {
-			return n, fmt.Errorf("blob %s: size %d, descriptor says %d", v.d.Digest, v.n, v.d.Size)
-		}
-		if !v.v.Verified() {
-			return n, fmt.Errorf("blob %s: digest mismatch", v.d.Digest)
-		}
-	}
-	return n, err
-}
-
-func (v *verifyReader) Close() error { return v.rc.Close() }
 
 // fileMetadata reads the file metadata annotation, current or legacy.
 func fileMetadata(a map[string]string) (artifact.FileMetadata, bool) {

@@ -240,7 +240,7 @@ var cosignTagSuffixes = []string{".sig", ".att", ".sbom"}
 // its manifests.
 func copyCosignTags(ctx context.Context, src oras.ReadOnlyTarget, dst oras.Target, root ocispec.Descriptor, copyTag func(tag string) error) error {
 	subjects := []ocispec.Descriptor{root}
-	if root.MediaType == ocispec.MediaTypeImageIndex || root.MediaType == "application/vnd.docker.distribution.manifest.list.v2+json" {
+	if artifact.IsIndex(root.MediaType) {
 		succ, err := content.Successors(ctx, src, root)
 		if err != nil {
 			return err
@@ -303,8 +303,8 @@ func collectBlobs(ctx context.Context, src content.Fetcher, root ocispec.Descrip
 			}
 			return nil
 		}
-		if d.Size > artifact.MaxManifestBytes {
-			return fmt.Errorf("manifest %s is %d bytes: %w (limit %d)", d.Digest, d.Size, artifact.ErrTooLarge, artifact.MaxManifestBytes)
+		if err := artifact.CheckSize("manifest", d); err != nil {
+			return err
 		}
 		succ, err := content.Successors(ctx, src, d)
 		if err != nil {

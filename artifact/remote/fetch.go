@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"io/fs"
 	"os"
@@ -17,10 +16,9 @@ import (
 	"github.com/gofrs/flock"
 	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/artifact/archive"
+	"github.com/modelpack/modelpack/cas"
 	"github.com/modelpack/modelpack/internal/diskio"
-	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"oras.land/oras-go/v2/content"
 )
 
 // FetchOptions tune Fetch.
@@ -141,8 +139,8 @@ func resolveManifest(ctx context.Context, src *Repository, reference string) (oc
 	if err != nil {
 		return desc, ocispec.Manifest{}, src.wrap("manifest "+reference, err)
 	}
-	switch desc.MediaType {
-	case ocispec.MediaTypeImageIndex, "application/vnd.docker.distribution.manifest.list.v2+json":
+	switch {
+	case artifact.IsIndex(desc.MediaType):
 		var idx ocispec.Index
 		if err := json.Unmarshal(b, &idx); err != nil {
 			return desc, ocispec.Manifest{}, src.wrap("index "+reference, err)
@@ -159,7 +157,7 @@ func resolveManifest(ctx context.Context, src *Repository, reference string) (oc
 			return desc, ocispec.Manifest{}, src.wrap("manifest "+child.Digest.String(), err)
 		}
 		desc = child
-	case ocispec.MediaTypeImageManifest, "application/vnd.docker.distribution.manifest.v2+json":
+	case artifact.IsManifest(desc.MediaType):
 	default:
 		return desc, ocispec.Manifest{}, src.wrap("manifest "+reference, fmt.Errorf("unsupported manifest media type %q", desc.MediaType))
 	}
@@ -175,10 +173,10 @@ const partialDir = ".modelpack-partial"
 
 func readManifest(rc io.ReadCloser, desc ocispec.Descriptor) ([]byte, error) {
 	defer rc.Close()
-	if desc.Size > artifact.MaxManifestBytes {
-		return nil, fmt.Errorf("manifest %s is %d bytes: %w (limit %d)", desc.Digest, desc.Size, artifact.ErrTooLarge, artifact.MaxManifestBytes)
+	if err := artifact.CheckSize("manifest", desc); err != nil {
+		return nil, err
 	}
-	b, err := content.ReadAll(rc, desc)
+	b, err := cas.ReadAll(rc, desc.Digest, desc.Size)
 	if err != nil {
 		return nil, err
 	}
@@ -198,56 +196,37 @@ type fetcher struct {
 	claims   archive.Claims // the paths model layers write
 }
 
-// verifiedStream reads a layer through a hash. finish drains what the consumer left (tar padding after the end
-// marker) and checks size and digest.
+// verifiedStream reads a layer through cas's verifier: its end is an error unless size and digest match. finish
+// drains what the consumer left (tar padding after the end marker), so the check runs.
 type verifiedStream struct {
-	rr   *resumableReader
-	h    hash.Hash
-	n    int64
-	desc ocispec.Descriptor
-}
-
-func (v *verifiedStream) Read(p []byte) (int, error) {
-	n, err := v.rr.Read(p)
-	if n > 0 {
-		v.h.Write(p[:n])
-		v.n += int64(n)
-	}
-	return n, err
+	io.Reader
+	rr *resumableReader
 }
 
 func (v *verifiedStream) finish() error {
-	if _, err := io.Copy(io.Discard, v); err != nil {
-		return err
-	}
-	if v.n != v.desc.Size {
-		return fmt.Errorf("%w: got %d bytes, want %d", ErrDigestMismatch, v.n, v.desc.Size)
-	}
-	if actual := digest.NewDigest(v.desc.Digest.Algorithm(), v.h); actual != v.desc.Digest {
-		return fmt.Errorf("%w: want %s, got %s; the bytes were dropped", ErrDigestMismatch, v.desc.Digest, actual)
-	}
-	return nil
+	_, err := io.Copy(io.Discard, v)
+	return err
 }
 
 // open starts reading a layer through its hash.
 func (f *fetcher) open(ctx context.Context, desc ocispec.Descriptor) (*verifiedStream, error) {
-	return f.openAt(ctx, desc, nil, 0)
+	return f.openAt(ctx, desc, nil)
 }
 
-// openAt starts reading a layer at offset, h having hashed the offset bytes before it (a partial file's).
-func (f *fetcher) openAt(ctx context.Context, desc ocispec.Descriptor, h hash.Hash, offset int64) (*verifiedStream, error) {
+// openAt starts reading a layer where v, which has checked the bytes before it (a partial file's), stopped.
+func (f *fetcher) openAt(ctx context.Context, desc ocispec.Descriptor, v *cas.Verifier) (*verifiedStream, error) {
 	if err := desc.Digest.Validate(); err != nil {
 		return nil, err
 	}
-	if h == nil {
-		h, offset = desc.Digest.Algorithm().Hash(), 0
+	if v == nil {
+		v = cas.NewVerifier(desc.Digest, desc.Size)
 	}
-	m := f.t.meter(desc, offset)
-	rr := newResumableReader(ctx, desc, offset, f.src.openBlob, m.add, f.src.opts.Timeouts)
+	m := f.t.meter(desc, v.Written())
+	rr := newResumableReader(ctx, desc, v.Written(), f.src.openBlob, m.add, f.src.opts.Timeouts)
 	if err := rr.connect(); err != nil {
 		return nil, err
 	}
-	return &verifiedStream{rr: rr, h: h, n: offset, desc: desc}, nil
+	return &verifiedStream{Reader: v.Reader(rr), rr: rr}, nil
 }
 
 // layer writes one model layer and returns the paths it wrote.
@@ -330,13 +309,14 @@ func (f *fetcher) rawFile(ctx context.Context, l artifact.Layer) (_ []string, er
 			os.Remove(name)
 		}
 	}()
-	h, held, err := hashPrefix(tmp, l)
+	held := cas.NewVerifier(l.Digest, l.Size)
+	err = held.Resume(tmp)
 	if err == nil {
 		err = diskio.Preallocate(tmp, l.Size)
 	}
 	var v *verifiedStream
 	if err == nil {
-		v, err = f.openAt(ctx, l.Descriptor, h, held)
+		v, err = f.openAt(ctx, l.Descriptor, held)
 	}
 	if err == nil {
 		defer v.rr.Close()
@@ -396,27 +376,6 @@ func (f *fetcher) rawFile(ctx context.Context, l artifact.Layer) (_ []string, er
 
 // onlyWriter hides *os.File's ReadFrom so io.CopyBuffer uses our large buffer instead of the file's 32 KiB path.
 type onlyWriter struct{ io.Writer }
-
-// hashPrefix hashes what a partial file holds of l and leaves it positioned after it; a file longer than the
-// layer is emptied.
-func hashPrefix(f *os.File, l artifact.Layer) (hash.Hash, int64, error) {
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, 0, err
-	}
-	h := l.Digest.Algorithm().Hash()
-	held := fi.Size()
-	if held > l.Size {
-		if err := f.Truncate(0); err != nil {
-			return nil, 0, err
-		}
-		held = 0
-	}
-	if _, err := io.CopyN(h, f, held); err != nil {
-		return nil, 0, err
-	}
-	return h, held, nil
-}
 
 // fileMeta reads a raw layer's mode and mtime from its file-metadata annotation (current or legacy name).
 func fileMeta(ann map[string]string) (fs.FileMode, time.Time) {

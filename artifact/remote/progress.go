@@ -140,14 +140,7 @@ func descName(desc ocispec.Descriptor) string {
 
 // isManifest reports whether desc is a manifest or index (which oras-go copies itself) rather than a blob.
 func isManifest(desc ocispec.Descriptor) bool {
-	switch desc.MediaType {
-	case ocispec.MediaTypeImageManifest, ocispec.MediaTypeImageIndex,
-		"application/vnd.docker.distribution.manifest.v2+json",
-		"application/vnd.docker.distribution.manifest.list.v2+json",
-		"application/vnd.oci.artifact.manifest.v1+json":
-		return true
-	}
-	return false
+	return artifact.IsManifest(desc.MediaType) || artifact.IsIndex(desc.MediaType) || desc.MediaType == "application/vnd.oci.artifact.manifest.v1+json"
 }
 
 // seek restarts the count of a resumed upload at offset, the bytes the registry already holds.

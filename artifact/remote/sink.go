@@ -10,6 +10,8 @@ import (
 	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/registry"
+
+	"github.com/modelpack/modelpack/cas"
 )
 
 // Sink receives a pack straight into a registry (`pack --push`), with no local copy: each blob is read once to
@@ -40,17 +42,25 @@ func (s *Sink) AddBlob(ctx context.Context, desc ocispec.Descriptor, open func()
 
 // AddStatedBlob uploads a blob whose digest and size are known before it is read (a file the Hugging Face Hub
 // states the sha256 of): it is read once, straight from its source into the upload, and not at all if the
-// registry has it. open's reader must fail rather than end on bytes that do not match desc (the registry checks
-// the digest as well).
+// registry has it. The upload fails rather than end on bytes that do not match desc (cas.Verifier; the registry
+// checks the digest as well).
 func (s *Sink) AddStatedBlob(ctx context.Context, desc ocispec.Descriptor, open func(ctx context.Context, offset int64) (io.ReadCloser, int64, error)) (ocispec.Descriptor, error) {
 	return s.upload(ctx, desc, func(ctx context.Context) (io.ReadCloser, error) {
 		rc, start, err := open(ctx, 0)
-		if err == nil && start != 0 {
-			rc.Close()
-			err = fmt.Errorf("source of %s started at byte %d, not 0", desc.Digest, start)
+		if err != nil {
+			return nil, err
 		}
-		return rc, err
+		if start != 0 {
+			rc.Close()
+			return nil, fmt.Errorf("source of %s started at byte %d, not 0", desc.Digest, start)
+		}
+		return verifiedBody{cas.NewVerifier(desc.Digest, desc.Size).Reader(rc), rc}, nil
 	})
+}
+
+type verifiedBody struct {
+	io.Reader
+	io.Closer
 }
 
 // upload sends desc's bytes from open unless the registry already has them.

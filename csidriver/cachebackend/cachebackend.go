@@ -331,7 +331,7 @@ func classify(err error) error {
 		sentinel = csidriver.ErrUnavailable // the node's configuration: fixed there, then retried
 	case isBadContent(err):
 		sentinel = csidriver.ErrBadContent
-	case errors.Is(err, cache.ErrTooLarge), errors.Is(err, archive.ErrLimit):
+	case errors.Is(err, cache.ErrTooLarge):
 		sentinel = csidriver.ErrUnsupported
 	}
 	if sentinel == nil || errors.Is(err, sentinel) {

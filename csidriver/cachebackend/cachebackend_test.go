@@ -45,7 +45,7 @@ func TestClassifyMapsCausesToDriverErrors(t *testing.T) {
 		{fmt.Errorf("layer: %w", cache.ErrDigestMismatch), csidriver.ErrBadContent},
 		{fmt.Errorf("layer: %w", cache.ErrSizeMismatch), csidriver.ErrBadContent},
 		{&remote.Error{Kind: remote.ErrSizeMismatch, Err: errors.New("GET: size mismatch")}, csidriver.ErrBadContent},
-		{fmt.Errorf("extract layer: %w", archive.ErrLimit), csidriver.ErrUnsupported},
+		{fmt.Errorf("extract layer: %w", archive.ErrTooLarge), csidriver.ErrUnsupported},
 	} {
 		got := classify(tc.err)
 		if !errors.Is(got, tc.want) {

@@ -21,8 +21,9 @@ var (
 	ErrForbidden = errors.New("access denied")
 	// ErrUnavailable: the registry cannot be reached, stalls or fails on its side.
 	ErrUnavailable = errors.New("registry unavailable")
-	// ErrTooLarge: a document (manifest, index, referrers list, signature manifest, config) over the limits of
-	// artifact.MaxManifestBytes and its siblings: the content's fault.
+	// ErrTooLarge: content over the limits modelpack reads it within: a document (manifest, index, referrers list,
+	// signature manifest, config) over artifact.MaxManifestBytes and its siblings, or an archive over
+	// archive.Limits. The content's fault.
 	ErrTooLarge = errors.New("too large")
 	// ErrNoSpace: the disk is full.
 	ErrNoSpace = errors.New("no space left on device")
