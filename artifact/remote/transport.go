@@ -96,16 +96,23 @@ func (t *originTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return t.base.RoundTrip(req)
 	}
-	ctx := req.Context()
-	if repo, _, _, ok := parseReadPath(req.URL.Path); ok {
-		ctx = auth.AppendRepositoryScope(ctx, registry.Reference{Registry: t.ep.host, Repository: repo}, auth.ActionPull)
-	}
-	r := req.Clone(ctx)
-	r.URL.Scheme, r.URL.Host, r.Host = t.ep.scheme, t.ep.host, ""
+	r := retarget(req, t.ep)
 	if r.Header.Get("Authorization") != "" || isPing(r) {
 		return t.base.RoundTrip(r)
 	}
 	return requestClient(req, t.client, t.cred).Do(r)
+}
+
+// retarget is req for endpoint ep, in its scheme, with the pull scope of the repository it reads, which oras-go's
+// auth client asks a token for.
+func retarget(req *http.Request, ep endpoint) *http.Request {
+	ctx := req.Context()
+	if repo, _, _, ok := parseReadPath(req.URL.Path); ok {
+		ctx = auth.AppendRepositoryScope(ctx, registry.Reference{Registry: ep.host, Repository: repo}, auth.ActionPull)
+	}
+	r := req.Clone(ctx)
+	r.URL.Scheme, r.URL.Host, r.Host = ep.scheme, ep.host, ""
+	return r
 }
 
 func isPing(req *http.Request) bool { return req.URL.Path == "/v2/" || req.URL.Path == "/v2" }
@@ -178,7 +185,7 @@ func (t *mirrorTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if (err == nil && resp.StatusCode < http.StatusInternalServerError) || req.Context().Err() != nil {
 			return resp, err
 		}
-		if m, ok := t.firstMirror(req, func(endpoint) bool { return true }, ""); ok {
+		if m, ok := t.firstMirror(req, func(endpoint) bool { return true }); ok {
 			if resp != nil {
 				discard(resp)
 			}
@@ -186,11 +193,11 @@ func (t *mirrorTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return resp, err
 	}
-	repo, _, ref, ok := parseReadPath(req.URL.Path)
+	_, _, ref, ok := parseReadPath(req.URL.Path)
 	if !ok {
 		return t.origin.RoundTrip(req)
 	}
-	if resp, ok := t.firstMirror(req, func(ep endpoint) bool { return ep.serves(ref) }, repo); ok {
+	if resp, ok := t.firstMirror(req, func(ep endpoint) bool { return ep.serves(ref) }); ok {
 		return resp, nil
 	}
 	if req.Context().Err() != nil {
@@ -200,17 +207,12 @@ func (t *mirrorTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // firstMirror returns the first 2xx answer of a mirror that can serve req.
-func (t *mirrorTransport) firstMirror(req *http.Request, can func(endpoint) bool, repo string) (*http.Response, bool) {
+func (t *mirrorTransport) firstMirror(req *http.Request, can func(endpoint) bool) (*http.Response, bool) {
 	for _, m := range t.mirrors {
 		if !can(m.ep) {
 			continue
 		}
-		ctx := req.Context()
-		if repo != "" {
-			ctx = auth.AppendRepositoryScope(ctx, registry.Reference{Registry: m.ep.host, Repository: repo}, auth.ActionPull)
-		}
-		r := req.Clone(ctx)
-		r.URL.Scheme, r.URL.Host, r.Host = m.ep.scheme, m.ep.host, ""
+		r := retarget(req, m.ep)
 		r.Header.Del("Authorization") // the origin's
 		resp, err := requestClient(req, m.client, t.cred).Do(r)
 		if err == nil && resp.StatusCode/100 == 2 {
