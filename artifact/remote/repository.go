@@ -105,9 +105,10 @@ func (r *Repository) readers(reference string) []*endpointRepo {
 	return out
 }
 
-// firstOf runs fn on each endpoint in turn until one succeeds. The origin's error is the one returned, since a
-// mirror's failure is expected (a cache miss) and only the origin's answer is authoritative.
-func firstOf[T any](ctx context.Context, eps []*endpointRepo, fn func(*endpointRepo) (T, error)) (T, error) {
+// firstOf runs fn on each endpoint in turn, mirrors first, until one succeeds: the one fallback of reads, for
+// Repository's endpoints and mirrorTransport's. The last error, the origin's, is the one returned, since a mirror's
+// failure is expected (a cache miss) and only the origin's answer is authoritative.
+func firstOf[E, T any](ctx context.Context, eps []E, fn func(E) (T, error)) (T, error) {
 	var zero T
 	var last error = errNoEndpoint
 	for _, ep := range eps {

@@ -128,7 +128,7 @@ func isPing(req *http.Request) bool { return req.URL.Path == "/v2/" || req.URL.P
 // host: the request's (WithCredential), then Options'.
 type mirrorTransport struct {
 	host    string // the registry as clients name it
-	mirrors []mirrorClient
+	mirrors []*mirrorClient
 	origin  http.RoundTripper
 	cred    auth.CredentialFunc // Options'
 }
@@ -171,7 +171,7 @@ func newMirrorTransport(opts Options, host string, mirrors []endpoint, origin ht
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", ep.host, err)
 		}
-		t.mirrors = append(t.mirrors, mirrorClient{ep: ep, client: authClient(hc, cred, cache, opts.UserAgent)})
+		t.mirrors = append(t.mirrors, &mirrorClient{ep: ep, client: authClient(hc, cred, cache, opts.UserAgent)})
 	}
 	return t, nil
 }
@@ -185,7 +185,7 @@ func (t *mirrorTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if (err == nil && resp.StatusCode < http.StatusInternalServerError) || req.Context().Err() != nil {
 			return resp, err
 		}
-		if m, ok := t.firstMirror(req, func(endpoint) bool { return true }); ok {
+		if m, merr := firstOf(req.Context(), t.mirrors, t.ask(req)); merr == nil {
 			if resp != nil {
 				discard(resp)
 			}
@@ -197,35 +197,37 @@ func (t *mirrorTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if !ok {
 		return t.origin.RoundTrip(req)
 	}
-	if resp, ok := t.firstMirror(req, func(ep endpoint) bool { return ep.serves(ref) }); ok {
-		return resp, nil
+	var hops []*mirrorClient
+	for _, m := range t.mirrors {
+		if m.ep.serves(ref) {
+			hops = append(hops, m)
+		}
 	}
-	if req.Context().Err() != nil {
-		return nil, req.Context().Err()
-	}
-	return t.origin.RoundTrip(req)
+	// The origin comes last (nil), and its answer, whatever it is, is the answer, as in Repository's reads.
+	ask := t.ask(req)
+	return firstOf(req.Context(), append(hops, nil), func(m *mirrorClient) (*http.Response, error) {
+		if m == nil {
+			return t.origin.RoundTrip(req)
+		}
+		return ask(m)
+	})
 }
 
-// firstMirror returns the first 2xx answer of a mirror that can serve req.
-func (t *mirrorTransport) firstMirror(req *http.Request, can func(endpoint) bool) (*http.Response, bool) {
-	for _, m := range t.mirrors {
-		if !can(m.ep) {
-			continue
-		}
+// ask returns the function sending req to a mirror, which serves it with a 2xx answer or not at all.
+func (t *mirrorTransport) ask(req *http.Request) func(*mirrorClient) (*http.Response, error) {
+	return func(m *mirrorClient) (*http.Response, error) {
 		r := retarget(req, m.ep)
 		r.Header.Del("Authorization") // the origin's
 		resp, err := requestClient(req, m.client, t.cred).Do(r)
-		if err == nil && resp.StatusCode/100 == 2 {
-			return resp, true
+		if err != nil {
+			return nil, err
 		}
-		if err == nil {
+		if resp.StatusCode/100 != 2 {
 			discard(resp)
+			return nil, fmt.Errorf("mirror %s: %s", m.ep.host, resp.Status)
 		}
-		if req.Context().Err() != nil {
-			return nil, false
-		}
+		return resp, nil
 	}
-	return nil, false
 }
 
 // parseReadPath splits /v2/<repository>/{manifests,blobs}/<reference>.
