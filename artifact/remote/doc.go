@@ -9,8 +9,9 @@
 //     hosts.toml URL in http://, and never falls back from https;
 //   - credentials: a request's own (WithCredential, a volume's pull secret), then Options.Credential, then the
 //     docker config and its helpers (credentialFunc, Transports.Credential);
-//   - mirror fallback: Repository's reads for oras-go, and Transports' RoundTripper for clients that speak the
-//     registry protocol themselves (signing's cosign adapter, through go-containerregistry).
+//   - mirror fallback, written once (firstOf): Repository's reads for oras-go, and Transports' RoundTripper
+//     (mirrorTransport) for clients that speak the registry protocol themselves (signing's cosign adapter,
+//     through go-containerregistry).
 //
 // It is built on oras-go: the registry protocol, token dance, referrers API (with the referrers-tag fallback) and
 // credential helpers are oras-go's; this package adds what a model transport needs on top of them: mirrors with
