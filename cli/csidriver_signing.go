@@ -27,13 +27,13 @@ func signingExtension() csiDriverExtension {
 			if err != nil {
 				return err
 			}
-			reg, err := signingRegistryOptions(env.Remote)
+			// Signatures travel the model's transport: its TLS settings, hosts.toml and plain-HTTP list.
+			o := env.Remote
+			o.PlainHTTPHosts = env.PlainHTTPRegistries
+			reg, err := remote.NewTransports(o)
 			if err != nil {
 				return err
 			}
-			reg.PlainHTTPHosts = env.PlainHTTPRegistries
-			// Signatures travel the model's transport: its TLS settings, hosts.toml and plain-HTTP list.
-			reg.TransportFor = remote.TransportsFor(env.Remote, env.PlainHTTPRegistries)
 			v := signing.NewVerifier(p, reg)
 			v.Log = env.Logger
 			env.Driver.Collectors = append(env.Driver.Collectors, v.Collector())

@@ -8,33 +8,10 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"oras.land/oras-go/v2/registry/remote/auth"
-	"oras.land/oras-go/v2/registry/remote/credentials"
 
 	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/signing"
 )
-
-// signingRegistryOptions reaches registries for signing as the transport options o do: same TLS settings and the
-// same docker config and credential helpers. push --sign and pack --push --sign pass their remote.Options here.
-func signingRegistryOptions(o remote.Options) (signing.RegistryOptions, error) {
-	store, err := remote.NewCredentialStore(o.RegistryConfig)
-	if err != nil {
-		return signing.RegistryOptions{}, fmt.Errorf("registry config: %w", err)
-	}
-	creds := credentials.Credential(store)
-	if o.Credential != nil {
-		explicit := o.Credential
-		creds = func(ctx context.Context, host string) (c auth.Credential, err error) {
-			if c, err = explicit(ctx, host); err != nil || c != auth.EmptyCredential {
-				return c, err
-			}
-			return credentials.Credential(store)(ctx, host)
-		}
-	}
-	return signing.RegistryOptions{PlainHTTP: o.PlainHTTP, Insecure: o.Insecure, CAFile: o.CAFile, Credentials: creds,
-		TransportFor: remote.TransportsFor(o, nil)}, nil
-}
 
 // signFlags are what signing needs beyond the registry: the key and the signed annotations. push and pack --push
 // add them with addSignFlags as --sign KEY and --sign-annotation.
@@ -43,7 +20,7 @@ type signFlags struct {
 	annotations []string
 }
 
-func (s *signFlags) signOptions(reg signing.RegistryOptions) (signing.SignOptions, error) {
+func (s *signFlags) signOptions(reg *remote.Transports) (signing.SignOptions, error) {
 	ann := map[string]string{}
 	for _, a := range s.annotations {
 		k, v, ok := strings.Cut(a, "=")
@@ -83,7 +60,7 @@ func (s *signFlags) signPushed(ctx context.Context, digestRef string, o remote.O
 	if s.key == "" {
 		return nil, nil
 	}
-	reg, err := signingRegistryOptions(o)
+	reg, err := remote.NewTransports(o)
 	if err != nil {
 		return nil, err
 	}
@@ -160,7 +137,7 @@ model directory instead and writes DIR/model.sig, which modelpack pack then carr
 			if _, err := registryRef(args[0]); err != nil {
 				return err
 			}
-			ro, err := signingRegistryOptions(rf.options())
+			ro, err := remote.NewTransports(rf.options())
 			if err != nil {
 				return err
 			}

@@ -150,7 +150,7 @@ be listed; the check reads the manifest and the signature only (raw layers are n
 			if err != nil {
 				return err
 			}
-			ro, err := signingRegistryOptions(o)
+			ro, err := remote.NewTransports(o)
 			if err != nil {
 				return err
 			}

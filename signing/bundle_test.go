@@ -3,7 +3,6 @@ package signing
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"strings"
 	"testing"
 
@@ -54,7 +53,7 @@ func attachKeylessBundle(t *testing.T, target, subject string, ca *signingtest.C
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := RegistryOptions{}.client(context.Background(), http.DefaultTransport, "")
+	c := writeClient(context.Background(), plainTransports(t), td.String())
 	if err := ociremote.WriteAttestationNewBundleFormat(td, b, predicate, c.oci...); err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +73,7 @@ func TestVerifyKeylessBundle(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return NewVerifier(p, RegistryOptions{})
+		return NewVerifier(p, plainTransports(t))
 	}
 	ctx := context.Background()
 	ref, _ := pushModel(t, host, "models/bundle", "v1", "bundle")
@@ -106,7 +105,7 @@ func TestVerifyKeylessBundle(t *testing.T) {
 	t.Run("unrelated referrers are ignored", func(t *testing.T) {
 		m, _ := pushModel(t, host, "models/bundle", "v4", "sbom")
 		d, _ := name.NewDigest(m)
-		c := RegistryOptions{}.client(ctx, http.DefaultTransport, "")
+		c := writeClient(ctx, plainTransports(t), d.String())
 		if err := ociremote.WriteReferrer(d, "application/spdx+json", nil, map[string]string{"k": "v"}, c.oci...); err != nil {
 			t.Fatal(err)
 		}

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/opencontainers/go-digest"
@@ -29,6 +30,7 @@ import (
 	"oras.land/oras-go/v2/registry/remote"
 	"oras.land/oras-go/v2/registry/remote/auth"
 
+	mpremote "github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/internal/testenv"
 	"github.com/modelpack/modelpack/signing/signingtest"
 )
@@ -107,17 +109,49 @@ func keyPolicy(t *testing.T, mode Mode, pubs ...string) *Policy {
 	return p
 }
 
-// countingTransport records the paths the verifier requests.
+// countingTransport records the requests that go out on the wire, each after delay (a far or loaded registry).
 type countingTransport struct {
 	mu    sync.Mutex
 	paths []string
+	delay time.Duration
 }
 
-func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	c.mu.Lock()
-	c.paths = append(c.paths, r.Method+" "+r.URL.Path)
-	c.mu.Unlock()
-	return http.DefaultTransport.RoundTrip(r)
+// options is the plain-HTTP registry layer with c watching its wire (Options.WrapTransport).
+func (c *countingTransport) options() mpremote.Options {
+	return mpremote.Options{PlainHTTP: true, WrapTransport: func(next http.RoundTripper) http.RoundTripper {
+		return countingHop{c, next}
+	}}
+}
+
+type countingHop struct {
+	c    *countingTransport
+	next http.RoundTripper
+}
+
+func (h countingHop) RoundTrip(r *http.Request) (*http.Response, error) {
+	h.c.mu.Lock()
+	h.c.paths = append(h.c.paths, r.Method+" "+r.URL.Path)
+	h.c.mu.Unlock()
+	time.Sleep(h.c.delay)
+	return h.next.RoundTrip(r)
+}
+
+// transports is the registry layer of o, without the user's docker config unless o names one.
+func transports(t testing.TB, o mpremote.Options) *mpremote.Transports {
+	t.Helper()
+	if o.RegistryConfig == "" {
+		o.RegistryConfig = filepath.Join(t.TempDir(), "config.json")
+	}
+	ts, err := mpremote.NewTransports(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ts
+}
+
+// plainTransports reaches the tests' loopback registries: plain HTTP, anonymous.
+func plainTransports(t testing.TB) *mpremote.Transports {
+	return transports(t, mpremote.Options{PlainHTTP: true})
 }
 
 func (c *countingTransport) reset() []string {
@@ -165,7 +199,7 @@ func signKeyless(t *testing.T, digestRef string, ca *signingtest.CA, leaf *x509.
 
 func writeSignature(t *testing.T, d name.Digest, sig oci.Signature) {
 	t.Helper()
-	c := RegistryOptions{}.client(context.Background(), http.DefaultTransport, "")
+	c := writeClient(context.Background(), plainTransports(t), d.String())
 	se, err := ociremote.SignedEntity(d, c.oci...)
 	if err != nil {
 		t.Fatal(err)

@@ -293,11 +293,7 @@ func SignOMS(ctx context.Context, ref, keyRef string, opts SignOptions) (signed,
 	if !ok {
 		return "", "", fmt.Errorf("%s: this key cannot sign OMS signatures (ECDSA keys only)", keyRef)
 	}
-	t, err := opts.Registry.transport()
-	if err != nil {
-		return "", "", err
-	}
-	c := opts.Registry.client(ctx, t, ref)
+	c := writeClient(ctx, opts.Registry, ref)
 	d, err := resolve(ref, c)
 	if err != nil {
 		return "", "", fmt.Errorf("sign: %w", err)

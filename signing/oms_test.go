@@ -113,7 +113,7 @@ func TestVerifyOMSLayer(t *testing.T) {
 	ref := pushFiles(t, host, "oms/good", "v1", good)
 	for name, p := range map[string]*Policy{"key": keyPol, "chain": chainPol} {
 		tr := &countingTransport{}
-		dec, err := NewVerifier(p, RegistryOptions{PlainHTTP: true, Transport: tr}).Verify(ctx, ref)
+		dec, err := NewVerifier(p, transports(t, tr.options())).Verify(ctx, ref)
 		if err != nil || !dec.Verified || !strings.Contains(dec.Authority, "layer model.sig") {
 			t.Fatalf("%s: a reference-signed model: %+v, %v", name, dec, err)
 		}
@@ -147,7 +147,7 @@ func TestVerifyOMSLayer(t *testing.T) {
 		{"removed", removed, `file "signme-2" is signed but missing`},
 	} {
 		ref := pushFiles(t, host, "oms/"+c.name, "v1", c.files)
-		dec, err := NewVerifier(chainPol, RegistryOptions{PlainHTTP: true}).Verify(ctx, ref)
+		dec, err := NewVerifier(chainPol, plainTransports(t)).Verify(ctx, ref)
 		wantDenied(t, dec, err, ReasonModelMismatch)
 		if !strings.Contains(err.Error(), c.want) {
 			t.Fatalf("%s: %v does not name the file (%s)", c.name, err, c.want)
@@ -156,7 +156,7 @@ func TestVerifyOMSLayer(t *testing.T) {
 
 	other, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	otherPub := writePub(t, t.TempDir(), "other.pub", &other.PublicKey)
-	dec, err := NewVerifier(omsPolicy(t, OMSRule{Keys: []string{otherPub}}), RegistryOptions{PlainHTTP: true}).Verify(ctx, ref)
+	dec, err := NewVerifier(omsPolicy(t, OMSRule{Keys: []string{otherPub}}), plainTransports(t)).Verify(ctx, ref)
 	wantDenied(t, dec, err, ReasonWrongKey)
 
 	// Keyless: the reference's Sigstore-signed vector, against Sigstore's public-good trust root as a file.
@@ -166,7 +166,7 @@ func TestVerifyOMSLayer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if dec, err := NewVerifier(kp, RegistryOptions{PlainHTTP: true}).Verify(ctx, keyless); err != nil || !dec.Verified {
+	if dec, err := NewVerifier(kp, plainTransports(t)).Verify(ctx, keyless); err != nil || !dec.Verified {
 		t.Fatalf("keyless vector: %+v, %v", dec, err)
 	}
 	kp, err = NewPolicy(PolicyFile{Default: Rule{Name: "oms-keyless", TrustRoot: TrustRoot{TrustedRoot: "oms/testdata/public-good-trusted_root.json"},
@@ -174,12 +174,12 @@ func TestVerifyOMSLayer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dec, err = NewVerifier(kp, RegistryOptions{PlainHTTP: true}).Verify(ctx, keyless)
+	dec, err = NewVerifier(kp, plainTransports(t)).Verify(ctx, keyless)
 	wantDenied(t, dec, err, ReasonIdentity)
 
 	unsigned := vectorFiles(t, "v1.0.0-certificate")
 	delete(unsigned, "model.sig")
-	dec, err = NewVerifier(keyPol, RegistryOptions{PlainHTTP: true}).Verify(ctx, pushFiles(t, host, "oms/unsigned", "v1", unsigned))
+	dec, err = NewVerifier(keyPol, plainTransports(t)).Verify(ctx, pushFiles(t, host, "oms/unsigned", "v1", unsigned))
 	wantDenied(t, dec, err, ReasonNoSignature)
 }
 
@@ -191,19 +191,19 @@ func TestSignOMS(t *testing.T) {
 	dir := t.TempDir()
 	key, pub := newKeys(t, dir, "cosign")
 	ref := pushFiles(t, host, "oms/signed", "v1", map[string][]byte{"model.safetensors": []byte("weights"), "config.json": []byte("{}")})
-	signed, referrer, err := SignOMS(ctx, ref, key, SignOptions{Password: testPass, Registry: RegistryOptions{PlainHTTP: true}})
+	signed, referrer, err := SignOMS(ctx, ref, key, SignOptions{Password: testPass, Registry: plainTransports(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if signed != ref || referrer == "" {
 		t.Fatalf("signed %s (want %s), referrer %q", signed, ref, referrer)
 	}
-	dec, err := NewVerifier(omsPolicy(t, OMSRule{Keys: []string{pub}}), RegistryOptions{PlainHTTP: true}).Verify(ctx, ref)
+	dec, err := NewVerifier(omsPolicy(t, OMSRule{Keys: []string{pub}}), plainTransports(t)).Verify(ctx, ref)
 	if err != nil || !dec.Verified || !strings.Contains(dec.Authority, "referrer "+referrer) {
 		t.Fatalf("modelpack's OMS signature: %+v, %v", dec, err)
 	}
 	// An OMS signature says nothing about the manifest digest: a cosign rule still finds no signature.
-	dec, err = NewVerifier(keyPolicy(t, Enforce, pub), RegistryOptions{PlainHTTP: true}).Verify(ctx, ref)
+	dec, err = NewVerifier(keyPolicy(t, Enforce, pub), plainTransports(t)).Verify(ctx, ref)
 	wantDenied(t, dec, err, ReasonNoSignature)
 	// A rule asking for both is met once the cosign signature is there too.
 	sign(t, ref, key)
@@ -211,7 +211,7 @@ func TestSignOMS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dec, err = NewVerifier(p, RegistryOptions{PlainHTTP: true}).Verify(ctx, ref)
+	dec, err = NewVerifier(p, plainTransports(t)).Verify(ctx, ref)
 	if err != nil || !dec.Verified || !strings.Contains(dec.Authority, " and OMS key") {
 		t.Fatalf("cosign and OMS: %+v, %v", dec, err)
 	}
@@ -256,9 +256,8 @@ func TestOMSReferrerExemptsNoLayer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := RegistryOptions{PlainHTTP: true}
-	tr, _ := opts.transport()
-	c := opts.client(ctx, tr, ref)
+	opts := plainTransports(t)
+	c := writeClient(ctx, opts, ref)
 	d, err := name.NewDigest(ref, name.Insecure)
 	if err != nil {
 		t.Fatal(err)

@@ -14,11 +14,14 @@ import (
 	"github.com/sigstore/cosign/v2/pkg/oci/static"
 	"github.com/sigstore/sigstore/pkg/signature/options"
 	"github.com/sigstore/sigstore/pkg/signature/payload"
+
+	mpremote "github.com/modelpack/modelpack/artifact/remote"
 )
 
 // SignOptions configure SignDigest.
 type SignOptions struct {
-	Registry RegistryOptions
+	// Registry reaches the registry (artifact/remote's one registry layer).
+	Registry *mpremote.Transports
 	// Password unlocks an encrypted private key (k8s:// Secrets with a cosign.password need none).
 	Password PassFunc
 	// Annotations are signed into the payload's "optional" section (cosign sign -a key=value).
@@ -37,11 +40,7 @@ func SignDigest(ctx context.Context, ref, keyRef string, opts SignOptions) (stri
 	if err != nil {
 		return "", err
 	}
-	t, err := opts.Registry.transport()
-	if err != nil {
-		return "", err
-	}
-	c := opts.Registry.client(ctx, t, ref)
+	c := writeClient(ctx, opts.Registry, ref)
 	d, err := resolve(ref, c)
 	if err != nil {
 		return "", fmt.Errorf("sign: %w", err)
@@ -84,7 +83,7 @@ func SignDigest(ctx context.Context, ref, keyRef string, opts SignOptions) (stri
 }
 
 func resolve(ref string, c client) (name.Digest, error) {
-	r, err := name.ParseReference(ref, c.name...)
+	r, err := name.ParseReference(ref)
 	if err != nil {
 		return name.Digest{}, err
 	}

@@ -27,8 +27,8 @@ func TestSignatureReadsUseTheModelTransport(t *testing.T) {
 		return h.Host + "/m:v1" // a tag: resolving it asks the registry
 	}
 	resolveWith := func(ref string, o mpremote.Options, plain []string) error {
-		reg := RegistryOptions{PlainHTTPHosts: plain, TransportFor: mpremote.TransportsFor(o, plain)}
-		_, err := resolve(ref, reg.client(context.Background(), nil, ref))
+		o.PlainHTTPHosts = plain
+		_, err := resolve(ref, writeClient(context.Background(), transports(t, o), ref))
 		return err
 	}
 
@@ -98,8 +98,7 @@ func TestSignatureReadsFollowMirrors(t *testing.T) {
 
 	hosts := mirrorHosts(t, origin.Host, "[host.\"http://"+mirror+"\"]\n  capabilities = [\"pull\", \"resolve\"]\n")
 	plain := []string{origin.Host}
-	v := NewVerifier(keyPolicy(t, Enforce, pub), RegistryOptions{PlainHTTPHosts: plain,
-		TransportFor: mpremote.TransportsFor(mpremote.Options{HostsDir: hosts}, plain)})
+	v := NewVerifier(keyPolicy(t, Enforce, pub), transports(t, listed(mpremote.Options{HostsDir: hosts}, plain)))
 
 	// With the origin up, a mirror lacking the signature is a miss and the origin serves it.
 	if dec, err := v.Verify(ctx, sigOnlyAtOrigin); err != nil || !dec.Verified {
@@ -111,8 +110,7 @@ func TestSignatureReadsFollowMirrors(t *testing.T) {
 		t.Fatalf("origin down, mirror serving model and signature: %+v, %v", dec, err)
 	}
 	// A fresh verifier (no cached verdict): the signature is on neither reachable endpoint.
-	v2 := NewVerifier(keyPolicy(t, Enforce, pub), RegistryOptions{PlainHTTPHosts: plain,
-		TransportFor: mpremote.TransportsFor(mpremote.Options{HostsDir: hosts}, plain)})
+	v2 := NewVerifier(keyPolicy(t, Enforce, pub), transports(t, listed(mpremote.Options{HostsDir: hosts}, plain)))
 	if dec, err := v2.Verify(ctx, sigOnlyAtOrigin); err == nil || dec.Verified {
 		t.Fatalf("origin down, mirror without the signature: verified (%+v)", dec)
 	} else {
@@ -182,9 +180,8 @@ func TestSignatureReadsFromAPrivateMirror(t *testing.T) {
 	origin.Stop()
 	plain := []string{origin.Host}
 	verifier := func() *Verifier {
-		return NewVerifier(keyPolicy(t, Enforce, pub), RegistryOptions{PlainHTTPHosts: plain,
-			TransportFor: mpremote.TransportsFor(mpremote.Options{HostsDir: hosts,
-				RegistryConfig: filepath.Join(t.TempDir(), "config.json")}, plain)})
+		return NewVerifier(keyPolicy(t, Enforce, pub), transports(t, listed(mpremote.Options{HostsDir: hosts,
+			RegistryConfig: filepath.Join(t.TempDir(), "config.json")}, plain)))
 	}
 	if dec, err := verifier().Verify(ctx, signed); err == nil || dec.Verified {
 		t.Fatalf("a private mirror was read without credentials: %+v", dec)
@@ -205,8 +202,7 @@ func hungOriginVerifier(t *testing.T, origin, hostsBody, pub string) func() *Ver
 	opts := mpremote.Options{HostsDir: hosts, RegistryConfig: filepath.Join(t.TempDir(), "config.json"),
 		Timeouts: mpremote.Timeouts{ResponseHeader: time.Second, Idle: time.Second}}
 	return func() *Verifier {
-		return NewVerifier(keyPolicy(t, Enforce, pub), RegistryOptions{PlainHTTPHosts: plain,
-			TransportFor: mpremote.TransportsFor(opts, plain)})
+		return NewVerifier(keyPolicy(t, Enforce, pub), transports(t, listed(opts, plain)))
 	}
 }
 
@@ -275,17 +271,21 @@ func TestSignatureReadsFromAPrivateOrigin(t *testing.T) {
 	key, pub := newKeys(t, t.TempDir(), "k")
 	plain := []string{origin}
 	noConfig := filepath.Join(t.TempDir(), "config.json")
-	signed, err := SignDigest(ctx, ref, key, SignOptions{Password: testPass, Registry: RegistryOptions{PlainHTTPHosts: plain,
-		Credentials: good, TransportFor: mpremote.TransportsFor(mpremote.Options{RegistryConfig: noConfig, Credential: good}, plain)}})
+	signed, err := SignDigest(ctx, ref, key, SignOptions{Password: testPass, Registry: transports(t, mpremote.Options{RegistryConfig: noConfig, Credential: good, PlainHTTPHosts: plain})})
 	if err != nil {
 		t.Fatal(err)
 	}
-	v := NewVerifier(keyPolicy(t, Enforce, pub), RegistryOptions{PlainHTTPHosts: plain,
-		TransportFor: mpremote.TransportsFor(mpremote.Options{RegistryConfig: noConfig}, plain)})
+	v := NewVerifier(keyPolicy(t, Enforce, pub), transports(t, listed(mpremote.Options{RegistryConfig: noConfig}, plain)))
 	if dec, err := v.Verify(ctx, signed); err == nil || errors.Is(err, ErrDenied) || dec.Verified {
 		t.Fatalf("a private origin was read without credentials: %+v, %v", dec, err)
 	}
 	if dec, err := v.Verify(mpremote.WithCredential(ctx, good), signed); err != nil || !dec.Verified {
 		t.Fatalf("private origin with the volume's credentials: %+v, %v", dec, err)
 	}
+}
+
+// listed is o with the registries plain reached in plain HTTP.
+func listed(o mpremote.Options, plain []string) mpremote.Options {
+	o.PlainHTTPHosts = plain
+	return o
 }

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,6 +28,7 @@ import (
 	"github.com/sigstore/sigstore/pkg/signature/payload"
 	"golang.org/x/sync/singleflight"
 
+	mpremote "github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/internal/errdef"
 )
 
@@ -72,12 +72,10 @@ type Verifier struct {
 	// Log receives warn-mode failures, refusals and policy reloads; slog.Default() when nil.
 	Log *slog.Logger
 
-	opts         RegistryOptions
-	transport    http.RoundTripper
-	transportErr error
-	policy       atomic.Pointer[Policy]
-	flight       singleflight.Group
-	results      *prometheus.CounterVec
+	reg     *mpremote.Transports
+	policy  atomic.Pointer[Policy]
+	flight  singleflight.Group
+	results *prometheus.CounterVec
 
 	mu    sync.Mutex
 	cache map[string]cached
@@ -94,10 +92,10 @@ type verdict struct {
 	reason    string // set when denied
 }
 
-// NewVerifier returns a verifier for p reaching registries with opts.
-func NewVerifier(p *Policy, opts RegistryOptions) *Verifier {
+// NewVerifier returns a verifier for p reaching registries through reg: signatures are read as the model is.
+func NewVerifier(p *Policy, reg *mpremote.Transports) *Verifier {
 	v := &Verifier{
-		opts:  opts,
+		reg:   reg,
 		cache: map[string]cached{},
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "modelpack_signature_verifications_total",
@@ -107,7 +105,6 @@ func NewVerifier(p *Policy, opts RegistryOptions) *Verifier {
 	for _, r := range []string{"verified", "denied", "warned", "skipped", "error"} {
 		v.results.WithLabelValues(r)
 	}
-	v.transport, v.transportErr = opts.transport()
 	v.policy.Store(p)
 	return v
 }
@@ -137,7 +134,7 @@ func (v *Verifier) log() *slog.Logger {
 // pull exactly that digest) may be used. Under an enforce rule a failed check returns an error wrapping
 // ErrDenied; under warn it is logged and allowed. Other errors (registry unreachable) are not cached.
 func (v *Verifier) Verify(ctx context.Context, ref string) (Decision, error) {
-	d, err := name.NewDigest(ref, v.opts.nameOptions(ref)...)
+	d, err := name.NewDigest(ref)
 	if err != nil {
 		return Decision{Ref: ref}, fmt.Errorf("signature policy: %q is not a digest reference (repo@sha256:…): %w", ref, err)
 	}
@@ -232,10 +229,7 @@ func (v *Verifier) verdict(ctx context.Context, p *Policy, r *rule, d name.Diges
 // check applies every requirement of the rule: cosign signatures when it names keys or keyless identities, and an
 // OMS signature over the model's files when it has an oms section.
 func (v *Verifier) check(ctx context.Context, r *rule, d name.Digest) (verdict, error) {
-	if v.transportErr != nil {
-		return verdict{}, v.transportErr
-	}
-	c := v.opts.readClient(ctx, v.transport, d.String())
+	c := readClient(ctx, v.reg, d.String())
 	var by []string
 	if len(r.authorities) > 0 {
 		vd, err := v.checkCosign(ctx, r, d, c)

@@ -7,7 +7,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"log/slog"
-	"net/http"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -81,7 +80,7 @@ func writePub(t *testing.T, dir, file string, pub crypto.PublicKey) string {
 
 func sign(t *testing.T, ref, key string) string {
 	t.Helper()
-	d, err := SignDigest(context.Background(), ref, key, SignOptions{Password: testPass})
+	d, err := SignDigest(context.Background(), ref, key, SignOptions{Password: testPass, Registry: plainTransports(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,13 +113,13 @@ func TestVerifyKeySignatures(t *testing.T) {
 	// Signing again with the same key keeps one signature (cosign's dupe detection).
 	sign(t, signed, key)
 	sd, _ := name.NewDigest(signed)
-	sigs, err := classicSignatures(sd, RegistryOptions{}.client(ctx, http.DefaultTransport, ""))
+	sigs, err := classicSignatures(sd, readClient(ctx, plainTransports(t), signed))
 	if err != nil || len(sigs) != 1 {
 		t.Fatalf("%d signatures after signing twice (%v)", len(sigs), err)
 	}
 
 	tr := &countingTransport{}
-	v := NewVerifier(keyPolicy(t, Enforce, pub), RegistryOptions{Transport: tr})
+	v := NewVerifier(keyPolicy(t, Enforce, pub), transports(t, tr.options()))
 
 	t.Run("verified", func(t *testing.T) {
 		dec, err := v.Verify(ctx, signed)
@@ -149,11 +148,11 @@ func TestVerifyKeySignatures(t *testing.T) {
 		}
 	})
 	t.Run("other key", func(t *testing.T) {
-		ov := NewVerifier(keyPolicy(t, Enforce, otherPub), RegistryOptions{})
+		ov := NewVerifier(keyPolicy(t, Enforce, otherPub), plainTransports(t))
 		dec, err := ov.Verify(ctx, signed)
 		wantDenied(t, dec, err, ReasonWrongKey)
 		// Either of two keys is enough.
-		any := NewVerifier(keyPolicy(t, Enforce, otherPub, pub), RegistryOptions{})
+		any := NewVerifier(keyPolicy(t, Enforce, otherPub, pub), plainTransports(t))
 		if dec, err := any.Verify(ctx, signed); err != nil || !dec.Verified {
 			t.Fatal(dec, err)
 		}
@@ -161,7 +160,7 @@ func TestVerifyKeySignatures(t *testing.T) {
 	t.Run("signed by another key only", func(t *testing.T) {
 		m, _ := pushModel(t, host, "models/other", "v1", "other")
 		sign(t, m, otherKey)
-		dec, err := NewVerifier(keyPolicy(t, Enforce, pub), RegistryOptions{}).Verify(ctx, m)
+		dec, err := NewVerifier(keyPolicy(t, Enforce, pub), plainTransports(t)).Verify(ctx, m)
 		wantDenied(t, dec, err, ReasonWrongKey)
 	})
 	t.Run("tag moved to an unsigned digest", func(t *testing.T) {
@@ -188,7 +187,7 @@ func TestVerifyKeySignatures(t *testing.T) {
 	})
 	t.Run("warn", func(t *testing.T) {
 		var logs bytes.Buffer
-		wv := NewVerifier(keyPolicy(t, Warn, pub), RegistryOptions{})
+		wv := NewVerifier(keyPolicy(t, Warn, pub), plainTransports(t))
 		wv.Log = slog.New(slog.NewTextHandler(&logs, nil))
 		dec, err := wv.Verify(ctx, unsigned)
 		if err != nil || dec.Verified || dec.Mode != Warn || !strings.Contains(dec.Reason, ReasonNoSignature) {
@@ -208,7 +207,7 @@ func TestVerifyKeySignatures(t *testing.T) {
 				t.Fatal(err)
 			}
 			ctr := &countingTransport{}
-			dec, err := NewVerifier(p, RegistryOptions{Transport: ctr}).Verify(ctx, unsigned)
+			dec, err := NewVerifier(p, transports(t, ctr.options())).Verify(ctx, unsigned)
 			if err != nil || dec.Verified || len(ctr.reset()) != 0 {
 				t.Fatalf("%+v %v", dec, err)
 			}
@@ -216,7 +215,7 @@ func TestVerifyKeySignatures(t *testing.T) {
 	})
 	t.Run("registry down is an error, not a denial", func(t *testing.T) {
 		dead := strings.Replace(signed, host, "127.0.0.1:1", 1)
-		dec, err := NewVerifier(keyPolicy(t, Enforce, pub), RegistryOptions{}).Verify(ctx, dead)
+		dec, err := NewVerifier(keyPolicy(t, Enforce, pub), plainTransports(t)).Verify(ctx, dead)
 		if err == nil || errors.Is(err, ErrDenied) || dec.Verified {
 			t.Fatalf("%+v %v", dec, err)
 		}
@@ -284,7 +283,7 @@ func TestVerifyKeyless(t *testing.T) {
 			{Issuer: issuer, Subject: "alice@example.com"},
 			{IssuerRegExp: `^https://oidc\.example\.com$`, SubjectRegExp: `@example\.com$`},
 		} {
-			dec, err := NewVerifier(policy(id), RegistryOptions{}).Verify(ctx, ref)
+			dec, err := NewVerifier(policy(id), plainTransports(t)).Verify(ctx, ref)
 			if err != nil || !dec.Verified || !strings.Contains(dec.Authority, "keyless") {
 				t.Fatalf("%+v: %+v %v", id, dec, err)
 			}
@@ -295,7 +294,7 @@ func TestVerifyKeyless(t *testing.T) {
 			{Issuer: issuer, Subject: "mallory@example.com"},
 			{Issuer: "https://other-issuer.example.com", Subject: "alice@example.com"},
 		} {
-			dec, err := NewVerifier(policy(id), RegistryOptions{}).Verify(ctx, ref)
+			dec, err := NewVerifier(policy(id), plainTransports(t)).Verify(ctx, ref)
 			wantDenied(t, dec, err, ReasonIdentity)
 		}
 	})
@@ -303,14 +302,14 @@ func TestVerifyKeyless(t *testing.T) {
 		m, _ := pushModel(t, host, "models/keyless", "v2", "rogue")
 		l, k := rogue.Leaf(t, "alice@example.com", issuer)
 		signKeyless(t, m, rogue, l, k)
-		dec, err := NewVerifier(policy(Identity{Issuer: issuer, Subject: "alice@example.com"}), RegistryOptions{}).Verify(ctx, m)
+		dec, err := NewVerifier(policy(Identity{Issuer: issuer, Subject: "alice@example.com"}), plainTransports(t)).Verify(ctx, m)
 		wantDenied(t, dec, err, ReasonUntrusted)
 	})
 	t.Run("key signature under a keyless rule", func(t *testing.T) {
 		m, _ := pushModel(t, host, "models/keyless", "v3", "keyed")
 		key, _ := newKeys(t, dir, "k")
 		sign(t, m, key)
-		dec, err := NewVerifier(policy(Identity{Issuer: issuer, Subject: "alice@example.com"}), RegistryOptions{}).Verify(ctx, m)
+		dec, err := NewVerifier(policy(Identity{Issuer: issuer, Subject: "alice@example.com"}), plainTransports(t)).Verify(ctx, m)
 		wantDenied(t, dec, err, ReasonIdentity)
 	})
 	t.Run("trusted_root.json", func(t *testing.T) {
@@ -322,7 +321,7 @@ func TestVerifyKeyless(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if dec, err := NewVerifier(p, RegistryOptions{}).Verify(ctx, ref); err != nil || !dec.Verified {
+		if dec, err := NewVerifier(p, plainTransports(t)).Verify(ctx, ref); err != nil || !dec.Verified {
 			t.Fatal(dec, err)
 		}
 	})
@@ -336,7 +335,7 @@ func TestVerifyKeyless(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		dec, err := NewVerifier(p, RegistryOptions{}).Verify(ctx, ref)
+		dec, err := NewVerifier(p, plainTransports(t)).Verify(ctx, ref)
 		wantDenied(t, dec, err, ReasonTlog)
 		if !strings.Contains(dec.Reason, "offline") {
 			t.Fatalf("reason should say the log entry is missing: %s", dec.Reason)
@@ -349,13 +348,13 @@ func TestVerifyCredentials(t *testing.T) {
 	key, pub := newKeys(t, t.TempDir(), "k")
 	ref := pushPrivateModel(t, host, "models/private", good, "private")
 	ctx := context.Background()
-	if _, err := SignDigest(ctx, ref, key, SignOptions{Password: testPass}); err == nil {
+	if _, err := SignDigest(ctx, ref, key, SignOptions{Password: testPass, Registry: plainTransports(t)}); err == nil {
 		t.Fatal("signed without credentials")
 	}
-	if _, err := SignDigest(ctx, ref, key, SignOptions{Password: testPass, Registry: RegistryOptions{Credentials: good}}); err != nil {
+	if _, err := SignDigest(ctx, ref, key, SignOptions{Password: testPass, Registry: transports(t, mpremote.Options{PlainHTTP: true, Credential: good})}); err != nil {
 		t.Fatal(err)
 	}
-	anon := NewVerifier(keyPolicy(t, Enforce, pub), RegistryOptions{})
+	anon := NewVerifier(keyPolicy(t, Enforce, pub), plainTransports(t))
 	if dec, err := anon.Verify(ctx, ref); err == nil || errors.Is(err, ErrDenied) || dec.Verified {
 		t.Fatalf("anonymous check of a private repository: %+v %v", dec, err)
 	}
@@ -363,7 +362,7 @@ func TestVerifyCredentials(t *testing.T) {
 	if dec, err := anon.Verify(mpremote.WithCredential(ctx, good), ref); err != nil || !dec.Verified {
 		t.Fatal(dec, err)
 	}
-	if dec, err := NewVerifier(keyPolicy(t, Enforce, pub), RegistryOptions{Credentials: good}).Verify(ctx, ref); err != nil || !dec.Verified {
+	if dec, err := NewVerifier(keyPolicy(t, Enforce, pub), transports(t, mpremote.Options{PlainHTTP: true, Credential: good})).Verify(ctx, ref); err != nil || !dec.Verified {
 		t.Fatal(dec, err)
 	}
 }
@@ -381,7 +380,7 @@ func TestVerifyWatchPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs syncBuffer
-	v := NewVerifier(p, RegistryOptions{})
+	v := NewVerifier(p, plainTransports(t))
 	v.Log = slog.New(slog.NewTextHandler(&logs, nil))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -425,25 +424,14 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 }
 
-// slowTransport delays every request, as a far or loaded registry does.
-type slowTransport struct {
-	countingTransport
-	delay time.Duration
-}
-
-func (s *slowTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	time.Sleep(s.delay)
-	return s.countingTransport.RoundTrip(r)
-}
-
 func TestVerifyOutlivesCallerDeadline(t *testing.T) {
 	host := startRegistry(t)
 	dir := t.TempDir()
 	key, pub := newKeys(t, dir, "k")
 	ref, _ := pushModel(t, host, "models/slow", "v1", "slow")
 	sign(t, ref, key)
-	tr := &slowTransport{delay: 150 * time.Millisecond}
-	v := NewVerifier(keyPolicy(t, Enforce, pub), RegistryOptions{Transport: tr})
+	tr := &countingTransport{delay: 150 * time.Millisecond}
+	v := NewVerifier(keyPolicy(t, Enforce, pub), transports(t, tr.options()))
 
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
@@ -455,7 +443,7 @@ func TestVerifyOutlivesCallerDeadline(t *testing.T) {
 		t.Fatal(dec, err)
 	}
 	first := len(tr.reset())
-	v2 := NewVerifier(keyPolicy(t, Enforce, pub), RegistryOptions{Transport: tr})
+	v2 := NewVerifier(keyPolicy(t, Enforce, pub), transports(t, tr.options()))
 	if dec, err := v2.Verify(context.Background(), ref); err != nil || !dec.Verified {
 		t.Fatal(dec, err)
 	}

@@ -9,12 +9,12 @@ import (
 	"github.com/modelpack/modelpack/artifact"
 )
 
-// LimitDocuments wraps a registry transport so that no manifest, index, referrers list or signature manifest over
+// limitDocuments wraps a registry transport so that no manifest, index, referrers list or signature manifest over
 // artifact's document limits reaches its client, whichever client it is (oras-go here, go-containerregistry in
 // signing, which would otherwise read up to 100 MiB): a declared Content-Length over the limit is refused before
 // a byte of the body is read, a body that runs past it is cut at the limit, and one that nests or lists past the
 // limits is refused before the client decodes it. Blobs pass untouched.
-func LimitDocuments(next http.RoundTripper) http.RoundTripper { return documentLimit{next} }
+func limitDocuments(next http.RoundTripper) http.RoundTripper { return documentLimit{next} }
 
 type documentLimit struct{ next http.RoundTripper }
 

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -50,6 +51,24 @@ type endpoint struct {
 	header       http.Header
 }
 
+// serves reports whether ep may serve a read of a manifest or blob named by reference: a tag needs the resolve
+// capability, a digest (content-addressed, checked on arrival) the pull capability, as containerd's hosts.toml
+// has it. The origin serves every read.
+func (ep endpoint) serves(reference string) bool {
+	if !ep.mirror {
+		return true
+	}
+	if isDigest(reference) {
+		return ep.pull
+	}
+	return ep.resolve
+}
+
+// isDigest reports whether a reference (a tag, a digest, or a whole reference ending in either) names a digest.
+func isDigest(reference string) bool {
+	return strings.Contains(reference, "@") || (strings.Contains(reference, ":") && !strings.Contains(reference, "/"))
+}
+
 type hostsEntry struct {
 	Capabilities []string       `toml:"capabilities"`
 	CA           any            `toml:"ca"`
@@ -74,7 +93,7 @@ type hostsFile struct {
 // last. Without a hosts file for the host the origin alone is returned, configured from opts.
 func loadEndpoints(opts Options, host string) ([]endpoint, error) {
 	scheme := "https"
-	if opts.PlainHTTP {
+	if opts.PlainHTTP || slices.Contains(opts.PlainHTTPHosts, host) {
 		scheme = "http"
 	}
 	origin := endpoint{

@@ -52,13 +52,12 @@ func newRegistry(host string, opts Options) (*remote.Registry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("invalid registry %q: %w", host, err)
 	}
-	eps, err := loadEndpoints(Options{PlainHTTP: opts.PlainHTTP, Insecure: opts.Insecure, CAFile: opts.CAFile,
-		CertFile: opts.CertFile, KeyFile: opts.KeyFile, HostsDir: opts.HostsDir}, host)
+	eps, err := loadEndpoints(opts, host)
 	if err != nil {
 		return nil, err
 	}
 	origin := eps[len(eps)-1]
-	hc, err := httpClient(origin, host, 1, opts.Timeouts.orDefault(), opts.WrapTransport)
+	hc, err := httpClient(opts, origin, host)
 	if err != nil {
 		return nil, err
 	}

@@ -2,11 +2,14 @@ package remote
 
 import (
 	"context"
+	"net/http"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
 func writeHosts(t testing.TB, dir, host, body string) {
@@ -129,5 +132,51 @@ func TestMirrorFirstThenOrigin(t *testing.T) {
 	// Writes go to the origin only, which is down.
 	if _, err := Push(ctx, m.store, m.ref, repoFor(t, origin.Host+"/lib/model:v2", viaHosts), TransferOptions{}); Classify(err) != ErrUnavailable {
 		t.Fatalf("push with the origin down: %v, want unavailable", err)
+	}
+}
+
+// A pull and a signature read choose mirrors by one rule (endpoint.serves): a mirror that may pull but not resolve
+// serves a manifest named by digest, never one named by tag. Repository used to ask only resolve-capable mirrors
+// for a manifest by digest, unlike the signature transport, so with the origin down the same digest was read by
+// one and not the other.
+func TestMirrorCapabilitiesAreOneRule(t *testing.T) {
+	ctx := context.Background()
+	origin, opts := plainRegistry(t)
+	mirror, _ := plainRegistry(t)
+	m := buildModel(t, 1<<10)
+	res, err := Push(ctx, m.store, m.ref, repoFor(t, origin.Host+"/lib/model:v1", opts), TransferOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Copy(ctx, repoFor(t, origin.Host+"/lib/model:v1", opts), repoFor(t, mirror.Host+"/lib/model:v1", opts), TransferOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	hosts := t.TempDir()
+	writeHosts(t, hosts, origin.Host, `[host."http://`+mirror.Host+`"]
+  capabilities = ["pull"]
+`)
+	viaHosts := opts
+	viaHosts.HostsDir = hosts
+	origin.Stop()
+
+	repo := repoFor(t, origin.Host+"/lib/model:v1", viaHosts)
+	rt := transportFor(t, viaHosts, origin.Host)
+	for _, ref := range []string{res.Descriptor.Digest.String(), "v1"} {
+		want := ref != "v1"
+		_, rerr := repo.Resolve(ctx, ref)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+origin.Host+"/v2/lib/model/manifests/"+ref, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Accept", ocispec.MediaTypeImageManifest)
+		resp, terr := rt.RoundTrip(req)
+		if terr == nil {
+			resp.Body.Close()
+		}
+		tok := terr == nil && resp.StatusCode == http.StatusOK
+		if (rerr == nil) != want || tok != want {
+			t.Errorf("manifest %s with the origin down and a pull-only mirror: pull %v, signature read ok=%v (%v); want served=%v by both",
+				ref, rerr, tok, terr, want)
+		}
 	}
 }

@@ -1,8 +1,3 @@
-// Package remote moves model artifacts between registries, the local store and plain directories. It is built on
-// oras-go: the registry protocol, token dance, referrers API (with the referrers-tag fallback) and credential helpers
-// are oras-go's; this package adds what a model transport needs on top of them — mirrors with fallback to the
-// origin, blob reads that resume with HTTP Range, per-layer retries with size-scaled time limits, HEAD-skipping of
-// blobs the registry already has, cross-repository mounts, and errors that name the registry, repository and cause.
 package remote
 
 import (
@@ -36,6 +31,9 @@ type Options struct {
 	Insecure bool
 	// PlainHTTP talks HTTP instead of HTTPS to the origin registry.
 	PlainHTTP bool
+	// PlainHTTPHosts are the registries (host[:port]) talked to in HTTP when PlainHTTP is false: a node reaches
+	// most registries over TLS and a few in-cluster ones without.
+	PlainHTTPHosts []string
 	// HostsDir is a containerd-style hosts directory configuring mirrors (see hosts.go).
 	HostsDir string
 	// Concurrency is how many blobs move at once; 0 means DefaultConcurrency().
@@ -151,24 +149,27 @@ func CredentialsFromDockerConfigJSON(b []byte) (auth.CredentialFunc, error) {
 	return credentials.Credential(store), nil
 }
 
-// credentialFunc chains the explicit credential and the docker config.
+// credentialFunc is Options' credentials: the explicit credential, then the docker config.
 func (o Options) credentialFunc() (auth.CredentialFunc, error) {
 	store, err := NewCredentialStore(o.RegistryConfig)
 	if err != nil {
 		return nil, fmt.Errorf("registry config: %w", err)
 	}
-	fromConfig := credentials.Credential(store)
-	if o.Credential == nil {
-		return fromConfig, nil
+	return firstCredential(o.Credential, credentials.Credential(store)), nil
+}
+
+// firstCredential asks first (when set) and, where it has no credential for the host, then.
+func firstCredential(first, then auth.CredentialFunc) auth.CredentialFunc {
+	if first == nil {
+		return then
 	}
-	explicit := o.Credential
-	return func(ctx context.Context, hostport string) (auth.Credential, error) {
-		c, err := explicit(ctx, hostport)
+	return func(ctx context.Context, host string) (auth.Credential, error) {
+		c, err := first(ctx, host)
 		if err != nil || c != auth.EmptyCredential {
 			return c, err
 		}
-		return fromConfig(ctx, hostport)
-	}, nil
+		return then(ctx, host)
+	}
 }
 
 // tlsConfig builds the client TLS settings of an endpoint: system roots plus its CA files, its client certificates,
@@ -209,19 +210,20 @@ const ioBufferSize = 256 << 10
 // against 256 KiB: README, Performance).
 const fileBufferSize = 1 << 20
 
-// httpClient builds the HTTP client of one endpoint. Requests are retried by oras-go's retry transport (5xx, 429,
-// resets, with exponential backoff); whole-blob retries and resumption are layered above it. Documents are
-// limited above the retries (see LimitDocuments).
-func httpClient(ep endpoint, origin string, conns int, tm Timeouts, wrap func(http.RoundTripper) http.RoundTripper) (*http.Client, error) {
-	t, err := httpTransport(ep, origin, conns, tm, wrap)
+// httpClient builds the HTTP client of one endpoint of registry origin. Requests are retried by oras-go's retry
+// transport (5xx, 429, resets, with exponential backoff); whole-blob retries and resumption are layered above it.
+// Documents are limited above the retries (see limitDocuments).
+func httpClient(o Options, ep endpoint, origin string) (*http.Client, error) {
+	t, err := httpTransport(o, ep, origin)
 	if err != nil {
 		return nil, err
 	}
-	return &http.Client{Transport: LimitDocuments(t)}, nil
+	return &http.Client{Transport: limitDocuments(t)}, nil
 }
 
-// httpTransport is httpClient's transport, before the document limit.
-func httpTransport(ep endpoint, origin string, conns int, tm Timeouts, wrap func(http.RoundTripper) http.RoundTripper) (http.RoundTripper, error) {
+// httpTransport is httpClient's transport, before the document limit: the one place an endpoint's connections,
+// TLS and rewrites are set up.
+func httpTransport(o Options, ep endpoint, origin string) (http.RoundTripper, error) {
 	tc, err := tlsConfig(ep)
 	if err != nil {
 		return nil, err
@@ -235,19 +237,19 @@ func httpTransport(ep endpoint, origin string, conns int, tm Timeouts, wrap func
 		ForceAttemptHTTP2:     true,
 		TLSClientConfig:       tc,
 		TLSHandshakeTimeout:   15 * time.Second,
-		ResponseHeaderTimeout: tm.ResponseHeader,
+		ResponseHeaderTimeout: o.Timeouts.orDefault().ResponseHeader,
 		ExpectContinueTimeout: time.Second,
 		IdleConnTimeout:       90 * time.Second,
 		MaxIdleConns:          100,
-		MaxIdleConnsPerHost:   conns + 4,
+		MaxIdleConnsPerHost:   o.concurrency() + 4,
 		// Blobs are already compressed or incompressible; asking for gzip would also defeat Range requests.
 		DisableCompression: true,
 		ReadBufferSize:     ioBufferSize,
 		WriteBufferSize:    ioBufferSize,
 	}
 	var rt http.RoundTripper = base
-	if wrap != nil {
-		rt = wrap(rt)
+	if o.WrapTransport != nil {
+		rt = o.WrapTransport(rt)
 	}
 	ns := ""
 	if ep.mirror {

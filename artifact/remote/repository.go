@@ -62,7 +62,7 @@ func NewRepository(ref string, opts Options) (*Repository, registry.Reference, e
 	r := &Repository{Reference: parsed, opts: opts}
 	cache := auth.NewCache()
 	for _, ep := range eps {
-		hc, err := httpClient(ep, parsed.Registry, opts.concurrency(), opts.Timeouts.orDefault(), opts.WrapTransport)
+		hc, err := httpClient(opts, ep, parsed.Registry)
 		if err != nil {
 			return nil, registry.Reference{}, fmt.Errorf("%s: %w", ep.host, err)
 		}
@@ -94,20 +94,21 @@ func (r *Repository) wrap(subject string, err error) error {
 	return wrapErr("", r.Reference.Registry, r.Reference.Repository, subject, r.opts.Hints, err)
 }
 
-// readers returns the endpoints that may serve a read of the given capability, in order.
-func (r *Repository) readers(resolve bool) []*endpointRepo {
+// readers returns the endpoints that may serve a read of reference (see endpoint.serves), in order.
+func (r *Repository) readers(reference string) []*endpointRepo {
 	var out []*endpointRepo
 	for _, ep := range r.endpoints {
-		if (resolve && ep.resolve) || (!resolve && ep.pull) || ep == r.origin {
+		if ep.serves(reference) {
 			out = append(out, ep)
 		}
 	}
 	return out
 }
 
-// firstOf runs fn on each endpoint in turn until one succeeds. The origin's error is the one returned, since a
-// mirror's failure is expected (a cache miss) and only the origin's answer is authoritative.
-func firstOf[T any](ctx context.Context, eps []*endpointRepo, fn func(*endpointRepo) (T, error)) (T, error) {
+// firstOf runs fn on each endpoint in turn, mirrors first, until one succeeds: the one fallback of reads, for
+// Repository's endpoints and mirrorTransport's. The last error, the origin's, is the one returned, since a mirror's
+// failure is expected (a cache miss) and only the origin's answer is authoritative.
+func firstOf[E, T any](ctx context.Context, eps []E, fn func(E) (T, error)) (T, error) {
 	var zero T
 	var last error = errNoEndpoint
 	for _, ep := range eps {
@@ -128,7 +129,7 @@ func firstOf[T any](ctx context.Context, eps []*endpointRepo, fn func(*endpointR
 // share its pull, for the longer response-header limit of uploads.
 func (r *Repository) Resolve(ctx context.Context, reference string) (ocispec.Descriptor, error) {
 	tm := r.opts.Timeouts.orDefault()
-	d, err := firstOf(ctx, r.readers(true), func(ep *endpointRepo) (ocispec.Descriptor, error) {
+	d, err := firstOf(ctx, r.readers(reference), func(ep *endpointRepo) (ocispec.Descriptor, error) {
 		stalled := fmt.Errorf("%w: manifest %s: no answer within %s", ErrUnavailable, reference, tm.Idle)
 		rctx, cancel := context.WithTimeoutCause(ctx, tm.Idle, stalled)
 		defer cancel()
@@ -148,7 +149,7 @@ type fetched struct {
 
 // FetchReference resolves and fetches a manifest in one request.
 func (r *Repository) FetchReference(ctx context.Context, reference string) (ocispec.Descriptor, io.ReadCloser, error) {
-	f, err := firstOf(ctx, r.readers(true), func(ep *endpointRepo) (fetched, error) {
+	f, err := firstOf(ctx, r.readers(reference), func(ep *endpointRepo) (fetched, error) {
 		return r.readManifest(ctx, func(ctx context.Context) (ocispec.Descriptor, io.ReadCloser, error) {
 			return ep.repo.FetchReference(ctx, reference)
 		})
@@ -184,7 +185,7 @@ func (r *Repository) readManifest(ctx context.Context, fetch func(context.Contex
 // Fetch fetches a manifest or blob. Blob reads resume after a dropped connection (see openBlob).
 func (r *Repository) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
 	if isManifest(desc) {
-		f, err := firstOf(ctx, r.readers(false), func(ep *endpointRepo) (fetched, error) {
+		f, err := firstOf(ctx, r.readers(desc.Digest.String()), func(ep *endpointRepo) (fetched, error) {
 			return r.readManifest(ctx, func(ctx context.Context) (ocispec.Descriptor, io.ReadCloser, error) {
 				rc, err := ep.repo.Fetch(ctx, desc)
 				return desc, rc, err
@@ -262,7 +263,7 @@ func (r *Repository) openBlob(ctx context.Context, desc ocispec.Descriptor, offs
 		rc    io.ReadCloser
 		start int64
 	}
-	o, err := firstOf(ctx, r.readers(false), func(ep *endpointRepo) (opened, error) {
+	o, err := firstOf(ctx, r.readers(desc.Digest.String()), func(ep *endpointRepo) (opened, error) {
 		rc, start, err := ep.rangeGet(ctx, desc, offset)
 		return opened{rc, start}, err
 	})

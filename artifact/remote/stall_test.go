@@ -36,14 +36,11 @@ func TestStalledManifestIsBoundedByTheIdleLimit(t *testing.T) {
 	}
 }
 
-// The signature client's reads (TransportsFor) give up a manifest whose answer does not start within the idle
+// The signature client's reads (Transports) give up a manifest whose answer does not start within the idle
 // limit, as the pull's do, however long the response-header limit is.
-func TestTransportsForBoundsAStalledManifest(t *testing.T) {
+func TestTransportsBoundAStalledManifest(t *testing.T) {
 	s := testenv.StartStallServer(t, testenv.StallAll)
-	rt, err := TransportsFor(Options{Timeouts: Timeouts{ResponseHeader: time.Hour, Idle: 200 * time.Millisecond}}, []string{s.Host})(s.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rt := transportFor(t, Options{Timeouts: Timeouts{ResponseHeader: time.Hour, Idle: 200 * time.Millisecond}}, s.Host)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a failure guard
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+s.Host+"/v2/r/model/manifests/sha256-0.sig", nil)

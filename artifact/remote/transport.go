@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -14,56 +13,68 @@ import (
 	"oras.land/oras-go/v2/registry/remote/auth"
 )
 
-// TransportsFor returns, per registry host, the HTTP transport a client speaking the registry protocol itself
-// (cosign's signature reads) must use to reach it as this package does: the TLS settings of opts and hosts.toml
-// (CA files, client certificates, skip_verify), the hosts.toml server and mirrors, and plain HTTP only for
-// opts.PlainHTTP, the hosts listed in plainHTTP, or a hosts.toml server in http://. Every request to the registry
-// goes out in its configured scheme, whatever the client asked: a client that falls back from https to http
-// (go-containerregistry does for localhost, *.local and private addresses) cannot; an http:// request to any other
-// host (an auth realm) is refused unless the registry itself is plain HTTP. Reads try the mirrors as
-// Repository's do (see mirrorTransport). A request without an Authorization header is authenticated as
-// Repository's are (Options' credentials, after WithCredential's), so a client need not ping the registry first:
-// with the origin hung, reads that mirrors serve never wait on it. Transports are built once per host.
-func TransportsFor(opts Options, plainHTTP []string) func(host string) (http.RoundTripper, error) {
-	var mu sync.Mutex
-	built := map[string]http.RoundTripper{}
-	return func(host string) (http.RoundTripper, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if t, ok := built[host]; ok {
-			return t, nil
-		}
-		o := opts
-		if slices.Contains(plainHTTP, host) {
-			o.PlainHTTP = true
-		}
-		eps, err := loadEndpoints(o, host)
-		if err != nil {
-			return nil, err
-		}
-		cred, err := o.credentialFunc()
-		if err != nil {
-			return nil, err
-		}
-		cache := auth.NewCache()
-		origin := eps[len(eps)-1]
-		hc, err := boundedClient(o, origin, host)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", host, err)
-		}
-		// Redirects go back to the client, which checks where they lead, as they did before reads were
-		// authenticated here.
-		hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-		var t http.RoundTripper = &originTransport{base: hc.Transport, host: host, ep: origin,
-			client: authClient(hc, cred, cache, o.UserAgent), cred: cred}
-		if len(eps) > 1 {
-			if t, err = newMirrorTransport(o, host, eps[:len(eps)-1], t, cred, cache); err != nil {
-				return nil, err
-			}
-		}
-		built[host] = t
-		return t, nil
+// Transports give, per registry host, the HTTP transport a client speaking the registry protocol itself (signing's
+// cosign adapter, through go-containerregistry) uses to reach it as Repository does: the TLS settings of Options
+// and hosts.toml (CA files, client certificates, skip_verify), the hosts.toml server and mirrors, and plain HTTP
+// only where Options say. Every request to the registry goes out in its configured scheme, whatever the client
+// asked: a client that falls back from https to http (go-containerregistry does for localhost, *.local and private
+// addresses) cannot; an http:// request to any other host (an auth realm) is refused unless the registry itself is
+// plain HTTP. Reads try the mirrors as Repository's do (see mirrorTransport). A request without an Authorization
+// header is authenticated as Repository's are, with Credential, so a client need not ping the registry first:
+// with the origin hung, reads that mirrors serve never wait on it.
+type Transports struct {
+	opts Options
+	cred auth.CredentialFunc // Options'
+
+	mu    sync.Mutex
+	built map[string]http.RoundTripper
+}
+
+// NewTransports returns the transports of opts, whose docker config it opens.
+func NewTransports(opts Options) (*Transports, error) {
+	cred, err := opts.credentialFunc()
+	if err != nil {
+		return nil, err
 	}
+	return &Transports{opts: opts, cred: cred, built: map[string]http.RoundTripper{}}, nil
+}
+
+// Credential is the credential of host for a request made with ctx: the request's own (WithCredential), then
+// Options' (Options.Credential, then the docker config). A client that authenticates by itself (a write's
+// handshake) asks it, so it presents what the transport would.
+func (t *Transports) Credential(ctx context.Context, host string) (auth.Credential, error) {
+	return firstCredential(CredentialFrom(ctx), t.cred)(ctx, host)
+}
+
+// For returns the transport of registry host (host[:port]), built once.
+func (t *Transports) For(host string) (http.RoundTripper, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if rt, ok := t.built[host]; ok {
+		return rt, nil
+	}
+	eps, err := loadEndpoints(t.opts, host)
+	if err != nil {
+		return nil, err
+	}
+	cache := auth.NewCache()
+	origin := eps[len(eps)-1]
+	hc, err := boundedClient(t.opts, origin, host)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", host, err)
+	}
+	// Redirects go back to the client, which checks where they lead, as they did before reads were
+	// authenticated here.
+	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	var rt http.RoundTripper = &originTransport{base: hc.Transport, host: host, ep: origin,
+		client: authClient(hc, t.cred, cache, t.opts.UserAgent), cred: t.cred}
+	if len(eps) > 1 {
+		if rt, err = newMirrorTransport(t.opts, host, eps[:len(eps)-1], rt, t.cred, cache); err != nil {
+			return nil, err
+		}
+	}
+	t.built[host] = rt
+	return rt, nil
 }
 
 // originTransport sends a registry's requests to its configured endpoint, in its configured scheme. A request that
@@ -85,16 +96,23 @@ func (t *originTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return t.base.RoundTrip(req)
 	}
-	ctx := req.Context()
-	if repo, _, _, ok := parseReadPath(req.URL.Path); ok {
-		ctx = auth.AppendRepositoryScope(ctx, registry.Reference{Registry: t.ep.host, Repository: repo}, auth.ActionPull)
-	}
-	r := req.Clone(ctx)
-	r.URL.Scheme, r.URL.Host, r.Host = t.ep.scheme, t.ep.host, ""
+	r := retarget(req, t.ep)
 	if r.Header.Get("Authorization") != "" || isPing(r) {
 		return t.base.RoundTrip(r)
 	}
 	return requestClient(req, t.client, t.cred).Do(r)
+}
+
+// retarget is req for endpoint ep, in its scheme, with the pull scope of the repository it reads, which oras-go's
+// auth client asks a token for.
+func retarget(req *http.Request, ep endpoint) *http.Request {
+	ctx := req.Context()
+	if repo, _, _, ok := parseReadPath(req.URL.Path); ok {
+		ctx = auth.AppendRepositoryScope(ctx, registry.Reference{Registry: ep.host, Repository: repo}, auth.ActionPull)
+	}
+	r := req.Clone(ctx)
+	r.URL.Scheme, r.URL.Host, r.Host = ep.scheme, ep.host, ""
+	return r
 }
 
 func isPing(req *http.Request) bool { return req.URL.Path == "/v2/" || req.URL.Path == "/v2" }
@@ -110,7 +128,7 @@ func isPing(req *http.Request) bool { return req.URL.Path == "/v2/" || req.URL.P
 // host: the request's (WithCredential), then Options'.
 type mirrorTransport struct {
 	host    string // the registry as clients name it
-	mirrors []mirrorClient
+	mirrors []*mirrorClient
 	origin  http.RoundTripper
 	cred    auth.CredentialFunc // Options'
 }
@@ -123,8 +141,8 @@ type mirrorClient struct {
 type credentialKey struct{}
 
 // WithCredential returns a context carrying a request's own credentials (a volume's pull secret): requests
-// through TransportsFor's transports ask cf first, as a Repository whose Options.Credential is cf does, and so
-// does signing's registry client. It is the one way a per-volume credential travels.
+// through Transports ask cf first (see Transports.Credential), as a Repository whose Options.Credential is cf does.
+// It is the one way a per-volume credential travels with a call.
 func WithCredential(ctx context.Context, cf auth.CredentialFunc) context.Context {
 	return context.WithValue(ctx, credentialKey{}, cf)
 }
@@ -143,13 +161,7 @@ func requestClient(req *http.Request, c *auth.Client, cred auth.CredentialFunc) 
 	if cf == nil {
 		return c
 	}
-	return &auth.Client{Client: c.Client, Header: c.Header, Credential: func(ctx context.Context, host string) (auth.Credential, error) {
-		c, err := cf(ctx, host)
-		if err != nil || c != auth.EmptyCredential {
-			return c, err
-		}
-		return cred(ctx, host)
-	}}
+	return &auth.Client{Client: c.Client, Header: c.Header, Credential: firstCredential(cf, cred)}
 }
 
 func newMirrorTransport(opts Options, host string, mirrors []endpoint, origin http.RoundTripper, cred auth.CredentialFunc, cache auth.Cache) (*mirrorTransport, error) {
@@ -159,7 +171,7 @@ func newMirrorTransport(opts Options, host string, mirrors []endpoint, origin ht
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", ep.host, err)
 		}
-		t.mirrors = append(t.mirrors, mirrorClient{ep: ep, client: authClient(hc, cred, cache, opts.UserAgent)})
+		t.mirrors = append(t.mirrors, &mirrorClient{ep: ep, client: authClient(hc, cred, cache, opts.UserAgent)})
 	}
 	return t, nil
 }
@@ -173,7 +185,7 @@ func (t *mirrorTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if (err == nil && resp.StatusCode < http.StatusInternalServerError) || req.Context().Err() != nil {
 			return resp, err
 		}
-		if m, ok := t.firstMirror(req, func(endpoint) bool { return true }, ""); ok {
+		if m, merr := firstOf(req.Context(), t.mirrors, t.ask(req)); merr == nil {
 			if resp != nil {
 				discard(resp)
 			}
@@ -181,46 +193,41 @@ func (t *mirrorTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return resp, err
 	}
-	repo, kind, ref, ok := parseReadPath(req.URL.Path)
+	_, _, ref, ok := parseReadPath(req.URL.Path)
 	if !ok {
 		return t.origin.RoundTrip(req)
 	}
-	byTag := kind == "manifests" && !strings.Contains(ref, ":")
-	can := func(ep endpoint) bool { return (byTag && ep.resolve) || (!byTag && ep.pull) }
-	if resp, ok := t.firstMirror(req, can, repo); ok {
-		return resp, nil
+	var hops []*mirrorClient
+	for _, m := range t.mirrors {
+		if m.ep.serves(ref) {
+			hops = append(hops, m)
+		}
 	}
-	if req.Context().Err() != nil {
-		return nil, req.Context().Err()
-	}
-	return t.origin.RoundTrip(req)
+	// The origin comes last (nil), and its answer, whatever it is, is the answer, as in Repository's reads.
+	ask := t.ask(req)
+	return firstOf(req.Context(), append(hops, nil), func(m *mirrorClient) (*http.Response, error) {
+		if m == nil {
+			return t.origin.RoundTrip(req)
+		}
+		return ask(m)
+	})
 }
 
-// firstMirror returns the first 2xx answer of a mirror that can serve req.
-func (t *mirrorTransport) firstMirror(req *http.Request, can func(endpoint) bool, repo string) (*http.Response, bool) {
-	for _, m := range t.mirrors {
-		if !can(m.ep) {
-			continue
-		}
-		ctx := req.Context()
-		if repo != "" {
-			ctx = auth.AppendRepositoryScope(ctx, registry.Reference{Registry: m.ep.host, Repository: repo}, auth.ActionPull)
-		}
-		r := req.Clone(ctx)
-		r.URL.Scheme, r.URL.Host, r.Host = m.ep.scheme, m.ep.host, ""
+// ask returns the function sending req to a mirror, which serves it with a 2xx answer or not at all.
+func (t *mirrorTransport) ask(req *http.Request) func(*mirrorClient) (*http.Response, error) {
+	return func(m *mirrorClient) (*http.Response, error) {
+		r := retarget(req, m.ep)
 		r.Header.Del("Authorization") // the origin's
 		resp, err := requestClient(req, m.client, t.cred).Do(r)
-		if err == nil && resp.StatusCode/100 == 2 {
-			return resp, true
+		if err != nil {
+			return nil, err
 		}
-		if err == nil {
+		if resp.StatusCode/100 != 2 {
 			discard(resp)
+			return nil, fmt.Errorf("mirror %s: %s", m.ep.host, resp.Status)
 		}
-		if req.Context().Err() != nil {
-			return nil, false
-		}
+		return resp, nil
 	}
-	return nil, false
 }
 
 // parseReadPath splits /v2/<repository>/{manifests,blobs}/<reference>.
@@ -245,16 +252,15 @@ func discard(resp *http.Response) {
 	resp.Body.Close()
 }
 
-// boundedClient is the HTTP client of endpoint ep for TransportsFor: httpClient, with each read bounded as the
+// boundedClient is the HTTP client of endpoint ep for Transports: httpClient, with each read bounded as the
 // pull bounds its own (see stallBound).
 func boundedClient(o Options, ep endpoint, host string) (*http.Client, error) {
-	tm := o.Timeouts.orDefault()
-	t, err := httpTransport(ep, host, o.concurrency(), tm, o.WrapTransport)
+	t, err := httpTransport(o, ep, host)
 	if err != nil {
 		return nil, err
 	}
 	// The document limit reads a document's body above the stall bound, which keeps watching it.
-	return &http.Client{Transport: LimitDocuments(stallBound{next: t, idle: tm.Idle})}, nil
+	return &http.Client{Transport: limitDocuments(stallBound{next: t, idle: o.Timeouts.orDefault().Idle})}, nil
 }
 
 // stallBound gives up a read (GET of a manifest or blob) that goes silent for idle, as the pull's reads do: its

@@ -17,10 +17,10 @@ import (
 	"github.com/modelpack/modelpack/internal/testenv"
 )
 
-// A client given TransportsFor's transport reads through the hosts.toml mirrors as Repository does: tags from the
+// A client given a Transports' transport reads through the hosts.toml mirrors as Repository does: tags from the
 // mirrors that may resolve, digests and blobs from those that may pull, the origin after a miss; and the
 // Authorization header the client made for the origin never reaches a mirror.
-func TestTransportsForReadsThroughMirrors(t *testing.T) {
+func TestTransportsReadsThroughMirrors(t *testing.T) {
 	origin, _ := plainRegistry(t)
 	type seen struct{ path, auth string }
 	var mu sync.Mutex
@@ -37,10 +37,7 @@ func TestTransportsForReadsThroughMirrors(t *testing.T) {
 	writeHosts(t, hosts, origin.Host, `[host."http://`+mhost+`"]
   capabilities = ["pull"]
 `)
-	rt, err := TransportsFor(Options{HostsDir: hosts}, []string{origin.Host})(origin.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rt := transportFor(t, Options{HostsDir: hosts}, origin.Host)
 	get := func(path string) int {
 		t.Helper()
 		// go-containerregistry asks in https for a private address first: the configured scheme is used anyway.
@@ -81,18 +78,15 @@ func TestTransportsForReadsThroughMirrors(t *testing.T) {
 	}
 }
 
-// Reads through TransportsFor are bounded as the pull's are, by Timeouts.Idle however long ResponseHeader is: a
+// Reads through Transports are bounded as the pull's are, by Timeouts.Idle however long ResponseHeader is: a
 // blob whose response never starts (a hung endpoint) or whose body stops arriving fails with ErrUnavailable, once,
 // not retried; and a hung mirror is passed for the origin.
-func TestTransportsForBoundsStalledReads(t *testing.T) {
+func TestTransportsBoundsStalledReads(t *testing.T) {
 	opts := Options{Timeouts: Timeouts{ResponseHeader: time.Hour, Idle: 200 * time.Millisecond}}
 	content := []byte(strings.Repeat("signature payload ", 64))
 	get := func(t *testing.T, o Options, host, path string) ([]byte, error) {
 		t.Helper()
-		rt, err := TransportsFor(o, []string{host})(host)
-		if err != nil {
-			t.Fatal(err)
-		}
+		rt := transportFor(t, o, host)
 		// A backstop far beyond Idle, so that a regression fails with the wrong error instead of hanging.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		t.Cleanup(cancel)
@@ -153,4 +147,19 @@ func TestTransportsForBoundsStalledReads(t *testing.T) {
 			t.Fatalf("the hung mirror got %d connections, want 1: tried first, once", hung.Accepted())
 		}
 	})
+}
+
+// transportFor is the transport Transports give registry host under o, with host listed as plain HTTP.
+func transportFor(t testing.TB, o Options, host string) http.RoundTripper {
+	t.Helper()
+	o.PlainHTTPHosts = append(o.PlainHTTPHosts, host)
+	ts, err := NewTransports(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err := ts.For(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rt
 }
