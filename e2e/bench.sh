@@ -27,9 +27,15 @@ echo
 
 for area in pack transport cache driver prepull cluster; do
   if [ -n "${BENCH_ONLY:-}" ] && [[ ",$BENCH_ONLY," != *",$area,"* ]]; then continue; fi
+  echo "== $area"
+  if [ "$area" = cluster ]; then
+    # Its own cluster and registry (e2e/cluster); MODEL_DIR is the model above.
+    go run -tags cluster ./e2e/cluster/bench
+    echo
+    continue
+  fi
   script=e2e/bench-$area.sh
   [ -f "$script" ] || continue
-  echo "== $area"
   bash "$script"
   echo
 done
