@@ -148,7 +148,7 @@ func (s *Store) makeDurable(batch []commit) error {
 
 // flushChunk is how much of a blob the flusher writes back at a time. An fdatasync of a whole 2 GiB blob puts
 // all of it in the disk's queue at once, and every fsync issued meanwhile (a publish's metadata commit, the
-// driver's volume record) waits behind it: a warm publish's p99 went from 20 to 270–295 ms while a flush ran.
+// driver's volume record) waits behind it (issue 20: a warm publish's p99 was 270–295 ms while a flush ran).
 // Written back a chunk at a time, the flush keeps at most this much ahead of them.
 var flushChunk int64 = 8 << 20
 
