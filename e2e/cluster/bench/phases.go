@@ -79,8 +79,8 @@ type driverRecord struct {
 
 func (r driverRecord) end() time.Time { return r.Start.Add(r.Duration) }
 
-// csiPhases reads the driver's phase records since t0 and the kubelet's log for the pod.
-func (b *bench) csiPhases(t0 time.Time, pod string) *breakdown {
+// driverRecords are the driver's phase records of calls and steps that started after t0.
+func (b *bench) driverRecords(t0 time.Time) []driverRecord {
 	out, err := b.c.Run("-n", harness.Namespace, "logs", "-l", "app.kubernetes.io/component=node", "-c", "modelpack",
 		"--tail=-1", "--since-time="+t0.Add(-time.Second).UTC().Format(time.RFC3339))
 	if err != nil {
@@ -93,6 +93,12 @@ func (b *bench) csiPhases(t0 time.Time, pod string) *breakdown {
 			recs = append(recs, r)
 		}
 	}
+	return recs
+}
+
+// csiPhases reads the driver's phase records since t0 and the kubelet's log for the pod.
+func (b *bench) csiPhases(t0 time.Time, pod string) *breakdown {
+	recs := b.driverRecords(t0)
 	first := func(ph string) (driverRecord, bool) {
 		for _, r := range recs {
 			if r.Phase == ph {
@@ -159,7 +165,7 @@ func (b *bench) csiPhases(t0 time.Time, pod string) *breakdown {
 	}
 	bd.add("driver: NodePublish answered OK (mounted)", okEnd, t0)
 	bd.add("kubelet: volume set up", kubelet["setup"], t0)
-	bd.add("containerd: sandbox ready", b.sandboxReady(t0, pod), t0)
+	b.sandbox(bd, t0, pod)
 	bd.notes = append(bd.notes, fmt.Sprintf("NodePublish calls %d (ABORTED %d); %d blobs, %s in %.2f s from the first GET; %s",
 		calls, aborted, blobs, mib(bytes), lastCommit.Sub(blobStart).Seconds(), driverMemory()))
 	return bd
@@ -180,10 +186,9 @@ func (b *bench) imagePhases(t0 time.Time, pod string) *breakdown {
 			}
 		}
 	})
+	b.sandbox(bd, t0, pod)
 	bd.add("containerd: image pull started", pullStart, t0)
 	bd.add("containerd: image pulled and unpacked", pullEnd, t0)
-	bd.add("kubelet: volume set up", kubelet["setup"], t0)
-	bd.add("containerd: sandbox ready", b.sandboxReady(t0, pod), t0)
 	return bd
 }
 
@@ -220,15 +225,24 @@ func (b *bench) kubeletTimes(t0 time.Time, pod string) map[string]time.Time {
 	return found
 }
 
-// sandboxReady is when containerd reported the pod's sandbox running.
-func (b *bench) sandboxReady(t0 time.Time, pod string) time.Time {
-	var at time.Time
+// sandbox adds when the kubelet asked containerd for the pod's sandbox (after its volumes are set up) and when
+// containerd had it running.
+func (b *bench) sandbox(bd *breakdown, t0 time.Time, pod string) {
+	var asked, ready time.Time
 	b.containerdLines(t0, func(when time.Time, msg string) {
-		if at.IsZero() && strings.Contains(msg, "RunPodSandbox") && strings.Contains(msg, pod) && strings.Contains(msg, "returns sandbox id") {
-			at = when
+		if !strings.Contains(msg, "RunPodSandbox for name:\\\""+pod+"\\\"") {
+			return
+		}
+		if !strings.Contains(msg, "returns sandbox id") {
+			if asked.IsZero() {
+				asked = when
+			}
+		} else if ready.IsZero() {
+			ready = when
 		}
 	})
-	return at
+	bd.add("containerd: sandbox asked for", asked, t0)
+	bd.add("containerd: sandbox running", ready, t0)
 }
 
 var containerdLine = regexp.MustCompile(`^time="([^"]+)" level=\w+ msg="(.*)"`)

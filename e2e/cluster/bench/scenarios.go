@@ -32,7 +32,7 @@ func (b *bench) fleet() {
 	b.n++
 	name := fmt.Sprintf("bench-fleet-%d", b.n)
 	manifest := b.pod(name, "csi", true)
-	up0 := uptime(t)
+	t0, up0 := time.Now(), uptime(t)
 	if _, err := c.RunInput(manifest, "apply", "-f", "-"); err != nil {
 		t.Fatal(err)
 	}
@@ -65,6 +65,13 @@ func (b *bench) fleet() {
 	gets := c.BlobGETs(t, mark)
 	fmt.Printf("  4 replicas at once, cold node: pods done at %.2f–%.2f s; slowest = %.2fx one cold pod (%.2f s; target ≤ 1.1x); %s\n",
 		fastest, slowest, slowest/b.coldCSI, b.coldCSI, getsPerBlob(b, gets, 1))
+	var published []string
+	for _, r := range b.driverRecords(t0) {
+		if r.Phase == "call" && r.Method == "NodePublishVolume" && r.Code == "OK" {
+			published = append(published, fmt.Sprintf("%.2f", r.end().Sub(t0).Seconds()))
+		}
+	}
+	fmt.Printf("    their NodePublish calls answered OK at %s s\n", strings.Join(published, ", "))
 	deleteFleet()
 }
 
