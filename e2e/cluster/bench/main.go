@@ -98,6 +98,10 @@ func run() (rc int) {
 	}
 	b := &bench{t: t, c: harness.Connect(t), root: root, model: model, scratch: scratch}
 	b.prepare()
+	if os.Getenv("BENCH_EXPERIMENT") == "memlimit" {
+		b.memoryLimitExperiment()
+		return 0
+	}
 	b.table()
 	b.scenarios()
 	return 0
