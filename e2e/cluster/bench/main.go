@@ -341,6 +341,21 @@ func (b *bench) removeImage() {
 			}
 		}
 	}
+	// Removing the image leaves its layer and unpacked snapshot behind (held for the image volume), and the next
+	// pull would find both: delete them by name. The layer is an uncompressed tar, so its digest is its diff id and,
+	// as the only layer, the snapshot's chain id.
+	m, _ := b.c.Manifest(b.t, "bench/weights-image", "v1")
+	for _, l := range m.Layers {
+		if out, err := ctr("snapshots", "rm", l.Digest); err != nil && !strings.Contains(out, "not found") {
+			b.t.Fatalf("ctr snapshots rm %s: %v\n%s", l.Digest, err, out)
+		}
+		if out, err := ctr("content", "rm", l.Digest); err != nil && !strings.Contains(out, "not found") {
+			b.t.Fatalf("ctr content rm %s: %v\n%s", l.Digest, err, out)
+		}
+		if out, _ := ctr("content", "ls", "-q"); strings.Contains(out, l.Digest) {
+			b.t.Fatalf("the weights layer %s stays in containerd's content store after its removal", l.Digest)
+		}
+	}
 }
 
 // result is one measured pod (or curl).
