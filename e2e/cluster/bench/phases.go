@@ -327,6 +327,9 @@ func mibS(s string) string {
 	if _, err := fmt.Sscan(s, &n); err != nil {
 		return s
 	}
+	if n >= 1<<62 { // cgroup v1's "no limit"
+		return "none"
+	}
 	return mib(n)
 }
 
