@@ -510,6 +510,14 @@ func (c *Cache) fetchBlob(ctx context.Context, f *flight, i int, src oras.ReadOn
 		defer c.wantBlob(desc.Digest, s)()
 	}
 	var err error
+	var first atomic.Int64 // unix nanoseconds of the first byte received, for the phase log
+	start := time.Now()
+	defer func() {
+		if f := first.Load(); f != 0 {
+			c.log.Debug("phase", "phase", "blob", "digest", desc.Digest.String(), "size", desc.Size, "start", start,
+				"firstByte", time.Unix(0, f), "committed", time.Now(), "error", err)
+		}
+	}()
 	for attempt := 0; attempt < 3; attempt++ {
 		if ok, serr := c.blobs.Exists(desc.Digest, desc.Size); serr != nil || ok {
 			return serr
@@ -527,7 +535,7 @@ func (c *Cache) fetchBlob(ctx context.Context, f *flight, i int, src oras.ReadOn
 				return nil, 0, err
 			}
 			f.running[i].Store(start)
-			return &countingReader{rc: rc, n: &f.running[i], fetched: c.m.fetchedBytes.Add, publish: f.publish}, start, nil
+			return &countingReader{rc: rc, n: &f.running[i], fetched: c.m.fetchedBytes.Add, publish: f.publish, first: &first}, start, nil
 		})
 		if again, dropped := handOver(src, desc.Digest, err); again && ctx.Err() == nil {
 			if dropped {
@@ -547,11 +555,15 @@ type countingReader struct {
 	n       *atomic.Int64
 	fetched func(float64)
 	publish func(bool)
+	first   *atomic.Int64 // set to the time of the first byte
 }
 
 func (r *countingReader) Read(p []byte) (int, error) {
 	n, err := r.rc.Read(p)
 	if n > 0 {
+		if r.first.Load() == 0 {
+			r.first.CompareAndSwap(0, time.Now().UnixNano())
+		}
 		r.n.Add(int64(n))
 		r.fetched(float64(n))
 		r.publish(false)

@@ -146,17 +146,48 @@ func (s *Store) makeDurable(batch []commit) error {
 	return errors.Join(errs...)
 }
 
+// flushChunk is how much of a blob the flusher writes back at a time. An fdatasync of a whole 2 GiB blob puts
+// all of it in the disk's queue at once, and every fsync issued meanwhile (a publish's metadata commit, the
+// driver's volume record) waits behind it (issue 20: a warm publish's p99 was 270–295 ms while a flush ran).
+// Written back a chunk at a time, the flush keeps at most this much ahead of them.
+var flushChunk int64 = 8 << 20
+
+// rangeHook, if set (tests), runs before each chunk a flush writes back: a gate to hold a flush half way.
+var rangeHook atomic.Pointer[func(path string, off, n int64)]
+
+// fdatasync makes a blob's bytes durable, a chunk at a time (flushChunk), then with the fdatasync that also
+// flushes what reading them needs.
 func fdatasync(path string) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}
-	err = diskio.Fdatasync(f)
+	err = writeBack(f, path)
+	if err == nil {
+		err = diskio.Fdatasync(f)
+	}
 	f.Close()
 	if hook := syncHook.Load(); hook != nil && err == nil {
 		(*hook)("data", path)
 	}
 	return err
+}
+
+func writeBack(f *os.File, path string) error {
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	for off := int64(0); off < fi.Size(); off += flushChunk {
+		n := min(flushChunk, fi.Size()-off)
+		if hook := rangeHook.Load(); hook != nil {
+			(*hook)(path, off, n)
+		}
+		if err := diskio.WriteBack(f, off, n); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func syncDir(dir string) error {

@@ -21,6 +21,8 @@ import (
 
 	"github.com/gofrs/flock"
 	digest "github.com/opencontainers/go-digest"
+
+	"github.com/modelpack/modelpack/internal/diskio"
 )
 
 const crashEnv = "MODELPACK_CAS_CRASH_HELPER"
@@ -578,5 +580,81 @@ func TestOpenMarksSettledBlobsAndLeavesRecentOnesToTheFlusher(t *testing.T) {
 	t.Cleanup(func() { after.Close() })
 	if rec := after.Recovered(); rec.Rehashed != 1 {
 		t.Fatalf("recovery after a restart %+v, want exactly the recent blob re-hashed", rec)
+	}
+}
+
+// A big blob is flushed a chunk at a time, in order, and another fsync on the same disk — a publish's metadata
+// commit — is not queued behind the rest of it: held half way through the blob (a gate, not a clock), the flush
+// lets a durable write of a record and the commit of another blob complete, and the blob is marked only after its
+// last chunk and its fdatasync.
+func TestFlushWritesBackInChunks(t *testing.T) {
+	fakeBoot(t)
+	s := open(t)
+	old := flushChunk
+	flushChunk = 4096
+	t.Cleanup(func() { flushChunk = old })
+	b := blob(4*4096 + 100)
+	d := digest.FromBytes(b)
+	path := s.Path(d)
+
+	var mu sync.Mutex
+	var ranges [][2]int64
+	held, release := make(chan struct{}), make(chan struct{})
+	hook := func(p string, off, n int64) {
+		if p != path {
+			return
+		}
+		mu.Lock()
+		ranges = append(ranges, [2]int64{off, n})
+		second := len(ranges) == 2
+		mu.Unlock()
+		if second {
+			close(held)
+			<-release
+		}
+	}
+	rangeHook.Store(&hook)
+	t.Cleanup(func() { rangeHook.Store(nil) })
+	syncs := recordSyncs(t, s.Root(), func(string, string) {})
+
+	s.ingesting.Add(1) // hold the background flush: Sync below runs it
+	if err := s.Ingest(context.Background(), d, int64(len(b)), (&source{blob: b}).open); err != nil {
+		t.Fatal(err)
+	}
+	s.ingesting.Add(-1)
+	synced := make(chan error, 1)
+	go func() { synced <- s.Sync() }()
+	select {
+	case <-held:
+	case err := <-synced:
+		t.Fatalf("the flush ended (%v) without a second chunk: ranges %v", err, ranges)
+	}
+
+	if err := diskio.WriteFileAtomic(filepath.Join(t.TempDir(), "volume.json"), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	other := blob(8192)
+	if err := s.Ingest(context.Background(), digest.FromBytes(other), int64(len(other)), (&source{blob: other}).open); err != nil {
+		t.Fatal(err)
+	}
+	if s.Durable(d) || slices.Contains(syncs(), "data "+path) {
+		t.Fatalf("blob flushed or marked while its write-back was held after the first chunk: %v", syncs())
+	}
+	close(release)
+	if err := <-synced; err != nil {
+		t.Fatal(err)
+	}
+	var next int64
+	for _, r := range ranges {
+		if r[0] != next || r[1] > flushChunk || r[1] <= 0 {
+			t.Fatalf("write-back ranges %v: want consecutive chunks of at most %d bytes from 0", ranges, flushChunk)
+		}
+		next += r[1]
+	}
+	if next != int64(len(b)) || len(ranges) != 5 {
+		t.Fatalf("write-back ranges %v cover %d bytes in %d chunks, want %d in 5", ranges, next, len(ranges), len(b))
+	}
+	if !s.Durable(d) || !slices.Contains(syncs(), "data "+path) {
+		t.Fatalf("blob not flushed and marked after Sync: %v", syncs())
 	}
 }

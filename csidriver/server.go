@@ -152,7 +152,7 @@ func New(opts Options) (*Driver, error) {
 		access:    acc,
 		opts:      opts,
 		log:       log,
-		backend:   opts.Backend,
+		backend:   phased{opts.Backend, log},
 		mounter:   opts.Mounter,
 		state:     st,
 		stateLost: corrupt != nil,
@@ -254,6 +254,7 @@ func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	code := status.Code(err)
 	d.m.rpcs.WithLabelValues(method, code.String()).Inc()
 	d.m.rpcDuration.WithLabelValues(method).Observe(time.Since(start).Seconds())
+	d.logCall(method, start, code)
 	if err != nil && code != codes.Aborted {
 		d.log.Debug("csi call failed", "method", method, "code", code.String(), "error", status.Convert(err).Message())
 	}

@@ -1,5 +1,5 @@
-# Shared helpers for the e2e shell scripts (the demo and e2e/bench-cluster.sh; the other benchmarks are Go:
-# internal/cmd/bench). Source it; it expects to run from the repo root.
+# Shared helpers for the demo's shell script (the benchmarks are Go: internal/cmd/bench, e2e/cluster/bench). Source
+# it; it expects to run from the repo root.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export PATH="$ROOT/bin/tools:$ROOT/bin:$PATH"
@@ -23,12 +23,3 @@ start_registry() {
   done
   echo "registry did not start:" >&2; cat "$dir/serve.log" >&2; return 1
 }
-
-# median prints the median of its numeric arguments.
-median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-
-# ratio A B: prints A/B to 2 decimals.
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", a/b}'; }
-
-# drop_caches: makes "cold" mean cold disk too, where permitted.
-drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }

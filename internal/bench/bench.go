@@ -9,10 +9,16 @@ package bench
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	humanize "github.com/dustin/go-humanize"
+
+	"github.com/modelpack/modelpack/internal/testmodel"
 )
 
 // Median is the median of xs (the mean of the middle two for an even count); 0 for none.
@@ -41,12 +47,32 @@ func Max(xs []float64) float64 {
 // freed memory goes back to the host and is faulted in again), and a fixed order would always hand that to the
 // same tool. It stops at the first error.
 func Rotate(round int, fns ...func() error) error {
-	for k := range fns {
-		if err := fns[(round+k)%len(fns)](); err != nil {
+	for _, fn := range Rotated(fns, round) {
+		if err := fn(); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// Rotated is s starting at its element round modulo its length, for benchmarks that rotate values, not calls.
+func Rotated[T any](s []T, round int) []T {
+	i := round % len(s)
+	return append(slices.Clone(s[i:]), s[:i]...)
+}
+
+// Model writes a generated model of spec into dir unless a complete one is there (marked by .complete, which
+// modelpack skips as a hidden file): the benchmark model is generated once per machine.
+func Model(dir string, spec testmodel.Spec) error {
+	if _, err := os.Stat(filepath.Join(dir, ".complete")); err == nil {
+		return nil
+	}
+	os.RemoveAll(dir)
+	fmt.Printf("generating the benchmark model (%d × %s) in %s\n", spec.Shards, humanize.IBytes(uint64(spec.ShardSize)), dir)
+	if err := testmodel.Generate(dir, spec); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, ".complete"), nil, 0o644)
 }
 
 // Time runs fn and returns the seconds it took.

@@ -13,6 +13,13 @@ func preallocate(f *os.File, size int64) error {
 // Fdatasync flushes a file's bytes and the metadata needed to read them, not its timestamps.
 func Fdatasync(f *os.File) error { return unix.Fdatasync(int(f.Fd())) }
 
+// WriteBack writes the dirty pages of f's bytes [off, off+n) to the disk and waits for them, without the metadata
+// an fdatasync also flushes: a long flush done as a series of these keeps at most n bytes of it ahead of anyone
+// else's writes in the disk's queue.
+func WriteBack(f *os.File, off, n int64) error {
+	return unix.SyncFileRange(int(f.Fd()), off, n, unix.SYNC_FILE_RANGE_WAIT_BEFORE|unix.SYNC_FILE_RANGE_WRITE|unix.SYNC_FILE_RANGE_WAIT_AFTER)
+}
+
 // SyncFS flushes the file system holding dir: one call instead of an fsync per file written there.
 func SyncFS(dir string) error {
 	f, err := os.Open(dir)

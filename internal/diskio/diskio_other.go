@@ -12,6 +12,9 @@ func preallocate(*os.File, int64) error { return errors.ErrUnsupported }
 // Fdatasync flushes a file (with its metadata, where fdatasync(2) does not exist).
 func Fdatasync(f *os.File) error { return f.Sync() }
 
+// WriteBack does nothing where sync_file_range(2) does not exist: the Fdatasync that follows flushes it all.
+func WriteBack(*os.File, int64, int64) error { return nil }
+
 // SyncFS flushes dir itself where syncfs(2) does not exist.
 func SyncFS(dir string) error { return SyncDir(dir) }
 

@@ -43,7 +43,7 @@ func benchDriver(e *env) error {
 	}
 	defer os.RemoveAll(d)
 	smallDir := filepath.Join(e.work, "model-10m")
-	if err := generateOnce(smallDir, testmodel.Spec{Shards: 1, ShardSize: 10 << 20, Seed: 1}); err != nil {
+	if err := bench.Model(smallDir, testmodel.Spec{Shards: 1, ShardSize: 10 << 20, Seed: 1}); err != nil {
 		return err
 	}
 	smallRef := e.registry.Host + "/bench/model-10m:v1"

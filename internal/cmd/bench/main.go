@@ -8,8 +8,7 @@
 // BENCH_WORK (scratch, /var/tmp/modelpack-bench), BENCH_MODEL_SIZE (shard size of the model: a smaller model for a
 // quick run), RUNS (rounds of every area), PREPULL_N, WARM_N, BENCH_BASELINE_BIN (an older modelpack measured in
 // the same rounds, for transport and driver), MODELPACK and ORAS (the binaries pack compares), DRIVER_LOG_LEVEL.
-// driver and prepull need root (mounts). cluster runs e2e/cluster/bench (its own cluster) where it exists, else
-// e2e/bench-cluster.sh.
+// driver and prepull need root (mounts). cluster runs e2e/cluster/bench (its own cluster).
 package main
 
 import (
@@ -22,6 +21,7 @@ import (
 
 	humanize "github.com/dustin/go-humanize"
 
+	"github.com/modelpack/modelpack/internal/bench"
 	"github.com/modelpack/modelpack/internal/testenv"
 	"github.com/modelpack/modelpack/internal/testmodel"
 )
@@ -117,10 +117,10 @@ func setup(needed bool) (_ *env, err error) {
 		return nil, fmt.Errorf("BENCH_MODEL_SIZE %q: %w (write a size such as 512MiB or 8MiB)", shardSize, err)
 	}
 	e := &env{work: work, modelDir: filepath.Join(work, "model")}
-	if shardSize != "512MiB" { // the 2 GiB model keeps its place (e2e/bench-cluster.sh reads it there)
+	if shardSize != "512MiB" { // the 2 GiB model keeps its place (e2e/cluster/bench reads it there too)
 		e.modelDir = filepath.Join(work, "model-"+shardSize)
 	}
-	if err := generateOnce(e.modelDir, testmodel.Spec{Shards: 4, ShardSize: int64(n), Seed: 1}); err != nil {
+	if err := bench.Model(e.modelDir, testmodel.Spec{Shards: 4, ShardSize: int64(n), Seed: 1}); err != nil {
 		return nil, err
 	}
 	if e.size, err = dirSize(e.modelDir); err != nil {
@@ -186,28 +186,10 @@ func (e *env) push(dir, ref string) error {
 	return run1(exec.Command("modelpack", "pack", dir, "-t", ref, "--push", "--plain-http", "-q"), "MODELPACK_HOME="+filepath.Join(e.work, "home-seed"))
 }
 
-// generateOnce writes the model into dir unless a complete one is there (marked by .complete, which modelpack
-// skips as a hidden file).
-func generateOnce(dir string, spec testmodel.Spec) error {
-	if _, err := os.Stat(filepath.Join(dir, ".complete")); err == nil {
-		return nil
-	}
-	os.RemoveAll(dir)
-	fmt.Printf("generating the benchmark model (%d × %s) in %s\n", spec.Shards, humanize.IBytes(uint64(spec.ShardSize)), dir)
-	if err := testmodel.Generate(dir, spec); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, ".complete"), nil, 0o644)
-}
-
-// benchCluster runs the pod-start benchmark on the real cluster: the Go program where it exists, else the script.
+// benchCluster runs the pod-start benchmark on the real cluster, a program of its own (it needs the cluster tag and
+// starts its own cluster); BENCH_* settings reach it through the environment.
 func benchCluster() error {
-	var cmd *exec.Cmd
-	if fi, err := os.Stat("e2e/cluster/bench"); err == nil && fi.IsDir() {
-		cmd = exec.Command("go", "run", "-tags", "cluster", "./e2e/cluster/bench")
-	} else {
-		cmd = exec.Command("bash", "e2e/bench-cluster.sh")
-	}
+	cmd := exec.Command("go", "run", "-tags", "cluster", "./e2e/cluster/bench")
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	return cmd.Run()
 }

@@ -1,0 +1,560 @@
+//go:build cluster
+
+// Command bench measures pod start on the real local cluster (e2e/cluster): from `kubectl apply` to the
+// container having read the last byte of the model, for
+//
+//	(a) the modelpack CSI inline volume,
+//	(b) a native image volume holding the same files as one container-image layer,
+//	(c) an init container that downloads the model's blobs from the registry into an emptyDir,
+//
+// cold (node cache emptied and page cache dropped before each run) and warm (page cache dropped, the node has
+// the model), each the median of several runs in rotated order, beside curl of the blobs under the same cold
+// conditions as the yardstick. It prints where the time of (a) and (b) goes (the driver's phase logs, the
+// kubelet's and containerd's logs, the container's own clock) and the scenarios users hit: four replicas at once,
+// a prepulled model, the model cached under another tag. Ratios are against (b) and (c).
+//
+// It starts its own cluster under the cluster lock (waiting for it) and always tears it down — on success,
+// failure or interrupt; BENCH_CLUSTER=running uses a cluster that is already up and leaves it up.
+//
+//	go run -tags cluster ./e2e/cluster/bench                          # MODEL_DIR, default the 2 GiB bench model
+//	BENCH_MODEL_SIZE=128MiB go run -tags cluster ./e2e/cluster/bench  # a 4 × 128 MiB model, for quick runs
+//
+// BENCH_COLD_RUNS and BENCH_WARM_RUNS (default 3) set the runs per figure.
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	humanize "github.com/dustin/go-humanize"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/modelpack/modelpack/e2e/cluster/harness"
+	stats "github.com/modelpack/modelpack/internal/bench"
+	"github.com/modelpack/modelpack/internal/testenv"
+	"github.com/modelpack/modelpack/internal/testmodel"
+)
+
+const (
+	lockPath   = "/tmp/modelpack-cluster.lock"
+	work       = "/var/tmp/modelpack-bench"
+	podTimeout = 10 * time.Minute
+)
+
+func main() { os.Exit(run()) }
+
+func run() (rc int) {
+	root := testenv.RepoRoot()
+	if err := os.MkdirAll(work, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	scratch, err := os.MkdirTemp(work, "cluster-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	t := &tb{scratch: scratch}
+	var down func()
+	teardown := sync.OnceFunc(func() {
+		t.runCleanups()
+		if down != nil {
+			down()
+		}
+		os.RemoveAll(scratch)
+	})
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		<-sig
+		fmt.Fprintln(os.Stderr, "bench: interrupted; tearing down")
+		teardown()
+		os.Exit(130)
+	}()
+	defer teardown()
+	defer func() {
+		if r := recover(); r != nil {
+			a, ok := r.(abort)
+			if !ok {
+				panic(r)
+			}
+			fmt.Fprintln(os.Stderr, "bench: FAILED:", a.msg)
+			rc = 1
+		}
+	}()
+
+	model := benchModel(t)
+	if os.Getenv("BENCH_CLUSTER") != "running" {
+		down = startCluster(t, root)
+	}
+	b := &bench{t: t, c: harness.Connect(t), root: root, model: model, scratch: scratch}
+	b.prepare()
+	if os.Getenv("BENCH_EXPERIMENT") == "memlimit" {
+		b.memoryLimitExperiment()
+		return 0
+	}
+	b.table()
+	b.scenarios()
+	return 0
+}
+
+// benchModel is the model directory: MODEL_DIR (make bench's 2 GiB model, generated when missing), or with
+// BENCH_MODEL_SIZE a smaller one of four shards of that size, where make bench keeps it.
+func benchModel(t *tb) string {
+	dir, size := os.Getenv("MODEL_DIR"), "512MiB"
+	if s := os.Getenv("BENCH_MODEL_SIZE"); s != "" && s != size {
+		dir, size = filepath.Join(work, "model-"+s), s
+	} else if dir == "" {
+		dir = filepath.Join(work, "model")
+	}
+	n, err := humanize.ParseBytes(size)
+	if err != nil {
+		t.Fatalf("BENCH_MODEL_SIZE=%q: %v (a size such as 128MiB)", size, err)
+	}
+	if err := stats.Model(dir, testmodel.Spec{Shards: 4, ShardSize: int64(n), Seed: 1}); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// startCluster takes the cluster lock (waiting for another run to finish), starts the cluster with up.sh holding
+// it as fd 9 (up.sh then keeps it, and every daemon inherits it) and returns the teardown. Only a run that holds
+// the lock may run down.sh: the state directory is the lock holder's.
+func startCluster(t *tb, root string) func() {
+	lock, err := os.OpenFile(lockPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited := false
+	for deadline := time.Now().Add(30 * time.Minute); ; {
+		if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cluster lock %s still busy after 30 min", lockPath)
+		}
+		if !waited {
+			fmt.Fprintf(os.Stderr, "another local cluster holds %s; waiting for it\n", lockPath)
+			waited = true
+		}
+		time.Sleep(2 * time.Second)
+	}
+	script := func(name string) error {
+		cmd := exec.Command("bash", filepath.Join(root, "e2e", "cluster", name))
+		cmd.Dir = root
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		cmd.ExtraFiles = []*os.File{nil, nil, nil, nil, nil, nil, lock} // fd 9, as run.sh passes it
+		return cmd.Run()
+	}
+	down := func() {
+		if err := script("down.sh"); err != nil {
+			fmt.Fprintf(os.Stderr, "bench: down.sh: %v\n", err)
+		}
+		lock.Close()
+	}
+	if err := script("up.sh"); err != nil {
+		down()
+		t.Fatalf("up.sh: %v", err)
+	}
+	return down
+}
+
+// bench is one run against the cluster.
+type bench struct {
+	t       *tb
+	c       *harness.Cluster
+	root    string
+	model   string
+	scratch string
+
+	modelRef string   // the model by digest (a)
+	repo     string   // its repository in the registry
+	layers   []string // digest=path of each layer, for (c) and curl
+	imageRef string   // the same files as a container-image layer (b)
+	size     int64    // bytes of the model's files
+
+	coldCSI, warmCSI float64 // medians, for the scenarios
+	n                int     // pods started so far: unique names
+}
+
+func (b *bench) prepare() {
+	t := b.t
+	b.repo = "bench/model"
+	b.modelRef, _ = b.c.PushModel(t, b.model, b.repo+":v1")
+	m, _ := b.c.Manifest(t, b.repo, "v1")
+	var files []string
+	for _, l := range m.Layers {
+		path := l.Annotations["org.cncf.model.filepath"]
+		if path == "" {
+			t.Fatalf("layer %s has no org.cncf.model.filepath annotation", l.Digest)
+		}
+		b.layers = append(b.layers, l.Digest+"="+path)
+		files = append(files, filepath.Join(b.model, path)+"=/model/"+path)
+		b.size += l.Size
+	}
+	b.imageRef = b.c.PushImage(t, "bench/weights-image:v1", files...)
+	fmt.Printf("model: %s, %d files, %s\n", b.model, len(m.Layers), humanize.IBytes(uint64(b.size)))
+}
+
+// A variant is one way of getting the model into a pod.
+type variant struct{ key, label string }
+
+var variants = []variant{
+	{"csi", "(a) modelpack CSI inline volume"},
+	{"image", "(b) native image volume, weights as an image layer"},
+	{"init", "(c) init container, sequential wget into an emptyDir"},
+	{"curl", "curl of the blobs, parallel, to disk (no pod)"},
+}
+
+// table runs every variant cold and warm in rotated order and prints the times, the ratios and the breakdown.
+func (b *bench) table() {
+	coldRuns, warmRuns := envInt(b.t, "BENCH_COLD_RUNS", 3), envInt(b.t, "BENCH_WARM_RUNS", 3)
+	cold, warm := map[string][]float64{}, map[string][]float64{}
+	phases := map[string][]*breakdown{}
+	for i := range coldRuns {
+		for _, v := range stats.Rotated(variants, i) {
+			b.makeCold(v.key)
+			r := b.measure(v.key)
+			cold[v.key] = append(cold[v.key], r.last)
+			if r.phases != nil {
+				phases[v.key] = append(phases[v.key], r.phases)
+			}
+			fmt.Fprintf(os.Stderr, "cold %d %-5s %6.2f s\n", i+1, v.key, r.last)
+		}
+	}
+	warmPhases := map[string][]*breakdown{}
+	for i := range warmRuns {
+		for _, v := range stats.Rotated(variants[:3], i) {
+			r := b.measure(v.key)
+			warm[v.key] = append(warm[v.key], r.last)
+			if r.phases != nil {
+				warmPhases[v.key] = append(warmPhases[v.key], r.phases)
+			}
+			fmt.Fprintf(os.Stderr, "warm %d %-5s %6.2f s\n", i+1, v.key, r.last)
+		}
+	}
+	med := func(m map[string][]float64, k string) float64 { return stats.Median(m[k]) }
+	b.coldCSI, b.warmCSI = med(cold, "csi"), med(warm, "csi")
+
+	fmt.Printf("\npod start → last byte read (%s, real kubelet); cold = median of %d, warm = median of %d\n",
+		humanize.IBytes(uint64(b.size)), coldRuns, warmRuns)
+	fmt.Printf("%-56s %8s %8s %9s %9s %9s\n", "", "cold s", "warm s", "cold/(b)", "cold/(c)", "warm/(b)")
+	for _, v := range variants {
+		c, w := med(cold, v.key), med(warm, v.key)
+		ws, wb := "-", "-"
+		if len(warm[v.key]) > 0 {
+			ws, wb = fmt.Sprintf("%.2f", w), fmt.Sprintf("%.2fx", w/med(warm, "image"))
+		}
+		fmt.Printf("%-56s %8.2f %8s %8.2fx %8.2fx %9s\n", v.label, c, ws, c/med(cold, "image"), c/med(cold, "init"), wb)
+	}
+	fmt.Println("cold runs:", samples(cold), " warm runs:", samples(warm))
+	fmt.Println("\nwhere the cold time goes: seconds after `kubectl apply`, median over the cold runs")
+	printBreakdown("(a) CSI", phases["csi"])
+	printBreakdown("(b) image", phases["image"])
+	fmt.Println("\nwarm, median over the warm runs")
+	printBreakdown("(a) CSI", warmPhases["csi"])
+	printBreakdown("(b) image", warmPhases["image"])
+}
+
+// makeCold empties what the variant would find on the node: the driver's cache (its pod stopped meanwhile), or
+// the image in containerd. The page cache is dropped by measure.
+func (b *bench) makeCold(v string) {
+	switch v {
+	case "csi":
+		b.resetDriver()
+	case "image":
+		b.removeImage()
+	}
+}
+
+// resetDriver stops the node plugin (a nodeSelector no node has), empties its cache directory on the host and
+// starts it again, waiting until the kubelet has it registered.
+func (b *bench) resetDriver() {
+	t, c := b.t, b.c
+	off := `[{"op":"add","path":"/spec/template/spec/nodeSelector/modelpack-bench-off","value":"true"}]`
+	on := `[{"op":"remove","path":"/spec/template/spec/nodeSelector/modelpack-bench-off"}]`
+	c.Kubectl(t, "-n", harness.Namespace, "patch", "daemonset", "modelpack-node", "--type=json", "-p", off)
+	restored := false
+	t.Cleanup(func() {
+		if !restored {
+			c.Run("-n", harness.Namespace, "patch", "daemonset", "modelpack-node", "--type=json", "-p", on)
+		}
+	})
+	waitFor(t, "the node plugin to stop", 2*time.Minute, func() bool {
+		out, err := c.Run("-n", harness.Namespace, "get", "pods", "-l", "app.kubernetes.io/component=node", "-o", "name")
+		return err == nil && strings.TrimSpace(out) == ""
+	})
+	cacheDir := filepath.Join(c.Dir, "node-cache")
+	entries, err := os.ReadDir(cacheDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(cacheDir, e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Kubectl(t, "-n", harness.Namespace, "patch", "daemonset", "modelpack-node", "--type=json", "-p", on)
+	restored = true
+	c.Kubectl(t, "-n", harness.Namespace, "rollout", "status", "daemonset/modelpack-node", "--timeout=180s")
+	c.WaitDriverRegistered(t, 2*time.Minute)
+	waitFor(t, "the driver's metrics", time.Minute, func() bool {
+		out, err := c.Run("get", "--raw", "/readyz")
+		return err == nil && out != "" && httpOK("http://127.0.0.1:29808/healthz")
+	})
+}
+
+// removeImage deletes the weights image from containerd, content and snapshots included.
+func (b *bench) removeImage() {
+	ctr := func(args ...string) (string, error) {
+		cmd := exec.Command(filepath.Join(b.root, "bin", "k8s", "ctr"), append([]string{"-a",
+			filepath.Join(b.c.Dir, "containerd", "containerd.sock"), "-n", "k8s.io"}, args...)...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := ctr("images", "ls", "-q")
+	if err != nil {
+		b.t.Fatalf("ctr images ls: %v\n%s", err, out)
+	}
+	name := strings.SplitN(b.imageRef, "@", 2)[0]
+	for _, img := range strings.Fields(out) {
+		if strings.HasPrefix(img, name) {
+			if out, err := ctr("images", "rm", "--sync", img); err != nil {
+				b.t.Fatalf("ctr images rm %s: %v\n%s", img, err, out)
+			}
+		}
+	}
+	// Removing the image leaves its layer and unpacked snapshot behind (held for the image volume), and the next
+	// pull would find both: delete them by name. The layer is an uncompressed tar, so its digest is its diff id and,
+	// as the only layer, the snapshot's chain id.
+	m, _ := b.c.Manifest(b.t, "bench/weights-image", "v1")
+	for _, l := range m.Layers {
+		if out, err := ctr("snapshots", "rm", l.Digest); err != nil && !strings.Contains(out, "not found") {
+			b.t.Fatalf("ctr snapshots rm %s: %v\n%s", l.Digest, err, out)
+		}
+		if out, err := ctr("content", "rm", l.Digest); err != nil && !strings.Contains(out, "not found") {
+			b.t.Fatalf("ctr content rm %s: %v\n%s", l.Digest, err, out)
+		}
+		if out, _ := ctr("content", "ls", "-q"); strings.Contains(out, l.Digest) {
+			b.t.Fatalf("the weights layer %s stays in containerd's content store after its removal", l.Digest)
+		}
+	}
+}
+
+// result is one measured pod (or curl).
+type result struct {
+	last   float64    // seconds from apply to the last byte read
+	phases *breakdown // nil for (c) and curl
+}
+
+// readScript reads every file of the model and prints the host-shared monotonic clock (/proc/uptime, 10 ms)
+// when the container starts and when it has read the last byte.
+const readScript = `echo "start $(cut -d" " -f1 /proc/uptime)"; cat $(find /model -type f) > /dev/null; echo "done $(cut -d" " -f1 /proc/uptime)"`
+
+// measure starts one pod of variant v (or runs curl) with the page cache dropped and returns its times.
+func (b *bench) measure(v string) result {
+	t, c := b.t, b.c
+	dropCaches(t)
+	if v == "curl" {
+		return result{last: b.curl()}
+	}
+	b.n++
+	kind, _, _ := strings.Cut(v, ":")
+	name := fmt.Sprintf("bench-%s-%d", kind, b.n)
+	manifest := b.pod(name, v, false)
+	t0, up0 := time.Now(), uptime(t)
+	if _, err := c.RunInput(manifest, "apply", "-f", "-"); err != nil {
+		t.Fatal(err)
+	}
+	applied := time.Now()
+	t.Cleanup(func() { c.Run("delete", "pod", name, "--ignore-not-found", "--wait=true", "--timeout=120s") })
+	c.WaitPhase(t, "default", name, corev1.PodSucceeded, podTimeout)
+	start, done := clockMarks(t, c.Logs(t, "default", name, "c"))
+	r := result{last: done - up0}
+	switch v {
+	case "csi":
+		r.phases = b.csiPhases(t0, name)
+		b.trace(t0, name)
+	case "image":
+		r.phases = b.imagePhases(t0, name)
+	}
+	if r.phases != nil {
+		r.phases.phases = append([]phase{{"kubectl apply returned", applied.Sub(t0).Seconds()}}, r.phases.phases...)
+		r.phases.phases = append(r.phases.phases, phase{"container started", start - up0}, phase{"last byte read", done - up0})
+	}
+	c.Delete(t, "default", "pod/"+name)
+	return r
+}
+
+// pod renders the pod of variant v; a fleet member (Deployment template) restarts and sleeps after reading.
+func (b *bench) pod(name, v string, fleet bool) string {
+	script, restart := readScript, "Never"
+	if fleet {
+		script, restart = readScript+"; exec sleep 3600", "Always"
+	}
+	var vol map[string]any
+	spec := map[string]any{
+		"nodeName":                      b.c.Node,
+		"hostNetwork":                   true,
+		"automountServiceAccountToken":  false,
+		"restartPolicy":                 restart,
+		"terminationGracePeriodSeconds": 1,
+	}
+	switch v {
+	case "csi":
+		vol = map[string]any{"csi": map[string]any{"driver": "modelpack.csi.dev", "readOnly": true,
+			"volumeAttributes": map[string]string{"reference": b.modelRef}}}
+	case "image":
+		vol = map[string]any{"image": map[string]any{"reference": b.imageRef, "pullPolicy": "IfNotPresent"}}
+	case "init":
+		vol = map[string]any{"emptyDir": map[string]any{}}
+		dl := "cd /model"
+		for _, l := range b.layers {
+			dgst, path, _ := strings.Cut(l, "=")
+			dl += fmt.Sprintf(" && mkdir -p $(dirname %s) && wget -q -O %s http://%s/v2/%s/blobs/%s", path, path, b.c.Registry, b.repo, dgst)
+		}
+		spec["initContainers"] = []map[string]any{{"name": "download", "image": b.c.Busybox,
+			"command": []string{"/bin/sh", "-c", dl}, "volumeMounts": []map[string]any{{"name": "model", "mountPath": "/model"}}}}
+	default:
+		if strings.HasPrefix(v, "csi:") { // the CSI volume of another reference
+			vol = map[string]any{"csi": map[string]any{"driver": "modelpack.csi.dev", "readOnly": true,
+				"volumeAttributes": map[string]string{"reference": strings.TrimPrefix(v, "csi:")}}}
+		} else {
+			panic("unknown variant " + v)
+		}
+	}
+	vol["name"] = "model"
+	spec["volumes"] = []map[string]any{vol}
+	spec["containers"] = []map[string]any{{"name": "c", "image": b.c.Busybox, "imagePullPolicy": "IfNotPresent",
+		"command":      []string{"/bin/sh", "-c", script},
+		"volumeMounts": []map[string]any{{"name": "model", "mountPath": "/model", "readOnly": true}}}}
+	obj := map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": name, "namespace": "default"}, "spec": spec}
+	if fleet {
+		labels := map[string]string{"app": name}
+		obj = map[string]any{"apiVersion": "apps/v1", "kind": "Deployment",
+			"metadata": map[string]any{"name": name, "namespace": "default"},
+			"spec": map[string]any{"replicas": 4, "selector": map[string]any{"matchLabels": labels},
+				"template": map[string]any{"metadata": map[string]any{"labels": labels}, "spec": spec}}}
+	}
+	out, err := json.Marshal(obj)
+	if err != nil {
+		panic(err)
+	}
+	return string(out)
+}
+
+// curl fetches every blob of the model at once, each into a file, and returns the seconds it took.
+func (b *bench) curl() float64 {
+	dir, err := os.MkdirTemp(b.scratch, "curl")
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	start := time.Now()
+	var cmds []*exec.Cmd
+	for i, l := range b.layers {
+		dgst, _, _ := strings.Cut(l, "=")
+		cmd := exec.Command("curl", "-fsS", "-o", filepath.Join(dir, strconv.Itoa(i)),
+			fmt.Sprintf("http://%s/v2/%s/blobs/%s", b.c.Registry, b.repo, dgst))
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			b.t.Fatal(err)
+		}
+		cmds = append(cmds, cmd)
+	}
+	for _, cmd := range cmds {
+		if err := cmd.Wait(); err != nil {
+			b.t.Fatalf("curl: %v", err)
+		}
+	}
+	return time.Since(start).Seconds()
+}
+
+// clockMarks reads readScript's start and done marks from a container log.
+func clockMarks(t *tb, log string) (start, done float64) {
+	var seen int
+	for _, line := range strings.Split(log, "\n") {
+		f := strings.Fields(line)
+		if len(f) != 2 {
+			continue
+		}
+		v, err := strconv.ParseFloat(f[1], 64)
+		if err != nil {
+			continue
+		}
+		switch f[0] {
+		case "start":
+			start, seen = v, seen|1
+		case "done":
+			done, seen = v, seen|2
+		}
+	}
+	if seen != 3 {
+		t.Fatalf("no start and done marks in the container's log:\n%s", log)
+	}
+	return start, done
+}
+
+func uptime(t *tb) float64 {
+	b, err := os.ReadFile("/proc/uptime")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := strconv.ParseFloat(strings.Fields(string(b))[0], 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// dropCaches writes back dirty pages and drops the page cache, so cold means a cold disk too.
+func dropCaches(t *tb) {
+	syscall.Sync()
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0); err != nil {
+		t.Fatalf("drop the page cache (the bench runs as root): %v", err)
+	}
+}
+
+func waitFor(t *tb, what string, timeout time.Duration, ok func() bool) {
+	for deadline := time.Now().Add(timeout); !ok(); time.Sleep(250 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+	}
+}
+
+func envInt(t *tb, name string, def int) int {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a whole number ≥ 1", name, s)
+	}
+	return n
+}
+
+func samples(m map[string][]float64) string {
+	var parts []string
+	for _, v := range variants {
+		if len(m[v.key]) == 0 {
+			continue
+		}
+		var xs []string
+		for _, x := range m[v.key] {
+			xs = append(xs, fmt.Sprintf("%.2f", x))
+		}
+		parts = append(parts, v.key+" "+strings.Join(xs, "/"))
+	}
+	return strings.Join(parts, ", ")
+}
