@@ -231,13 +231,7 @@ func (c *Cache) gcLocked(ctx context.Context, st *GCStats, remove *digest.Digest
 		_, layers := s.needs(func(m *manifestRecord) bool { return !evict[m.Descriptor.Digest] })
 		for d := range s.layers {
 			if !layers[d] {
-				if err := tx.Bucket(bucketLayers).Delete([]byte(d)); err != nil {
-					return err
-				}
-				if err := tx.Bucket(bucketDurableLayers).Delete([]byte(d)); err != nil {
-					return err
-				}
-				if err := tx.Bucket(bucketLayerStamps).Delete([]byte(d)); err != nil {
+				if err := deleteLayerRecords(tx, d); err != nil {
 					return err
 				}
 			}

@@ -112,13 +112,7 @@ func (c *Cache) repair(bad map[digest.Digest]string) error {
 			}
 		}
 		for d := range bad {
-			if err := tx.Bucket(bucketLayers).Delete([]byte(d)); err != nil {
-				return err
-			}
-			if err := tx.Bucket(bucketDurableLayers).Delete([]byte(d)); err != nil {
-				return err
-			}
-			if err := tx.Bucket(bucketLayerStamps).Delete([]byte(d)); err != nil {
+			if err := deleteLayerRecords(tx, d); err != nil {
 				return err
 			}
 		}

@@ -180,3 +180,13 @@ func linkCount(info fs.FileInfo) uint64 {
 	}
 	return uint64(st.Nlink)
 }
+
+// deleteLayerRecords forgets the extracted layer d: its record, its durability mark and its stamps.
+func deleteLayerRecords(tx *bolt.Tx, d digest.Digest) error {
+	for _, b := range [][]byte{bucketLayers, bucketDurableLayers, bucketLayerStamps} {
+		if err := tx.Bucket(b).Delete([]byte(d)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
