@@ -37,11 +37,10 @@ type csiDriverExtension struct {
 
 // CSIDriverEnv is what an extension's Setup sees and may change before the driver starts.
 type CSIDriverEnv struct {
-	Cache               *cache.Cache
-	Remote              remote.Options
-	PlainHTTPRegistries []string
-	Root                string
-	Logger              *slog.Logger
+	Cache  *cache.Cache
+	Remote remote.Options
+	Root   string
+	Logger *slog.Logger
 	// Driver are the options the driver will start with: append to GRPCServices and HTTPHandlers.
 	Driver *csidriver.Options
 	// Verifier, if set, must accept an artifact before the driver pulls or mounts it.
@@ -221,11 +220,11 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags, exts []csiDriverExt
 			CAFile:         f.caFile,
 			UserAgent:      "modelpack-csi/" + Version,
 			Timeouts:       f.registryTimeouts,
+			PlainHTTPHosts: f.plainHTTP,
 		},
-		PlainHTTPRegistries: f.plainHTTP,
-		Root:                f.root,
-		Logger:              log,
-		Driver:              &opts,
+		Root:   f.root,
+		Logger: log,
+		Driver: &opts,
 	}
 	for _, e := range exts {
 		if e.Setup != nil {
@@ -235,9 +234,8 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags, exts []csiDriverExt
 		}
 	}
 	opts.Backend = cachebackend.New(c, cachebackend.Options{
-		Remote:              env.Remote,
-		PlainHTTPRegistries: env.PlainHTTPRegistries,
-		Verifier:            env.Verifier,
+		Remote:   env.Remote,
+		Verifier: env.Verifier,
 	})
 	d, err := csidriver.New(opts)
 	if err != nil {

@@ -28,9 +28,7 @@ func signingExtension() csiDriverExtension {
 				return err
 			}
 			// Signatures travel the model's transport: its TLS settings, hosts.toml and plain-HTTP list.
-			o := env.Remote
-			o.PlainHTTPHosts = env.PlainHTTPRegistries
-			reg, err := remote.NewTransports(o)
+			reg, err := remote.NewTransports(env.Remote)
 			if err != nil {
 				return err
 			}

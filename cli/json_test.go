@@ -79,7 +79,7 @@ func startPrepullAPI(t *testing.T, plainHTTP ...string) string {
 	}
 	sock := filepath.Join(dir, "prepull.sock")
 	be := cachebackend.New(c, cachebackend.Options{
-		Remote: remote.Options{RegistryConfig: filepath.Join(t.TempDir(), "config.json")}, PlainHTTPRegistries: plainHTTP,
+		Remote: remote.Options{RegistryConfig: filepath.Join(t.TempDir(), "config.json"), PlainHTTPHosts: plainHTTP},
 	}).Prepuller(nil, 0)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

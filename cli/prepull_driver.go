@@ -57,9 +57,8 @@ func prepullExtension() csiDriverExtension {
 					return
 				}
 				be := cachebackend.New(env.Cache, cachebackend.Options{
-					Remote:              env.Remote,
-					PlainHTTPRegistries: env.PlainHTTPRegistries,
-					Verifier:            env.Verifier,
+					Remote:   env.Remote,
+					Verifier: env.Verifier,
 				}).Prepuller(env.Instance, bps)
 				log := env.Logger.With("component", "prepull")
 				if err := prepull.Serve(ctx, socket, be, prepull.Options{Concurrency: concurrency, Logger: log}); err != nil {

@@ -35,7 +35,7 @@ func startCacheDriver(t *testing.T, dir string, plainHTTP ...string) string {
 		NodeID:   "sanity-node",
 		Endpoint: "unix://" + sock,
 		StateDir: filepath.Join(dir, "state"),
-		Backend:  cachebackend.New(c, cachebackend.Options{Remote: remote.Options{RegistryConfig: cfg}, PlainHTTPRegistries: plainHTTP}),
+		Backend:  cachebackend.New(c, cachebackend.Options{Remote: remote.Options{RegistryConfig: cfg, PlainHTTPHosts: plainHTTP}}),
 		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {

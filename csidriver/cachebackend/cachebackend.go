@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 
 	digest "github.com/opencontainers/go-digest"
@@ -44,8 +43,6 @@ type Options struct {
 	// Remote is how registries are reached (mirrors, CA, the node's docker config); per-request credentials are
 	// layered on top.
 	Remote remote.Options
-	// PlainHTTPRegistries are hosts (host[:port]) reached over plain HTTP.
-	PlainHTTPRegistries []string
 	// Verifier, if set, must accept an artifact before it is pulled or mounted.
 	Verifier Verifier
 }
@@ -103,9 +100,6 @@ func (b *Backend) repository(ref string, creds csidriver.Credentials) (*remote.R
 	parsed, err := registry.ParseReference(ref)
 	if err != nil {
 		return nil, registry.Reference{}, fmt.Errorf("%w: %v", csidriver.ErrInvalidReference, err)
-	}
-	if slices.Contains(b.opts.PlainHTTPRegistries, parsed.Registry) {
-		opts.PlainHTTP = true
 	}
 	repo, parsed, err := remote.NewRepository(ref, opts)
 	if err != nil {

@@ -54,8 +54,8 @@ func TestPrepuller(t *testing.T) {
 		}
 		return nil
 	})
-	be := New(c, Options{Remote: remote.Options{RegistryConfig: testenv.EmptyDockerConfig(t)},
-		PlainHTTPRegistries: []string{reg.Host}, Verifier: verify}).Prepuller(&recorded, 2<<20)
+	be := New(c, Options{Remote: remote.Options{RegistryConfig: testenv.EmptyDockerConfig(t), PlainHTTPHosts: []string{reg.Host}},
+		Verifier: verify}).Prepuller(&recorded, 2<<20)
 	ctx := context.Background()
 	ref := reg.Host + "/models/a:v1"
 
