@@ -41,7 +41,8 @@ Each weight file (safetensors, gguf, bin, pt, onnx, …) becomes a raw layer of 
 files become weight.config layers, README/LICENSE/*.md doc layers, *.py and friends code layers. --dataset and
 --kind, or a modctl-style Modelfile in DIR, override the classification; a rule that matches a directory packs
 it as one tar layer. With --layer-format tar, tar+gzip or tar+zstd, each top-level sub-directory's non-weight
-files become one archive. The config is inferred from safetensors/GGUF headers and config.json; flags override.
+files become one archive; oras pull extracts tar+gzip archives, while tar and tar+zstd ones arrive as DIR.tar /
+DIR.tar.zst for tar -xf (oras extracts gzip only). The config is inferred from safetensors/GGUF headers and config.json; flags override.
 Hidden files and directories (.git, .cache, …) and the Modelfile are not packed. The same directory always
 gives the same digest unless --created is given.
 
