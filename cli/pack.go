@@ -23,7 +23,7 @@ type packFlags struct {
 	tag, modelfile, layerFormat, created string
 	datasets, kinds, licenses, authors   []string
 	include, exclude                     []string
-	push                                 bool
+	push, strict                         bool
 	concurrency                          int
 	desc                                 artifact.ModelDescriptor
 	cfg                                  artifact.ModelConfig
@@ -91,6 +91,7 @@ cache's blobs/ followed.`,
 	_ = cmd.MarkFlagRequired("tag")
 	_ = cmd.RegisterFlagCompletionFunc("layer-format", cobra.FixedCompletions([]string{"raw", "tar", "tar+gzip", "tar+zstd"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("kind", cobra.FixedCompletions([]string{"weight=", "weight.config=", "doc=", "code=", "dataset="}, cobra.ShellCompDirectiveNoSpace))
+	fl.BoolVar(&f.strict, "strict", false, "fail, before packing anything, when a --kind/--dataset/Modelfile rule or an hf:// --include/--exclude glob matches nothing (default: warn)")
 	fl.BoolVar(&f.push, "push", false, "push straight to the registry named by --tag instead of the local store")
 	pushSink := packPushSink(cmd, g)
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
@@ -124,6 +125,9 @@ func runPack(cmd *cobra.Command, g *Globals, f *packFlags, dir string, pushSink 
 		}
 		defer snap.Close()
 		dir = snap.Dir
+		for _, g := range snap.Unmatched {
+			ws.add(g + " matches no file of " + snap.Ref.String())
+		}
 		applySnapshot(&opts, snap, f.created == "")
 		if f.concurrency == 0 {
 			opts.Concurrency = 8 // network-bound: more than GOMAXPROCS files at once
@@ -170,7 +174,7 @@ func hfSnapshot(ctx context.Context, f *packFlags, s string) (*hf.Snapshot, erro
 	if err != nil {
 		return nil, err
 	}
-	return client.Snapshot(ctx, ref, hf.Options{Include: f.include, Exclude: f.exclude})
+	return client.Snapshot(ctx, ref, hf.Options{Include: f.include, Exclude: f.exclude, Strict: f.strict})
 }
 
 // applySnapshot puts what the Hub says under what the flags say: a flag that is set wins.
@@ -204,7 +208,7 @@ func applySnapshot(opts *pack.Options, snap *hf.Snapshot, created bool) {
 }
 
 func (f *packFlags) options() (pack.Options, error) {
-	opts := pack.Options{Modelfile: f.modelfile, Concurrency: f.concurrency, Descriptor: f.desc, Config: f.cfg}
+	opts := pack.Options{Modelfile: f.modelfile, Concurrency: f.concurrency, Descriptor: f.desc, Config: f.cfg, Strict: f.strict}
 	format, err := artifact.ParseFormat(f.layerFormat)
 	if err != nil {
 		return opts, fmt.Errorf("--layer-format: %w", err)
