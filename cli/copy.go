@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"github.com/modelpack/modelpack/artifact/layout"
 	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -18,7 +19,8 @@ func copyCmd(g *Globals) *cobra.Command {
 
 Within one registry the blobs are mounted across repositories, so no layer bytes move. DST's tag defaults to
 SRC's. The connection flags apply to both registries; --from-* and --to-* set them for one side, as oras copy
-does (a TLS registry with its own CA on one side, a plain-HTTP one on the other).`,
+does (a TLS registry with its own CA on one side, a plain-HTTP one on the other). Between registries a blob over 8 MiB
+goes in chunks whose upload session the local store remembers, so a copy run again after Ctrl-C sends only the rest.`,
 		Example: `  modelpack copy registry.local:5000/team-a/model:v1 registry.local:5000/team-b/model
   modelpack copy -r registry.local:5000/org/model:v1 mirror.local/org/model:v1
   modelpack copy --from-ca-file ca.pem --to-plain-http registry.example.com/org/model:v1 127.0.0.1:5000/org/model`,
@@ -41,8 +43,15 @@ does (a TLS registry with its own CA on one side, a plain-HTTP one on the other)
 			if err != nil {
 				return err
 			}
+			// The local store keeps the upload sessions of large blobs sent between registries, so a copy run again
+			// resumes them; nothing else of the copy touches it.
+			store, err := layout.Open(g.Home)
+			if err != nil {
+				return err
+			}
+			defer store.Close()
 			ui := newTransferUI(cmd, g, "copied")
-			res, err := remote.Copy(cmd.Context(), src, dst, remote.TransferOptions{Reporter: ui.reporter(), Referrers: referrers})
+			res, err := remote.Copy(cmd.Context(), src, dst, remote.TransferOptions{Reporter: ui.reporter(), Referrers: referrers, Sessions: store})
 			if err == nil {
 				fillArtifactType(cmd.Context(), src, &res.Descriptor)
 			}

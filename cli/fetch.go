@@ -75,7 +75,9 @@ unless --image-rootfs. Files get the modification time the artifact records.`,
 			check := wf.check(args[0], args[1])
 			res, err := remote.Fetch(cmd.Context(), src, args[1], remote.FetchOptions{Reporter: ui.reporter(), Select: wf.skipIdentical(args[1], selectFn), Sync: sync,
 				Check: func(ls []artifact.Layer) error {
-					warnUnmatched(newWarnings(cmd, g), args[0], include, kinds)
+					if err := wf.unmatched(newWarnings(cmd, g), args[0], include, kinds); err != nil {
+						return err
+					}
 					return check(ls)
 				}})
 			ui.stop()

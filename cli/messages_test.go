@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/modelpack/modelpack/internal/testenv"
+	"github.com/modelpack/modelpack/internal/testenv/hubserver"
 )
 
 // Item: --include matches nested files as Hugging Face's --include does ('*.json' keeps onnx/config.json), in
@@ -46,6 +47,18 @@ func TestIncludeMatchesNestedFiles(t *testing.T) {
 			if code != 0 || !strings.Contains(stderr, `--include "*.gguf" matches no file`) {
 				t.Errorf("a glob that keeps nothing: exit %d, stderr %q", code, stderr)
 			}
+			// --strict fails instead, before writing anything, naming the glob; the globs that match are fine.
+			strict := filepath.Join(t.TempDir(), "strict")
+			code, _, stderr = run(append(args(strict), "--include", "*.json", "--include", "*.gguf", "--strict")...)
+			if code != 1 || !strings.Contains(stderr, `--include "*.gguf": matches no file`) || !strings.Contains(stderr, "nothing was written") {
+				t.Errorf("--strict with a glob that keeps nothing: exit %d, stderr %q", code, stderr)
+			}
+			if entries, _ := os.ReadDir(strict); len(entries) > 0 {
+				t.Errorf("--strict refused but wrote %d entries", len(entries))
+			}
+			if code, _, stderr := run(append(args(filepath.Join(t.TempDir(), "ok")), "--include", "*.json", "--strict")...); code != 0 {
+				t.Errorf("--strict with globs that match: %s", stderr)
+			}
 		})
 	}
 }
@@ -80,5 +93,35 @@ func TestMessagesSayWhatToDo(t *testing.T) {
 	cfg := filepath.Join(t.TempDir(), "config.json")
 	if code, out, stderr := run("logout", "registry.example:5000", "--registry-config", cfg); code != 0 || !strings.Contains(out, "Not logged in to registry.example:5000") {
 		t.Errorf("logout with no credentials: exit %d %q %q", code, out, stderr)
+	}
+}
+
+// Item: pack warns of a --kind/--dataset rule, or an hf:// --include/--exclude glob, that matches nothing, and
+// --strict fails instead before anything is packed.
+func TestPackStrictUnmatched(t *testing.T) {
+	run := binaryRunner(t, "DOCKER_CONFIG="+t.TempDir())
+	model := smallModel(t)
+	home := t.TempDir()
+	code, _, stderr := run("--home", home, "pack", model, "-t", "local/strict:v1", "--dataset", "data/**", "-q")
+	if code != 0 || !strings.Contains(stderr, `"data/**" matches nothing`) {
+		t.Errorf("a rule that matches nothing: exit %d, stderr %q", code, stderr)
+	}
+	code, _, stderr = run("--home", home, "pack", model, "-t", "local/strict:v2", "--dataset", "data/**", "--strict", "-q")
+	if code != 1 || !strings.Contains(stderr, `"data/**" matches nothing; nothing was packed (strict)`) {
+		t.Errorf("--strict: exit %d, stderr %q", code, stderr)
+	}
+	if code, out, _ := run("--home", home, "list"); code != 0 || strings.Contains(out, "strict:v2") {
+		t.Errorf("--strict refused but tagged strict:v2: %s", out)
+	}
+
+	repo, _ := hubRepo(t, "acme/strict")
+	hubEnv(t, hubserver.Start(t, repo))
+	code, _, stderr = run("--home", home, "pack", "hf://acme/strict", "-t", "local/strict:hf", "--include", "*.gguf", "--include", "*.json", "-q")
+	if code != 0 || !strings.Contains(stderr, `--include "*.gguf" matches no file of hf://acme/strict`) {
+		t.Errorf("hf:// --include that matches nothing: exit %d, stderr %q", code, stderr)
+	}
+	code, _, stderr = run("--home", home, "pack", "hf://acme/strict", "-t", "local/strict:hf2", "--exclude", "*.bin", "--strict", "-q")
+	if code != 1 || !strings.Contains(stderr, `--exclude "*.bin" matches no file of hf://acme/strict`) || !strings.Contains(stderr, "nothing was packed (strict)") {
+		t.Errorf("hf:// --strict: exit %d, stderr %q", code, stderr)
 	}
 }

@@ -13,8 +13,10 @@ import (
 
 // Item: with every --layer-format, the real oras CLI pulls a model with nested layouts (a sub-directory holding
 // weights and other files, as ONNX exports and diffusers pipelines do) into a tree diff -r equal to the source.
-// Single files stay raw; tar+gzip directories carry oras's unpack annotation; tar and tar+zstd directories arrive
-// as NAME.tar / NAME.tar.zst beside the directory their weights create, which `tar -xf` unpacks in place.
+// Single files stay raw; tar+gzip directories carry oras's unpack annotation, so raw and tar+gzip need nothing
+// after oras pull. oras's file store extracts gzip only (oras-go 2.7 opens the blob with gzip.NewReader whatever
+// the annotations say), so tar and tar+zstd directories arrive as NAME.tar / NAME.tar.zst beside the directory
+// their weights create, which `tar -xf` unpacks in place.
 func TestLayerFormatsPullWithOras(t *testing.T) {
 	oras := testenv.Tool(t, "oras")
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})

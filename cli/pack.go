@@ -23,7 +23,7 @@ type packFlags struct {
 	tag, modelfile, layerFormat, created string
 	datasets, kinds, licenses, authors   []string
 	include, exclude                     []string
-	push                                 bool
+	push, strict                         bool
 	concurrency                          int
 	desc                                 artifact.ModelDescriptor
 	cfg                                  artifact.ModelConfig
@@ -41,7 +41,8 @@ Each weight file (safetensors, gguf, bin, pt, onnx, …) becomes a raw layer of 
 files become weight.config layers, README/LICENSE/*.md doc layers, *.py and friends code layers. --dataset and
 --kind, or a modctl-style Modelfile in DIR, override the classification; a rule that matches a directory packs
 it as one tar layer. With --layer-format tar, tar+gzip or tar+zstd, each top-level sub-directory's non-weight
-files become one archive. The config is inferred from safetensors/GGUF headers and config.json; flags override.
+files become one archive; oras pull extracts tar+gzip archives, while tar and tar+zstd ones arrive as DIR.tar /
+DIR.tar.zst for tar -xf (oras extracts gzip only). The config is inferred from safetensors/GGUF headers and config.json; flags override.
 Hidden files and directories (.git, .cache, …) and the Modelfile are not packed. The same directory always
 gives the same digest unless --created is given.
 
@@ -90,6 +91,7 @@ cache's blobs/ followed.`,
 	_ = cmd.MarkFlagRequired("tag")
 	_ = cmd.RegisterFlagCompletionFunc("layer-format", cobra.FixedCompletions([]string{"raw", "tar", "tar+gzip", "tar+zstd"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("kind", cobra.FixedCompletions([]string{"weight=", "weight.config=", "doc=", "code=", "dataset="}, cobra.ShellCompDirectiveNoSpace))
+	fl.BoolVar(&f.strict, "strict", false, "fail, before packing anything, when a --kind/--dataset/Modelfile rule or an hf:// --include/--exclude glob matches nothing (default: warn)")
 	fl.BoolVar(&f.push, "push", false, "push straight to the registry named by --tag instead of the local store")
 	pushSink := packPushSink(cmd, g)
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
@@ -123,6 +125,9 @@ func runPack(cmd *cobra.Command, g *Globals, f *packFlags, dir string, pushSink 
 		}
 		defer snap.Close()
 		dir = snap.Dir
+		for _, g := range snap.Unmatched {
+			ws.add(g + " matches no file of " + snap.Ref.String())
+		}
 		applySnapshot(&opts, snap, f.created == "")
 		if f.concurrency == 0 {
 			opts.Concurrency = 8 // network-bound: more than GOMAXPROCS files at once
@@ -169,7 +174,7 @@ func hfSnapshot(ctx context.Context, f *packFlags, s string) (*hf.Snapshot, erro
 	if err != nil {
 		return nil, err
 	}
-	return client.Snapshot(ctx, ref, hf.Options{Include: f.include, Exclude: f.exclude})
+	return client.Snapshot(ctx, ref, hf.Options{Include: f.include, Exclude: f.exclude, Strict: f.strict})
 }
 
 // applySnapshot puts what the Hub says under what the flags say: a flag that is set wins.
@@ -203,7 +208,7 @@ func applySnapshot(opts *pack.Options, snap *hf.Snapshot, created bool) {
 }
 
 func (f *packFlags) options() (pack.Options, error) {
-	opts := pack.Options{Modelfile: f.modelfile, Concurrency: f.concurrency, Descriptor: f.desc, Config: f.cfg}
+	opts := pack.Options{Modelfile: f.modelfile, Concurrency: f.concurrency, Descriptor: f.desc, Config: f.cfg, Strict: f.strict}
 	format, err := artifact.ParseFormat(f.layerFormat)
 	if err != nil {
 		return opts, fmt.Errorf("--layer-format: %w", err)

@@ -125,12 +125,18 @@ func packPushSink(cmd *cobra.Command, g *Globals) func(ctx context.Context, ref 
 		if err != nil {
 			return nil, err
 		}
+		// The local store keeps the upload sessions of large blobs, so a pack --push run again resumes them. No blob is
+		// written to it and no lock held (Close has nothing to release).
+		store, err := layout.Open(g.Home)
+		if err != nil {
+			return nil, err
+		}
 		ui := newTransferUI(cmd, g, "pushed")
 		var rep remote.Reporter
 		if !g.ShowProgress() {
 			// On a TTY the pack command's own bar shows progress.
 			rep = ui.reporter()
 		}
-		return &signingSink{Sink: remote.PackSink(repo, rep), repo: repo, sign: sf, ui: ui, opts: rf.options()}, nil
+		return &signingSink{Sink: remote.PackSink(repo, rep, store), repo: repo, sign: sf, ui: ui, opts: rf.options()}, nil
 	}
 }

@@ -35,45 +35,40 @@ func (g *gatedReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// Item: a push interrupted part way through a large blob (SIGINT) resumes on the next run from the bytes the
-// registry's upload session holds (GET on the remembered upload location, Range header) instead of sending the
-// whole blob again.
-func TestInterruptedPushResumes(t *testing.T) {
-	bin := testenv.Modelpack(t)
-	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
-	t.Setenv("DOCKER_CONFIG", t.TempDir())
-	model := t.TempDir()
-	const shardSize = 32 << 20
-	if err := testmodel.Generate(model, testmodel.Spec{Shards: 1, ShardSize: shardSize, Seed: 21}); err != nil {
-		t.Fatal(err)
-	}
-	home := t.TempDir()
-	run := binaryRunner(t)
-	if code, _, stderr := run("--home", home, "pack", model, "-t", "m:v1", "-q"); code != 0 {
-		t.Fatalf("pack: %s", stderr)
-	}
+// gatedProxy is a registry's front that counts request-body bytes (uploads) and, while armed, holds the upload
+// once limit bytes have passed, telling reached. A session's location names the registry as the push reached it,
+// so both runs of a resume test go through the same proxy.
+type gatedProxy struct {
+	host    string
+	sent    atomic.Int64
+	limit   atomic.Int64
+	reached chan struct{}
+	release func()
+}
 
-	// The first run goes through a proxy that holds the upload once 12 MiB have passed: the shard is mid-way.
-	// The session's location names the registry as the push reached it, so both runs go through the same proxy.
-	var sent, limit atomic.Int64
-	limit.Store(12 << 20)
+func startGatedProxy(t *testing.T, registryHost string, limit int64) *gatedProxy {
+	p := &gatedProxy{reached: make(chan struct{})}
+	p.limit.Store(limit)
 	gate := make(chan struct{})
-	reached := make(chan struct{})
-	var once sync.Once
-	host := testenv.StartProxy(t, reg.Host, testenv.ProxyHooks{Request: func(_ http.ResponseWriter, r *http.Request) bool {
+	var once, openGate sync.Once
+	p.host = testenv.StartProxy(t, registryHost, testenv.ProxyHooks{Request: func(_ http.ResponseWriter, r *http.Request) bool {
 		if r.Body != nil {
 			r.Body = struct {
 				io.Reader
 				io.Closer
-			}{&gatedReader{r: r.Body, sent: &sent, limit: &limit, reached: func() { once.Do(func() { close(reached) }) }, gate: gate}, r.Body}
+			}{&gatedReader{r: r.Body, sent: &p.sent, limit: &p.limit, reached: func() { once.Do(func() { close(p.reached) }) }, gate: gate}, r.Body}
 		}
 		return true
 	}}).Host
-	var openGate sync.Once
-	release := func() { openGate.Do(func() { close(gate) }) }
-	t.Cleanup(release) // registered after the proxy's close, so it runs first: a gated upload lets the proxy stop
+	p.release = func() { openGate.Do(func() { close(gate) }) }
+	t.Cleanup(p.release) // registered after the proxy's close, so it runs first: a gated upload lets the proxy stop
+	return p
+}
 
-	cmd := exec.Command(bin, "--home", home, "push", host+"/team/m:v1", "--from", "m:v1", "--plain-http", "-q")
+// interruptThenResume runs bin with args through p until the upload passes p's limit, interrupts it (SIGINT, exit
+// 130), then runs it again to completion. It returns the bytes each run sent.
+func interruptThenResume(t *testing.T, p *gatedProxy, bin string, args ...string) (first, second int64) {
+	cmd := exec.Command(bin, args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
@@ -82,36 +77,102 @@ func TestInterruptedPushResumes(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	select {
-	case <-reached:
+	case <-p.reached:
 	case err := <-done:
-		t.Fatalf("the push ended before the gate: %v\n%s", err, stderr.String())
+		t.Fatalf("%s ended before the gate: %v\n%s", args, err, stderr.String())
 	}
 	cmd.Process.Signal(syscall.SIGINT)
-	release()
+	p.release()
 	err := <-done
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 130 {
-		t.Fatalf("after SIGINT: %v\n%s", err, stderr.String())
+		t.Fatalf("%s after SIGINT: %v\n%s", args, err, stderr.String())
 	}
-	firstSent := sent.Load()
+	first = p.sent.Load()
+	p.limit.Store(1 << 40)
+	p.sent.Store(0)
+	again := exec.Command(bin, args...)
+	if b, err := again.CombinedOutput(); err != nil {
+		t.Fatalf("%s run again: %v\n%s", args, err, b)
+	}
+	return first, p.sent.Load()
+}
 
-	limit.Store(1 << 40)
-	sent.Store(0)
-	if code, _, stderr := run("--home", home, "push", host+"/team/m:v1", "--from", "m:v1", "--plain-http", "-q"); code != 0 {
-		t.Fatalf("run again: %s", stderr)
+// resumeModel packs a model of one 32 MiB shard into home's store.
+func resumeModel(t *testing.T, home string) (model string) {
+	model = t.TempDir()
+	if err := testmodel.Generate(model, testmodel.Spec{Shards: 1, ShardSize: resumeShard, Seed: 21}); err != nil {
+		t.Fatal(err)
 	}
+	if code, _, stderr := binaryRunner(t)("--home", home, "pack", model, "-t", "m:v1", "-q"); code != 0 {
+		t.Fatalf("pack: %s", stderr)
+	}
+	return model
+}
+
+const resumeShard = 32 << 20
+
+// checkResumed fails unless the second run sent less than the shard (it resumed) and ref holds the model's shard.
+func checkResumed(t *testing.T, what string, first, second int64, ref, model string) {
+	t.Helper()
 	// Without resumption the second run sends the whole shard again.
-	second := sent.Load()
-	t.Logf("first run sent %d bytes before SIGINT, the second %d, the shard is %d", firstSent, second, shardSize)
-	if second >= shardSize {
-		t.Errorf("the second run sent %d bytes for a %d byte shard of which %d had been sent: it did not resume", second, shardSize, firstSent)
+	t.Logf("%s: first run sent %d bytes before SIGINT, the second %d, the shard is %d", what, first, second, resumeShard)
+	if second >= resumeShard {
+		t.Errorf("%s: the second run sent %d bytes for a %d byte shard of which %d had been sent: it did not resume", what, second, resumeShard, first)
 	}
 	out := filepath.Join(t.TempDir(), "out")
-	if code, _, stderr := run("fetch", "--plain-http", "-q", reg.Host+"/team/m:v1", out); code != 0 {
+	if code, _, stderr := binaryRunner(t)("fetch", "--plain-http", "-q", ref, out); code != 0 {
 		t.Fatalf("fetch: %s", stderr)
 	}
 	shard := testmodel.ShardName(0, 1)
 	want, _ := os.ReadFile(filepath.Join(model, shard))
 	if got, _ := os.ReadFile(filepath.Join(out, shard)); !bytes.Equal(got, want) {
-		t.Fatal("the pushed shard differs from the packed one")
+		t.Fatalf("%s: the pushed shard differs from the packed one", what)
 	}
+}
+
+// Item: a push interrupted part way through a large blob (SIGINT) resumes on the next run from the bytes the
+// registry's upload session holds (GET on the remembered upload location, Range header) instead of sending the
+// whole blob again.
+func TestInterruptedPushResumes(t *testing.T) {
+	bin := testenv.Modelpack(t)
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	t.Setenv("DOCKER_CONFIG", t.TempDir())
+	home := t.TempDir()
+	model := resumeModel(t, home)
+	p := startGatedProxy(t, reg.Host, 12<<20)
+	first, second := interruptThenResume(t, p, bin, "--home", home, "push", p.host+"/team/m:v1", "--from", "m:v1", "--plain-http", "-q")
+	checkResumed(t, "push", first, second, reg.Host+"/team/m:v1", model)
+}
+
+// Item: pack --push resumes the same way: the second run hashes the shard again but sends only what the upload
+// session lacks.
+func TestInterruptedPackPushResumes(t *testing.T) {
+	bin := testenv.Modelpack(t)
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	t.Setenv("DOCKER_CONFIG", t.TempDir())
+	home := t.TempDir()
+	model := t.TempDir()
+	if err := testmodel.Generate(model, testmodel.Spec{Shards: 1, ShardSize: resumeShard, Seed: 21}); err != nil {
+		t.Fatal(err)
+	}
+	p := startGatedProxy(t, reg.Host, 12<<20)
+	first, second := interruptThenResume(t, p, bin, "--home", home, "pack", model, "-t", p.host+"/team/m:v1", "--push", "--plain-http", "-q")
+	checkResumed(t, "pack --push", first, second, reg.Host+"/team/m:v1", model)
+}
+
+// Item: copy between two registries resumes the same way: the destination's session is kept in the local store,
+// and the second run reads the source from the byte the session holds.
+func TestInterruptedCopyResumes(t *testing.T) {
+	bin := testenv.Modelpack(t)
+	src := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	dst := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	t.Setenv("DOCKER_CONFIG", t.TempDir())
+	home := t.TempDir()
+	model := resumeModel(t, home)
+	if code, _, stderr := binaryRunner(t)("--home", home, "push", src.Host+"/team/m:v1", "--from", "m:v1", "--plain-http", "-q"); code != 0 {
+		t.Fatalf("push: %s", stderr)
+	}
+	p := startGatedProxy(t, dst.Host, 12<<20)
+	first, second := interruptThenResume(t, p, bin, "--home", home, "copy", src.Host+"/team/m:v1", p.host+"/mirror/m:v1", "--plain-http", "-q")
+	checkResumed(t, "copy", first, second, dst.Host+"/mirror/m:v1", model)
 }

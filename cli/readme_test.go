@@ -32,7 +32,8 @@ func tourScript(t *testing.T) string {
 }
 
 // The README's tour, run by bash with the built binary against a real registry: only the registry's port differs
-// from what the README says (localhost:5000).
+// from what the README says (localhost:5000). deploy's TestDocCommandsRunOrAreListed runs (or lists, with the
+// reason) every other shell command of README.md and deploy/README.md.
 func TestReadmeTourRunsAsWritten(t *testing.T) {
 	bin := testenv.Modelpack(t)
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})

@@ -331,7 +331,9 @@ records (the epoch for a reproducible pack), as fetch gives them.`,
 					kinds = append(kinds, l)
 				}
 			}
-			warnUnmatched(newWarnings(cmd, g), args[0], include, kinds)
+			if err := wf.unmatched(newWarnings(cmd, g), args[0], include, kinds); err != nil {
+				return err
+			}
 			// Existing paths are checked by pack.Unpack, which skips the files already there byte for byte first.
 			if err := wf.checkImage(args[0], args[1], selected); err != nil {
 				return err

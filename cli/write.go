@@ -2,6 +2,8 @@ package cli
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -11,7 +13,7 @@ import (
 
 // writeFlags say what unpack and fetch may do to the directory they write into.
 type writeFlags struct {
-	force, keepOld, imageRootfs bool
+	force, keepOld, imageRootfs, strict bool
 }
 
 func (w *writeFlags) register(cmd *cobra.Command) {
@@ -19,6 +21,7 @@ func (w *writeFlags) register(cmd *cobra.Command) {
 	fl.BoolVar(&w.force, "force", false, "replace files that already exist in DIR (read-only ones too); directories are never replaced")
 	fl.BoolVar(&w.keepOld, "keep-old-files", false, "refuse to replace existing files, before writing anything (the default; as oras pull --keep-old-files)")
 	fl.BoolVar(&w.imageRootfs, "image-rootfs", false, "REF may be a container image: write its root filesystem into DIR")
+	fl.BoolVar(&w.strict, "strict", false, "fail, before writing anything, when an --include glob matches no file (default: warn)")
 	cmd.MarkFlagsMutuallyExclusive("force", "keep-old-files")
 }
 
@@ -47,16 +50,30 @@ func (w *writeFlags) checkImage(ref, dir string, layers []artifact.Layer) error 
 	return nil
 }
 
-// warnUnmatched says which --include globs keep no file of the layers the kind filter left: a typo otherwise ends
-// in an empty directory and exit 0.
-func warnUnmatched(ws *warnings, ref string, include []string, candidates []artifact.Layer) {
+// unmatched says which --include globs keep no file of the layers the kind filter left: a typo otherwise ends in
+// an empty directory and exit 0. Under --strict that is an error, before anything is written.
+func (w *writeFlags) unmatched(ws *warnings, ref string, include []string, candidates []artifact.Layer) error {
 	paths := make([]string, len(candidates))
 	for i, l := range candidates {
 		paths[i] = l.Path
 	}
-	for _, g := range artifact.UnmatchedGlobs(include, paths) {
+	globs := artifact.UnmatchedGlobs(include, paths)
+	if w.strict && len(globs) > 0 {
+		return fmt.Errorf("--include %s: matches no file of %s; nothing was written (--strict)", quoteGlobs(globs), ref)
+	}
+	for _, g := range globs {
 		ws.add(fmt.Sprintf("--include %q matches no file of %s", g, ref))
 	}
+	return nil
+}
+
+// quoteGlobs lists globs quoted, comma-separated.
+func quoteGlobs(globs []string) string {
+	q := make([]string, len(globs))
+	for i, g := range globs {
+		q[i] = strconv.Quote(g)
+	}
+	return strings.Join(q, ", ")
 }
 
 // skipIdentical wraps a layer selection so that files DIR already holds byte for byte are not written again: a

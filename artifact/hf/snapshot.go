@@ -39,6 +39,9 @@ type Options struct {
 	Concurrency int
 	// TempDir is where the staging directory is made (default os.TempDir).
 	TempDir string
+	// Strict makes an Include or Exclude glob that matches no file of the revision an error, before anything is
+	// downloaded; otherwise Snapshot.Unmatched lists them.
+	Strict bool
 }
 
 // Snapshot is a revision of a model ready to pack: pack.Pack(Dir, …) with Remote, Descriptor, Annotations and
@@ -46,6 +49,9 @@ type Options struct {
 type Snapshot struct {
 	Ref    Ref    // the revision asked for
 	Commit string // what it resolved to
+	// Unmatched says which Include/Exclude globs match no file of the revision ("--include \"*.gguf\""), most
+	// likely typos.
+	Unmatched []string
 	// Dir is a staging directory holding the files that are not in LFS (configs, tokenizers, docs), each checked
 	// against its git blob id. Close removes it.
 	Dir string
@@ -86,7 +92,11 @@ func (c *Client) Snapshot(ctx context.Context, ref Ref, opts Options) (_ *Snapsh
 	if err != nil {
 		return nil, err
 	}
-	s := &Snapshot{Ref: ref, Commit: commit, Dir: dir, Created: &created}
+	s := &Snapshot{Ref: ref, Commit: commit, Dir: dir, Created: &created, Unmatched: unmatchedGlobs(entries, opts)}
+	if opts.Strict && len(s.Unmatched) > 0 {
+		os.Remove(dir)
+		return nil, fmt.Errorf("%s matches no file of %s (commit %s); nothing was packed (strict)", strings.Join(s.Unmatched, ", "), ref, commit)
+	}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -119,6 +129,29 @@ func (c *Client) Snapshot(ctx context.Context, ref Ref, opts Options) (_ *Snapsh
 		return nil, fmt.Errorf("%s (commit %s) has no file to pack%s", ref, commit, filterNote(opts))
 	}
 	return s, nil
+}
+
+// unmatchedGlobs names the Include and Exclude globs that match no file of entries, as the flags were written.
+func unmatchedGlobs(entries []Entry, o Options) []string {
+	var out []string
+	for _, set := range []struct {
+		flag  string
+		globs []string
+	}{{"--include", o.Include}, {"--exclude", o.Exclude}} {
+		for _, g := range set.globs {
+			hit := false
+			for _, e := range entries {
+				if e.Type == "file" && !hidden(e.Path) && matches(g, e.Path) {
+					hit = true
+					break
+				}
+			}
+			if !hit {
+				out = append(out, fmt.Sprintf("%s %q", set.flag, g))
+			}
+		}
+	}
+	return out
 }
 
 func filterNote(o Options) string {

@@ -88,6 +88,9 @@ type Options struct {
 	Source string
 	// Warn, if set, hears about things that do not stop the pack (a weight header that cannot be parsed).
 	Warn func(msg string)
+	// Strict makes a rule (flag or Modelfile) that matches nothing an error, before any blob is written, instead of
+	// a warning.
+	Strict bool
 }
 
 // epoch is the mtime of every archived file when no creation time is given.
@@ -136,6 +139,10 @@ func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Des
 	layers, unused, err := plan(name, nodes, opts.LayerFormat, opts.Rules, mf.Rules)
 	if err != nil {
 		return ocispec.Descriptor{}, err
+	}
+	if opts.Strict && len(unused) > 0 {
+		r := unused[0]
+		return ocispec.Descriptor{}, badInput(shown, "%s %s %q matches nothing; nothing was packed (strict)", r.Source, r.Kind, r.Pattern)
 	}
 	if opts.Warn != nil {
 		for _, msg := range planWarnings(shown, layers, unused, len(mf.Rules) > 0) {

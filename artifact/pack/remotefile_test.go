@@ -96,7 +96,7 @@ func registrySink(t *testing.T, reg *testenv.Registry, repo string) pack.Sink {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return remote.PackSink(r, nil)
+	return remote.PackSink(r, nil, nil)
 }
 
 // plainSink hides the store's StatedSink: pack then reads remote files through AddBlob.

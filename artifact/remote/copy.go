@@ -376,16 +376,17 @@ func unwrapCopyError(err error) error {
 func transferBlob(ctx context.Context, src content.Fetcher, dst content.Storage, ing Ingester, desc ocispec.Descriptor, t *tracker, sessions UploadSessions) error {
 	open := openerFor(src)
 	_, srcIsRepo := src.(*Repository)
-	if r, ok := dst.(*Repository); ok && !srcIsRepo && sessions != nil && desc.Size > uploadChunk {
+	if r, ok := dst.(*Repository); ok && sessions != nil && desc.Size > uploadChunk {
 		return r.pushResumable(ctx, desc, func(ctx context.Context, offset int64) (io.ReadCloser, error) {
-			rc, start, err := open(ctx, desc, offset)
-			if err == nil && start < offset {
-				// The source cannot seek: skip what the registry holds.
-				if _, err = io.CopyN(io.Discard, rc, offset-start); err != nil {
-					rc.Close()
-				}
+			if !srcIsRepo {
+				return openAt(ctx, desc, offset, open)
 			}
-			return rc, err
+			// Another registry (copy): its download resumes too, from the byte the upload continues at.
+			rr := newResumableReader(ctx, desc, offset, open, nil, timeoutsOf(src))
+			if err := rr.connect(); err != nil {
+				return nil, err
+			}
+			return rr, nil
 		}, t.meter(desc, 0), sessions)
 	}
 	if ing != nil {

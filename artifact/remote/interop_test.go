@@ -89,7 +89,7 @@ func TestPackSinkStreamsToRegistry(t *testing.T) {
 		t.Fatal(err)
 	}
 	repo := repoFor(t, reg.Host+"/packed/model:v1", opts)
-	sink := PackSink(repo, nil)
+	sink := PackSink(repo, nil, nil)
 	desc, err := pack.Pack(ctx, model, pack.Options{Tag: reg.Host + "/packed/model:v1"}, sink)
 	if err != nil {
 		t.Fatal(err)
@@ -110,7 +110,7 @@ func TestPackSinkStreamsToRegistry(t *testing.T) {
 		}
 	}
 	// Packing the same model again sends no layer bytes.
-	sink2 := PackSink(repoFor(t, reg.Host+"/packed/model:v1", opts), nil)
+	sink2 := PackSink(repoFor(t, reg.Host+"/packed/model:v1", opts), nil, nil)
 	if _, err := pack.Pack(ctx, model, pack.Options{Tag: "v1"}, sink2); err != nil {
 		t.Fatal(err)
 	}

@@ -18,15 +18,18 @@ import (
 // learn its digest, skipped if the registry has it, and read again to upload. It implements pack.Sink and is safe
 // for concurrent use.
 type Sink struct {
-	repo *Repository
-	t    *tracker
-	root ocispec.Descriptor
-	ref  string
+	repo     *Repository
+	t        *tracker
+	sessions UploadSessions
+	root     ocispec.Descriptor
+	ref      string
 }
 
 // PackSink returns a sink pushing into repo, tagging the manifest with repo's reference unless Commit names a tag.
-func PackSink(repo *Repository, rep Reporter) *Sink {
-	return &Sink{repo: repo, t: newTracker(rep)}
+// With sessions, a large blob goes in resumable chunks, as Push sends it, so a pack --push run again after an
+// interruption sends only what the registry's upload session lacks.
+func PackSink(repo *Repository, rep Reporter, sessions UploadSessions) *Sink {
+	return &Sink{repo: repo, t: newTracker(rep), sessions: sessions}
 }
 
 // AddBlob hashes the blob, then uploads it unless the registry already has it. Progress and the result name the
@@ -37,7 +40,10 @@ func (s *Sink) AddBlob(ctx context.Context, desc ocispec.Descriptor, open func()
 		return ocispec.Descriptor{}, err
 	}
 	desc.Digest, desc.Size = d, n
-	return s.upload(ctx, desc, func(context.Context) (io.ReadCloser, error) { return open() })
+	return s.upload(ctx, desc, func(context.Context, ocispec.Descriptor, int64) (io.ReadCloser, int64, error) {
+		rc, err := open()
+		return rc, 0, err
+	})
 }
 
 // AddStatedBlob uploads a blob whose digest and size are known before it is read (a file the Hugging Face Hub
@@ -45,16 +51,14 @@ func (s *Sink) AddBlob(ctx context.Context, desc ocispec.Descriptor, open func()
 // registry has it. The upload fails rather than end on bytes that do not match desc (cas.Verifier; the registry
 // checks the digest as well).
 func (s *Sink) AddStatedBlob(ctx context.Context, desc ocispec.Descriptor, open func(ctx context.Context, offset int64) (io.ReadCloser, int64, error)) (ocispec.Descriptor, error) {
-	return s.upload(ctx, desc, func(ctx context.Context) (io.ReadCloser, error) {
-		rc, start, err := open(ctx, 0)
-		if err != nil {
-			return nil, err
+	return s.upload(ctx, desc, func(ctx context.Context, _ ocispec.Descriptor, offset int64) (io.ReadCloser, int64, error) {
+		rc, start, err := open(ctx, offset)
+		if err != nil || start != 0 {
+			// A resumed upload's first bytes are in the registry's session; the registry checks the digest of the
+			// whole blob when the upload is committed.
+			return rc, start, err
 		}
-		if start != 0 {
-			rc.Close()
-			return nil, fmt.Errorf("source of %s started at byte %d, not 0", desc.Digest, start)
-		}
-		return verifiedBody{cas.NewVerifier(desc.Digest, desc.Size).Reader(rc), rc}, nil
+		return verifiedBody{cas.NewVerifier(desc.Digest, desc.Size).Reader(rc), rc}, 0, nil
 	})
 }
 
@@ -64,7 +68,7 @@ type verifiedBody struct {
 }
 
 // upload sends desc's bytes from open unless the registry already has them.
-func (s *Sink) upload(ctx context.Context, desc ocispec.Descriptor, open func(context.Context) (io.ReadCloser, error)) (ocispec.Descriptor, error) {
+func (s *Sink) upload(ctx context.Context, desc ocispec.Descriptor, open blobOpener) (ocispec.Descriptor, error) {
 	ok, err := s.repo.Exists(ctx, desc)
 	if err != nil {
 		return ocispec.Descriptor{}, withOp("push", s.repo, err)
@@ -74,7 +78,14 @@ func (s *Sink) upload(ctx context.Context, desc ocispec.Descriptor, open func(co
 		return desc, nil
 	}
 	m := s.t.meter(desc, 0)
-	if err := pushBlob(ctx, s.repo, desc, open, m); err != nil {
+	if s.sessions != nil && desc.Size > uploadChunk {
+		err = s.repo.pushResumable(ctx, desc, func(ctx context.Context, offset int64) (io.ReadCloser, error) {
+			return openAt(ctx, desc, offset, open)
+		}, m, s.sessions)
+	} else {
+		err = pushBlob(ctx, s.repo, desc, func(ctx context.Context) (io.ReadCloser, error) { return openAt(ctx, desc, 0, open) }, m)
+	}
+	if err != nil {
 		s.t.finish(desc, StatusFailed, err)
 		return ocispec.Descriptor{}, withOp("push", s.repo, err)
 	}

@@ -118,6 +118,23 @@ func NewResumableReader(ctx context.Context, desc ocispec.Descriptor, offset int
 	}, nil, tm)
 }
 
+// openAt opens a local blob at offset, skipping what a source that cannot seek gives before it.
+func openAt(ctx context.Context, desc ocispec.Descriptor, offset int64, open blobOpener) (io.ReadCloser, error) {
+	rc, start, err := open(ctx, desc, offset)
+	if err != nil {
+		return nil, err
+	}
+	if start > offset {
+		rc.Close()
+		return nil, fmt.Errorf("source of %s started at byte %d, past %d", desc.Digest, start, offset)
+	}
+	if _, err := io.CopyN(io.Discard, rc, offset-start); err != nil {
+		rc.Close()
+		return nil, err
+	}
+	return rc, nil
+}
+
 func newResumableReader(ctx context.Context, desc ocispec.Descriptor, offset int64, open blobOpener, onRead func(int64), tm Timeouts) *resumableReader {
 	if onRead == nil {
 		onRead = func(int64) {}
