@@ -1,8 +1,11 @@
 package cas
 
 import (
+	"runtime"
 	"sync"
 	"time"
+
+	"github.com/modelpack/modelpack/internal/diskio"
 )
 
 // Flusher makes things durable in the background, in batches. Each Add restarts a countdown of FlushDelay; when it
@@ -48,7 +51,17 @@ func (f *Flusher[T]) whenIdle() {
 		f.mu.Unlock()
 		return
 	}
-	f.Flush()
+	// The background flush runs on a thread of the idle I/O class: its writes wait for the disk to have nothing
+	// else to do, so a publish's own small fsync (its volume record, its metadata) is not queued behind gigabytes
+	// of write-back. The thread is never unlocked: it leaves with the goroutine, its class with it.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread()
+		_ = diskio.Background() // best effort: where classes are not honoured the flush merely competes
+		f.Flush()
+	}()
+	<-done
 }
 
 // Flush flushes everything added so far, as one batch, after the batch under way if there is one.

@@ -1,0 +1,37 @@
+package cas
+
+import (
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// A background flush writes at the idle I/O class, so that a publish's own fsync is not queued behind it; a Flush
+// asked for by a caller (Sync, shutdown) runs at the caller's class.
+func TestBackgroundFlushRunsAtIdleIOClass(t *testing.T) {
+	s := open(t)
+	classOf := func() int {
+		// ioprio_get(IOPRIO_WHO_PROCESS, 0): the calling thread's class, in the bits above 13.
+		v, _, errno := unix.Syscall(unix.SYS_IOPRIO_GET, 1, 0, 0)
+		if errno != 0 {
+			t.Errorf("ioprio_get: %v", errno)
+		}
+		return int(v) >> 13
+	}
+	got := make(chan int, 2)
+	f := NewFlusher(s, func(batch []int) { got <- classOf() })
+	defer func(d time.Duration) { FlushDelay = d }(FlushDelay)
+	FlushDelay = time.Millisecond
+
+	f.Add(1) // the countdown's end flushes it in the background
+	if c := <-got; c != 3 {
+		t.Errorf("background flush ran at I/O class %d, want 3 (idle)", c)
+	}
+	FlushDelay = time.Hour
+	f.Add(2)
+	f.Flush()
+	if c := <-got; c == 3 {
+		t.Error("a Flush the caller asked for ran at the idle class")
+	}
+}
