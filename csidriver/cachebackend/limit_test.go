@@ -34,8 +34,9 @@ func TestBandwidthLimit(t *testing.T) {
 	if err != nil || !bytes.Equal(got, blob) {
 		t.Fatalf("read %d bytes, %v", len(got), err)
 	}
-	// 512 KiB at 1 MiB/s with a burst of 100 KiB: at least ~0.4 s.
-	if el := time.Since(start); el < 350*time.Millisecond || el > 3*time.Second {
+	// 512 KiB at 1 MiB/s with a burst of 100 KiB: at least ~0.4 s. Only the floor is the limiter's promise; a busy
+	// machine may take any longer.
+	if el := time.Since(start); el < 350*time.Millisecond {
 		t.Errorf("512 KiB at 1 MiB/s took %s", el)
 	}
 	// A cancelled context ends a throttled read instead of waiting out the budget.
