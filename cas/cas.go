@@ -254,41 +254,48 @@ func (s *Store) ingest(ctx context.Context, d digest.Digest, size int64, open Op
 		return err
 	}
 	partial := base + ".partial"
+	if err := download(ctx, partial, NewVerifier(d, size), open); err != nil {
+		return err
+	}
+	committed = true
+	return s.commit(partial, d)
+}
+
+// download makes the file partial hold the blob v checks: it keeps what an earlier attempt left there, fetches the
+// rest from open and verifies the whole. On an error the partial is kept when the next attempt can resume it (a
+// cancellation, a dropped connection) and removed when its bytes are wrong.
+func download(ctx context.Context, partial string, v *Verifier, open OpenFunc) error {
+	d, size := v.d, v.size
 	f, err := os.OpenFile(partial, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return err
 	}
-	// A partial that fails verification is removed below; one cut short (cancellation, a dropped connection)
-	// is kept so the next attempt resumes it.
 	defer f.Close()
-	v := NewVerifier(d, size)
 	if err := v.Resume(f); err != nil {
 		return err
 	}
-	offset := v.Written()
-	resumed := offset
-	if offset == size && size > 0 {
+	resumed := v.Written()
+	if resumed == size && size > 0 {
 		// A crash after the last byte but before the commit: the partial may already be the blob, and asking the
 		// source for a range starting at its end is an error (416).
 		if v.Check() == nil {
-			committed = true
-			return s.commit(partial, d)
+			return nil
 		}
 		if err := startOver(f, v); err != nil {
 			return err
 		}
-		offset = 0
 	}
 	// Reserving the blob's blocks before the first request: a disk that cannot hold it fails now, not after
 	// gigabytes, and the writes below skip per-page block reservation.
 	if err := diskio.Preallocate(f, size); err != nil {
-		if offset == 0 {
+		if v.Written() == 0 {
 			os.Remove(partial)
 		} else {
-			f.Truncate(offset) // gives back what the reservation took past the kept bytes
+			f.Truncate(v.Written()) // gives back what the reservation took past the kept bytes
 		}
 		return fmt.Errorf("ingest %s (%d bytes): %w", d, size, err)
 	}
+	offset := v.Written()
 	rc, start, err := open(ctx, offset)
 	if err != nil {
 		return err
@@ -301,41 +308,52 @@ func (s *Store) ingest(ctx context.Context, d digest.Digest, size int64, open Op
 		if err := startOver(f, v); err != nil {
 			return err
 		}
-		offset = 0
 	}
 	// Read one byte more than expected so an oversized source is caught rather than truncated. The bytes go to the
 	// page cache only: starting their writeback here (sync_file_range, as this once did) put block allocation and
 	// I/O submission on the download's CPU (README, Performance); the flush is the flusher's.
 	buf := copyBuffers.Get().(*[]byte)
 	defer copyBuffers.Put(buf)
-	_, err = io.CopyBuffer(io.MultiWriter(v, f), io.LimitReader(ctxReader{ctx, rc}, size-offset+1), *buf)
-	if err != nil {
-		if errors.Is(err, ErrDigestMismatch) {
+	_, err = io.CopyBuffer(io.MultiWriter(v, f), io.LimitReader(ctxReader{ctx, rc}, size-v.Written()+1), *buf)
+	kept := int64(0)
+	if start == resumed {
+		kept = resumed
+	}
+	return settle(ctx, partial, v, err, kept)
+}
+
+// settle decides what a finished copy into partial leaves: nil when the bytes are the blob; otherwise an error,
+// with the partial removed unless it may only have been cut off. The copy continued the first kept bytes an
+// earlier attempt wrote (0: it started afresh).
+func settle(ctx context.Context, partial string, v *Verifier, copyErr error, kept int64) error {
+	d, size := v.d, v.size
+	if copyErr != nil {
+		switch {
+		case errors.Is(copyErr, ErrDigestMismatch):
 			// The source itself says its bytes are not the blob (it checks what it serves): nothing to resume.
 			os.Remove(partial)
-			return fmt.Errorf("fetch %s: %w", d, err)
-		}
-		if ctx.Err() == nil {
+			return fmt.Errorf("fetch %s: %w", d, copyErr)
+		case ctx.Err() == nil:
 			// The partial is kept: the next Ingest resumes it.
-			return fmt.Errorf("fetch %s: %w: %w", d, ErrIncomplete, err)
+			return fmt.Errorf("fetch %s: %w: %w", d, ErrIncomplete, copyErr)
 		}
-		return fmt.Errorf("fetch %s: %w", d, err)
+		return fmt.Errorf("fetch %s: %w", d, copyErr)
 	}
-	if err := v.Check(); err != nil {
+	err := v.Check()
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrSizeMismatch) && v.Written() < size:
 		// A stream that ends cleanly short of size says the blob is shorter than its descriptor (a dropped
 		// connection is an error, above). The partial stays in case it was only cut off.
-		if errors.Is(err, ErrSizeMismatch) && v.Written() < size {
-			return fmt.Errorf("%s: %w", d, err)
-		}
-		os.Remove(partial)
-		if errors.Is(err, ErrDigestMismatch) && resumed > 0 && start == resumed {
-			// The kept part may be what broke the digest (a power loss can leave zeros where unflushed bytes were).
-			return fmt.Errorf("%s: %w after resuming at %d: %w", d, err, resumed, errBadResume)
-		}
-		return fmt.Errorf("%s: %w; the bytes were dropped", d, err)
+		return fmt.Errorf("%s: %w", d, err)
 	}
-	committed = true
-	return s.commit(partial, d)
+	os.Remove(partial)
+	if errors.Is(err, ErrDigestMismatch) && kept > 0 {
+		// The kept part may be what broke the digest (a power loss can leave zeros where unflushed bytes were).
+		return fmt.Errorf("%s: %w after resuming at %d: %w", d, err, kept, errBadResume)
+	}
+	return fmt.Errorf("%s: %w; the bytes were dropped", d, err)
 }
 
 // lockIngest takes the cross-process lock of one digest's ingest. Lock files are removed when their ingest
