@@ -6,6 +6,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -250,32 +251,7 @@ func unwrapPathError(err error) error {
 // part of a claimed directory, are duplicate layer paths. The rules that matched nothing are returned, since they
 // are usually typos.
 func plan(name func(rel string) string, nodes []node, format artifact.Format, sources ...[]Rule) ([]layerPlan, []Rule, error) {
-	used := map[*Rule]bool{}
-	// match returns the rule of the first source that has one for rel. Every source is consulted, so a rule that
-	// is overridden is not reported as matching nothing, and a source that contradicts itself is an error.
-	match := func(rel string) (*Rule, error) {
-		var first *Rule
-		for _, rules := range sources {
-			var hit *Rule
-			for i := range rules {
-				r := &rules[i]
-				if ok, _ := path.Match(r.Pattern, rel); !ok {
-					continue
-				}
-				used[r] = true
-				if hit != nil && hit.Kind != r.Kind {
-					return nil, badInput(name(rel), "duplicate layer path: %s makes it %s and %s makes it %s", hit.Source, hit.Kind, r.Source, r.Kind)
-				}
-				if hit == nil {
-					hit = r
-				}
-			}
-			if first == nil {
-				first = hit
-			}
-		}
-		return first, nil
-	}
+	rules := &ruleSet{sources: sources, used: map[*Rule]bool{}, name: name}
 	dirFormat := format
 	if dirFormat == artifact.FormatRaw || dirFormat == "" {
 		dirFormat = artifact.FormatTar
@@ -287,7 +263,7 @@ func plan(name func(rel string) string, nodes []node, format artifact.Format, so
 	var groupOrder []string
 	for _, n := range nodes {
 		if claimed != nil && strings.HasPrefix(n.rel, claimed.path+"/") {
-			r, err := match(n.rel)
+			r, err := rules.match(n.rel)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -302,7 +278,7 @@ func plan(name func(rel string) string, nodes []node, format artifact.Format, so
 			layers = append(layers, *claimed)
 			claimed = nil
 		}
-		r, err := match(n.rel)
+		r, err := rules.match(n.rel)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -339,30 +315,86 @@ func plan(name func(rel string) string, nodes []node, format artifact.Format, so
 	if claimed != nil {
 		layers = append(layers, *claimed)
 	}
-	if len(groups) > 0 {
-		dirs := map[string]node{}
-		for _, n := range nodes {
-			if n.dir {
-				dirs[n.rel] = n
+	for _, top := range groupOrder {
+		layers = append(layers, finishGroup(groups[top], nodes))
+	}
+	if err := orderLayers(layers, name); err != nil {
+		return nil, nil, err
+	}
+	return layers, rules.unused(), nil
+}
+
+// ruleSet is the layer rules of several sources (flags, a Modelfile), in order of precedence.
+type ruleSet struct {
+	sources [][]Rule
+	used    map[*Rule]bool
+	name    func(rel string) string
+}
+
+// match returns the rule of the first source that has one for rel. Every source is consulted, so a rule that is
+// overridden is not reported as matching nothing, and a source that contradicts itself is an error.
+func (s *ruleSet) match(rel string) (*Rule, error) {
+	var first *Rule
+	for _, rules := range s.sources {
+		var hit *Rule
+		for i := range rules {
+			r := &rules[i]
+			if ok, _ := path.Match(r.Pattern, rel); !ok {
+				continue
+			}
+			s.used[r] = true
+			if hit != nil && hit.Kind != r.Kind {
+				return nil, badInput(s.name(rel), "duplicate layer path: %s makes it %s and %s makes it %s", hit.Source, hit.Kind, r.Source, r.Kind)
+			}
+			if hit == nil {
+				hit = r
 			}
 		}
-		for _, top := range groupOrder {
-			g := groups[top]
-			g.kind = majorityKind(g.nodes)
-			// Add the directories leading to each file, so modes survive the round trip.
-			seen := map[string]bool{}
-			files := g.nodes
-			for _, f := range files {
-				for d := path.Dir(f.rel); d != "."; d = path.Dir(d) {
-					if !seen[d] {
-						seen[d] = true
-						g.nodes = append(g.nodes, dirs[d])
-					}
-				}
-			}
-			layers = append(layers, *g)
+		if first == nil {
+			first = hit
 		}
 	}
+	return first, nil
+}
+
+// unused are the rules that matched no path.
+func (s *ruleSet) unused() []Rule {
+	var unused []Rule
+	for _, rules := range s.sources {
+		for i := range rules {
+			if !s.used[&rules[i]] {
+				unused = append(unused, rules[i])
+			}
+		}
+	}
+	return unused
+}
+
+// finishGroup completes the archive of a top-level directory's files: its kind is its files' majority, and it
+// holds the directories leading to each file, so their modes survive the round trip.
+func finishGroup(g *layerPlan, nodes []node) layerPlan {
+	dirs := map[string]node{}
+	for _, n := range nodes {
+		if n.dir {
+			dirs[n.rel] = n
+		}
+	}
+	g.kind = majorityKind(g.nodes)
+	seen := map[string]bool{}
+	for _, f := range slices.Clone(g.nodes) {
+		for d := path.Dir(f.rel); d != "."; d = path.Dir(d) {
+			if !seen[d] {
+				seen[d] = true
+				g.nodes = append(g.nodes, dirs[d])
+			}
+		}
+	}
+	return *g
+}
+
+// orderLayers sorts each layer's entries and the layers themselves (by kind, then path), the order that makes a
+// pack reproducible, and refuses two layers of one path.
+func orderLayers(layers []layerPlan, name func(rel string) string) error {
 	for i := range layers {
 		sort.Slice(layers[i].nodes, func(a, b int) bool { return tarName(layers[i].nodes[a]) < tarName(layers[i].nodes[b]) })
 	}
@@ -379,19 +411,11 @@ func plan(name func(rel string) string, nodes []node, format artifact.Format, so
 	seen := map[string]bool{}
 	for _, l := range layers {
 		if seen[l.path] {
-			return nil, nil, badInput(name(l.path), "duplicate layer path")
+			return badInput(name(l.path), "duplicate layer path")
 		}
 		seen[l.path] = true
 	}
-	var unused []Rule
-	for _, rules := range sources {
-		for i := range rules {
-			if !used[&rules[i]] {
-				unused = append(unused, rules[i])
-			}
-		}
-	}
-	return layers, unused, nil
+	return nil
 }
 
 // majorityKind is the kind most files of a group have; ties go to the earlier kind in spec order.
