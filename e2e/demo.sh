@@ -16,6 +16,8 @@ cleanup() {
   [ -n "${TARGET:-}" ] && mountpoint -q "$TARGET" 2>/dev/null && csiclient -endpoint "unix://$DEMO/csi.sock" unpublish -target "$TARGET" >/dev/null 2>&1 || true
   [ -n "$DRIVER_PID" ] && kill "$DRIVER_PID" 2>/dev/null && wait "$DRIVER_PID" 2>/dev/null || true
   [ -n "${REGISTRY_PID:-}" ] && kill "$REGISTRY_PID" 2>/dev/null || true
+  # A directory the demo made for itself goes with it; DEMO_DIR=… keeps the model, the store and the registry.
+  [ -n "${DEMO_DIR:-}" ] || rm -rf "$DEMO"
 }
 trap cleanup EXIT
 go build -o bin/csiclient ./e2e/cmd/csiclient
@@ -95,4 +97,4 @@ csiclient -endpoint "unix://$DEMO/csi.sock" unpublish -target "$TARGET"
 echo "target removed"
 TARGET=
 echo
-echo "demo complete: $DEMO"
+if [ -n "${DEMO_DIR:-}" ]; then echo "demo complete; its files are in $DEMO"; else echo "demo complete (DEMO_DIR=/some/dir make demo keeps its files)"; fi
