@@ -124,6 +124,13 @@ func restartDriver(t *testing.T, c *harness.Cluster) {
 	t.Helper()
 	old := c.DriverPod(t)
 	c.Kubectl(t, "-n", harness.Namespace, "delete", "pod", old, "--wait=true", "--timeout=120s")
+	awaitDriver(t, c, old)
+}
+
+// awaitDriver waits until the DaemonSet has rolled out, a node plugin pod other than old runs with all its
+// containers ready, and the kubelet has registered the driver again.
+func awaitDriver(t *testing.T, c *harness.Cluster, old string) {
+	t.Helper()
 	c.Kubectl(t, "-n", harness.Namespace, "rollout", "status", "daemonset/modelpack-node", "--timeout=180s")
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
@@ -134,7 +141,7 @@ func restartDriver(t *testing.T, c *harness.Cluster) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("node plugin not back after deleting %s: %s", old, out)
+			t.Fatalf("no new node plugin pod in place of %s: %s", old, out)
 		}
 		time.Sleep(250 * time.Millisecond)
 	}

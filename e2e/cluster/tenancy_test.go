@@ -83,17 +83,27 @@ func TestTenants(t *testing.T) {
 // pushPrivate packs dir and pushes it to reg as user; it returns the reference by digest.
 func pushPrivate(t *testing.T, c *harness.Cluster, reg *testenv.Registry, dir, repoTag, user, password string) string {
 	t.Helper()
-	tagged := reg.Host + "/" + repoTag
-	cmd := exec.Command(c.Modelpack, "pack", dir, "-t", tagged, "--push", "--plain-http", "-q", "-u", user, "-p", password)
+	return pushTo(t, c, dir, "http://"+reg.Host, http.DefaultClient, repoTag, user, password, "--plain-http", "-u", user, "-p", password)
+}
+
+// pushTo packs dir and pushes it with `modelpack pack --push` and flags to the registry at base (scheme://host),
+// then reads the manifest's digest back through client (as user, if given); it returns the reference by digest.
+func pushTo(t *testing.T, c *harness.Cluster, dir, base string, client *http.Client, repoTag, user, password string, flags ...string) string {
+	t.Helper()
+	host := strings.TrimPrefix(strings.TrimPrefix(base, "http://"), "https://")
+	tagged := host + "/" + repoTag
+	cmd := exec.Command(c.Modelpack, append([]string{"pack", dir, "-t", tagged, "--push", "-q"}, flags...)...)
 	cmd.Env = append(os.Environ(), "MODELPACK_HOME="+t.TempDir())
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("modelpack pack --push %s: %v\n%s", tagged, err, out)
 	}
 	repo, tag, _ := strings.Cut(repoTag, ":")
-	req, _ := http.NewRequest(http.MethodGet, "http://"+reg.Host+"/v2/"+repo+"/manifests/"+tag, nil)
+	req, _ := http.NewRequest(http.MethodGet, base+"/v2/"+repo+"/manifests/"+tag, nil)
 	req.Header.Set("Accept", "application/vnd.oci.image.manifest.v1+json")
-	req.SetBasicAuth(user, password)
-	resp, err := http.DefaultClient.Do(req)
+	if user != "" {
+		req.SetBasicAuth(user, password)
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,5 +112,5 @@ func pushPrivate(t *testing.T, c *harness.Cluster, reg *testenv.Registry, dir, r
 	if err := json.NewDecoder(resp.Body).Decode(&m); err != nil || resp.StatusCode != http.StatusOK || len(m.Layers) == 0 {
 		t.Fatalf("manifest of %s: %s %v", tagged, resp.Status, err)
 	}
-	return reg.Host + "/" + repo + "@" + resp.Header.Get("Docker-Content-Digest")
+	return host + "/" + repo + "@" + resp.Header.Get("Docker-Content-Digest")
 }
