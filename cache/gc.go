@@ -585,19 +585,12 @@ type VerifyReport struct {
 // repair (Remove and pull again does). A missing extracted layer is not a problem: the next view extracts it.
 func (c *Cache) Verify(ctx context.Context) (VerifyReport, error) {
 	var r VerifyReport
-	type blob struct {
-		d    digest.Digest
-		size int64
-	}
-	var all []blob
-	if err := c.blobs.Walk(func(d digest.Digest, size int64) error {
-		all = append(all, blob{d, size})
-		return nil
-	}); err != nil {
+	all, _, err := c.allBlobs()
+	if err != nil {
 		return r, err
 	}
 	var mu sync.Mutex
-	work := make(chan blob)
+	work := make(chan blobRef)
 	var wg sync.WaitGroup
 	for range 2 {
 		wg.Go(func() {
@@ -624,7 +617,7 @@ func (c *Cache) Verify(ctx context.Context) (VerifyReport, error) {
 	if err := ctx.Err(); err != nil {
 		return r, err
 	}
-	err := c.db.View(func(tx *bolt.Tx) error {
+	err = c.db.View(func(tx *bolt.Tx) error {
 		ms, err := allManifests(tx)
 		if err != nil {
 			return err

@@ -276,17 +276,8 @@ func (c *Cache) scrub(ctx context.Context) (VerifyReport, error) {
 
 func (c *Cache) scrubBlobs(ctx context.Context) (VerifyReport, error) {
 	var r VerifyReport
-	type blob struct {
-		d    digest.Digest
-		size int64
-	}
-	var all []blob
-	var total int64
-	if err := c.blobs.Walk(func(d digest.Digest, size int64) error {
-		all = append(all, blob{d, size})
-		total += size
-		return nil
-	}); err != nil {
+	all, total, err := c.allBlobs()
+	if err != nil {
 		return r, err
 	}
 	c.m.scrubPassBytes.Set(float64(total))
@@ -335,6 +326,24 @@ func (c *Cache) scrubBlobs(ctx context.Context) (VerifyReport, error) {
 	}
 	c.m.scrubLastCompletion.SetToCurrentTime()
 	return r, c.emptyTrash()
+}
+
+// blobRef is a blob of the store and its size.
+type blobRef struct {
+	d    digest.Digest
+	size int64
+}
+
+// allBlobs lists the store's blobs and their total size, for a pass over all of them (Verify, the scrub).
+func (c *Cache) allBlobs() ([]blobRef, int64, error) {
+	var all []blobRef
+	var total int64
+	err := c.blobs.Walk(func(d digest.Digest, size int64) error {
+		all = append(all, blobRef{d, size})
+		total += size
+		return nil
+	})
+	return all, total, err
 }
 
 // scrubBurst is the scrub's pacing granule: more than one read of cas's (256 KiB).

@@ -234,24 +234,31 @@ func (s *Store) Check(d digest.Digest) (int64, error) {
 		ck, lead := s.beginCheckLocked(d)
 		ck.hurry()
 		s.stampMu.Unlock()
-		if lead {
-			s.rehash(d, ck, nil)
-		} else {
-			hookCheck(d, "wait")
-		}
-		<-ck.done
-		if errors.Is(ck.err, errScrubStopped) {
+		err = s.await(d, ck, lead, nil)
+		if errors.Is(err, errScrubStopped) {
 			attempt--
 			continue
 		}
-		if ck.err != nil {
-			return 0, ck.err
+		if err != nil {
+			return 0, err
 		}
 		if attempt == 2 {
 			// Re-hashed right three times and changed each time since: something keeps writing it.
 			return 0, fmt.Errorf("%s: %w: its file keeps changing", d, ErrDigestMismatch)
 		}
 	}
+}
+
+// await runs the re-hash ck of d at pace when the caller leads it, or waits for the one under way, and returns
+// its verdict.
+func (s *Store) await(d digest.Digest, ck *check, lead bool, pace Pace) error {
+	if lead {
+		s.rehash(d, ck, pace)
+	} else {
+		hookCheck(d, "wait")
+	}
+	<-ck.done
+	return ck.err
 }
 
 // beginCheckLocked returns the re-hash of d under way, or a new one that the caller (lead) must run. The caller holds
@@ -360,13 +367,7 @@ func (s *Store) Scrub(d digest.Digest, pace Pace) error {
 	s.stampMu.Lock()
 	ck, lead := s.beginCheckLocked(d)
 	s.stampMu.Unlock()
-	if lead {
-		s.rehash(d, ck, pace)
-	} else {
-		hookCheck(d, "wait")
-	}
-	<-ck.done
-	return ck.err
+	return s.await(d, ck, lead, pace)
 }
 
 // Link hardlinks blob d at dst (the cache's views), its stamp checked right before (a re-hash first if it changed)

@@ -26,6 +26,9 @@ type phased struct {
 }
 
 func (p phased) step(name, ref string, start time.Time, err error) {
+	if !p.log.Enabled(context.Background(), slog.LevelDebug) {
+		return // a warm publish's hot path: no record to build at the default level
+	}
 	args := []any{"phase", name, "reference", ref, "start", start, "duration", time.Since(start)}
 	if err != nil {
 		args = append(args, "error", err.Error())
