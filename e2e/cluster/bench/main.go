@@ -19,7 +19,8 @@
 //	go run -tags cluster ./e2e/cluster/bench                          # MODEL_DIR, default the 2 GiB bench model
 //	BENCH_MODEL_SIZE=128MiB go run -tags cluster ./e2e/cluster/bench  # a 4 × 128 MiB model, for quick runs
 //
-// BENCH_COLD_RUNS and BENCH_WARM_RUNS (default 3) set the runs per figure.
+// BENCH_COLD_RUNS and BENCH_WARM_RUNS (default 3) set the runs per figure, BENCH_FLEET_RUNS (2) the Deployments
+// of each size, BENCH_PARTS (table,fleet,prepulled,othertag) what runs.
 package main
 
 import (
@@ -29,6 +30,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -102,9 +104,30 @@ func run() (rc int) {
 		b.memoryLimitExperiment()
 		return 0
 	}
-	b.table()
-	b.scenarios()
+	parts := benchParts(t)
+	if parts["table"] {
+		b.table()
+	}
+	b.scenarios(parts)
 	return 0
+}
+
+// benchParts is BENCH_PARTS, the parts to run (default all): table, fleet, prepulled, othertag. Without the table
+// the scenarios print their times without the ratios to its figures.
+func benchParts(t *tb) map[string]bool {
+	all := []string{"table", "fleet", "prepulled", "othertag"}
+	s := os.Getenv("BENCH_PARTS")
+	if s == "" {
+		s = strings.Join(all, ",")
+	}
+	parts := map[string]bool{}
+	for _, p := range strings.Split(s, ",") {
+		if !slices.Contains(all, p) {
+			t.Fatalf("BENCH_PARTS=%q: unknown part %q (valid: %s)", s, p, strings.Join(all, ", "))
+		}
+		parts[p] = true
+	}
+	return parts
 }
 
 // benchModel is the model directory: MODEL_DIR (make bench's 2 GiB model, generated when missing), or with
@@ -370,7 +393,7 @@ func (b *bench) measure(v string) result {
 	b.n++
 	kind, _, _ := strings.Cut(v, ":")
 	name := fmt.Sprintf("bench-%s-%d", kind, b.n)
-	manifest := b.pod(name, v, false)
+	manifest := b.pod(name, v, 0)
 	t0, up0 := time.Now(), uptime(t)
 	if _, err := c.RunInput(manifest, "apply", "-f", "-"); err != nil {
 		t.Fatal(err)
@@ -395,10 +418,11 @@ func (b *bench) measure(v string) result {
 	return r
 }
 
-// pod renders the pod of variant v; a fleet member (Deployment template) restarts and sleeps after reading.
-func (b *bench) pod(name, v string, fleet bool) string {
+// pod renders the pod of variant v; with replicas > 0 a Deployment of that many, whose pods restart and sleep
+// after reading.
+func (b *bench) pod(name, v string, replicas int) string {
 	script, restart := readScript, "Never"
-	if fleet {
+	if replicas > 0 {
 		script, restart = readScript+"; exec sleep 3600", "Always"
 	}
 	var vol map[string]any
@@ -438,11 +462,11 @@ func (b *bench) pod(name, v string, fleet bool) string {
 		"command":      []string{"/bin/sh", "-c", script},
 		"volumeMounts": []map[string]any{{"name": "model", "mountPath": "/model", "readOnly": true}}}}
 	obj := map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": name, "namespace": "default"}, "spec": spec}
-	if fleet {
+	if replicas > 0 {
 		labels := map[string]string{"app": name}
 		obj = map[string]any{"apiVersion": "apps/v1", "kind": "Deployment",
 			"metadata": map[string]any{"name": name, "namespace": "default"},
-			"spec": map[string]any{"replicas": 4, "selector": map[string]any{"matchLabels": labels},
+			"spec": map[string]any{"replicas": replicas, "selector": map[string]any{"matchLabels": labels},
 				"template": map[string]any{"metadata": map[string]any{"labels": labels}, "spec": spec}}}
 	}
 	out, err := json.Marshal(obj)

@@ -229,7 +229,12 @@ func (b *bench) kubeletTimes(t0 time.Time, pod string) map[string]time.Time {
 // sandbox adds when the kubelet asked containerd for the pod's sandbox (after its volumes are set up) and when
 // containerd had it running.
 func (b *bench) sandbox(bd *breakdown, t0 time.Time, pod string) {
-	var asked, ready time.Time
+	asked, ready := b.sandboxTimes(t0, pod)
+	bd.add("containerd: sandbox asked for", asked, t0)
+	bd.add("containerd: sandbox running", ready, t0)
+}
+
+func (b *bench) sandboxTimes(t0 time.Time, pod string) (asked, ready time.Time) {
 	b.containerdLines(t0, func(when time.Time, msg string) {
 		if !strings.Contains(msg, "RunPodSandbox for name:\\\""+pod+"\\\"") {
 			return
@@ -242,8 +247,7 @@ func (b *bench) sandbox(bd *breakdown, t0 time.Time, pod string) {
 			ready = when
 		}
 	})
-	bd.add("containerd: sandbox asked for", asked, t0)
-	bd.add("containerd: sandbox running", ready, t0)
+	return asked, ready
 }
 
 var containerdLine = regexp.MustCompile(`^time="([^"]+)" level=\w+ msg="(.*)"`)

@@ -30,6 +30,8 @@ import (
 //     equal, p50 ≤ 20 ms).
 //
 // BENCH_BASELINE_BIN=/path/to/an/older/modelpack adds its cold publish to every round (before/after in one run).
+// DRIVER_WARM_LOG=/path keeps the log of the driver the warm publishes ran against (with DRIVER_LOG_LEVEL=debug:
+// each publish's steps, to see which one makes the p99).
 func benchDriver(e *env) error {
 	if os.Geteuid() != 0 {
 		return errors.New("needs root for mounts")
@@ -137,7 +139,7 @@ func benchDriver(e *env) error {
 	}
 	tCurl, tCold, tOras := bench.Median(curlRuns), bench.Median(coldRuns), bench.Median(orasRuns)
 
-	if drv, err = startDriver(mp, filepath.Join(d, "root"), e.registry.Host, filepath.Join(d, "driver.log"), envOr("DRIVER_LOG_LEVEL", "warn"), false); err != nil {
+	if drv, err = startDriver(mp, filepath.Join(d, "root"), e.registry.Host, envOr("DRIVER_WARM_LOG", filepath.Join(d, "driver.log")), envOr("DRIVER_LOG_LEVEL", "warn"), false); err != nil {
 		return err
 	}
 	// The warm figures start from a cache holding both models.
