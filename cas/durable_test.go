@@ -443,9 +443,10 @@ func TestFlushBatchSyncsEachDirectoryOnce(t *testing.T) {
 	var data, dirs []string
 	for _, e := range syncs() {
 		kind, path, _ := strings.Cut(e, " ")
-		if kind == "data" {
+		switch kind {
+		case "data":
 			data = append(data, path)
-		} else {
+		case "dir":
 			dirs = append(dirs, path)
 		}
 	}
@@ -583,10 +584,11 @@ func TestOpenMarksSettledBlobsAndLeavesRecentOnesToTheFlusher(t *testing.T) {
 	}
 }
 
-// A big blob is flushed a chunk at a time, in order, and another fsync on the same disk — a publish's metadata
-// commit — is not queued behind the rest of it: held half way through the blob (a gate, not a clock), the flush
-// lets a durable write of a record and the commit of another blob complete, and the blob is marked only after its
-// last chunk and its fdatasync.
+// A big blob is flushed a chunk at a time, in order, each chunk followed by a flush of the disk's write cache (the
+// barrier) before the next is written back, and another fsync on the same disk — a publish's metadata commit — is
+// not queued behind the rest of it: held half way through the blob (a gate, not a clock), the flush lets a durable
+// write of a record and the commit of another blob complete, and the blob is marked only after its last chunk and
+// its fdatasync.
 func TestFlushWritesBackInChunks(t *testing.T) {
 	fakeBoot(t)
 	s := open(t)
@@ -599,12 +601,16 @@ func TestFlushWritesBackInChunks(t *testing.T) {
 
 	var mu sync.Mutex
 	var ranges [][2]int64
+	barriers := 0
 	held, release := make(chan struct{}), make(chan struct{})
 	hook := func(p string, off, n int64) {
 		if p != path {
 			return
 		}
 		mu.Lock()
+		if barriers != len(ranges) {
+			t.Errorf("chunk %d written back after %d cache flushes, want one after each earlier chunk", len(ranges), barriers)
+		}
 		ranges = append(ranges, [2]int64{off, n})
 		second := len(ranges) == 2
 		mu.Unlock()
@@ -615,7 +621,13 @@ func TestFlushWritesBackInChunks(t *testing.T) {
 	}
 	rangeHook.Store(&hook)
 	t.Cleanup(func() { rangeHook.Store(nil) })
-	syncs := recordSyncs(t, s.Root(), func(string, string) {})
+	syncs := recordSyncs(t, s.Root(), func(kind, p string) {
+		if kind == "barrier" && p == path {
+			mu.Lock()
+			barriers++
+			mu.Unlock()
+		}
+	})
 
 	s.ingesting.Add(1) // hold the background flush: Sync below runs it
 	if err := s.Ingest(context.Background(), d, int64(len(b)), (&source{blob: b}).open); err != nil {
@@ -653,6 +665,9 @@ func TestFlushWritesBackInChunks(t *testing.T) {
 	}
 	if next != int64(len(b)) || len(ranges) != 5 {
 		t.Fatalf("write-back ranges %v cover %d bytes in %d chunks, want %d in 5", ranges, next, len(ranges), len(b))
+	}
+	if barriers != len(ranges) {
+		t.Fatalf("%d cache flushes for %d chunks, want one after each", barriers, len(ranges))
 	}
 	if !s.Durable(d) || !slices.Contains(syncs(), "data "+path) {
 		t.Fatalf("blob not flushed and marked after Sync: %v", syncs())

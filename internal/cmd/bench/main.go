@@ -2,13 +2,13 @@
 // default: 2 GiB), starts a real local registry, pushes the model, then runs each area's benchmark side by side
 // with its peer (oras, curl) and prints ratios. Absolute times drift on shared machines; read the ratios.
 //
-//	go run ./internal/cmd/bench [AREA...]     # areas: pack transport cache driver prepull cluster
+//	go run ./internal/cmd/bench [AREA...]     # areas: pack transport cache flush driver prepull cluster
 //
 // With no arguments it runs BENCH_ONLY (comma-separated) or every area. Other settings, all optional:
 // BENCH_WORK (scratch, /var/tmp/modelpack-bench), BENCH_MODEL_SIZE (shard size of the model: a smaller model for a
 // quick run), RUNS (rounds of every area), PREPULL_N, WARM_N, BENCH_BASELINE_BIN (an older modelpack measured in
 // the same rounds, for transport and driver), MODELPACK and ORAS (the binaries pack compares), DRIVER_LOG_LEVEL.
-// driver and prepull need root (mounts). cluster runs e2e/cluster/bench (its own cluster).
+// flush, driver and prepull need root (the page cache dropped, mounts). cluster runs e2e/cluster/bench (its own cluster).
 package main
 
 import (
@@ -36,6 +36,7 @@ var areas = []area{
 	{"pack", benchPack},
 	{"transport", benchTransport},
 	{"cache", benchCache},
+	{"flush", benchFlush},
 	{"driver", benchDriver},
 	{"prepull", benchPrepull},
 }
