@@ -44,14 +44,12 @@ func (b *bench) scenarios(parts map[string]bool) {
 func (b *bench) fleet() {
 	runs := envInt(b.t, "BENCH_FLEET_RUNS", 2)
 	slowest := map[int][]float64{}
-	var four *fleetRun
+	last := map[int]*fleetRun{}
 	for i := range runs {
 		for _, n := range stats.Rotated([]int{1, 4}, i) {
 			r := b.deployment(n)
 			slowest[n] = append(slowest[n], r.slowest())
-			if n == 4 {
-				four = r
-			}
+			last[n] = r
 			fmt.Fprintf(os.Stderr, "fleet %d: %d replica(s) %6.2f s\n", i+1, n, r.slowest())
 		}
 	}
@@ -61,8 +59,11 @@ func (b *bench) fleet() {
 	if b.coldCSI > 0 {
 		fmt.Printf("; one bare pod %.2f s", b.coldCSI)
 	}
-	fmt.Printf("\n    runs: 1 replica %s, 4 replicas %s; 4 replicas: %s\n", stats.Runs(slowest[1]), stats.Runs(slowest[4]), four.gets)
-	four.print()
+	fmt.Printf("\n    runs: 1 replica %s, 4 replicas %s; 4 replicas: %s\n", stats.Runs(slowest[1]), stats.Runs(slowest[4]), last[4].gets)
+	for _, n := range []int{1, 4} {
+		fmt.Printf("    last run of %d replica(s):", n)
+		last[n].print()
+	}
 }
 
 // A fleetRun is one Deployment's start: when each of its pods got where, in seconds after `kubectl apply`.
@@ -86,7 +87,7 @@ func (r *fleetRun) slowest() float64 {
 }
 
 func (r *fleetRun) print() {
-	fmt.Printf("    NodePublish answered OK at %s s; per pod, seconds after kubectl apply:\n", strings.Join(secs(r.published), ", "))
+	fmt.Printf(" NodePublish answered OK at %s s; per pod, seconds after kubectl apply:\n", strings.Join(secs(r.published), ", "))
 	fmt.Printf("    %-40s %7s %8s %8s %8s %9s\n", "pod", "added", "sandbox", "running", "started", "last byte")
 	for _, p := range r.pods {
 		fmt.Printf("    %-40s %7.2f %8.2f %8.2f %8.2f %9.2f\n", p.name, p.added, p.asked, p.running, p.started, p.done)
