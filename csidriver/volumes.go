@@ -18,14 +18,16 @@ import (
 	"github.com/modelpack/modelpack/csidriver/state"
 )
 
-// ownerPrefix marks the driver's holds on views in the cache, which it shares with other users (pins).
-const ownerPrefix = "csi-"
+// OwnerPrefix marks the driver's holds on views in the cache, which it shares with other users (pins). Each stands
+// for a mount, which no restart of the machine leaves in place: a cache opened for the driver treats these owners
+// as volatile (cache.Options.VolatileOwnerPrefix), so taking a hold waits for no flush to disk.
+const OwnerPrefix = "csi-"
 
 // ownerOf names a target's hold on its view in the cache. It derives from the target alone so a hold whose
 // record was lost (a crash between acquiring and recording) can still be found and released.
 func ownerOf(target string) string {
 	sum := sha256.Sum256([]byte(target))
-	return ownerPrefix + hex.EncodeToString(sum[:12])
+	return OwnerPrefix + hex.EncodeToString(sum[:12])
 }
 
 // acquireSource holds the view for vol and returns the directory to bind-mount: the view or its subPath.
