@@ -119,6 +119,9 @@ func (c *Cache) Acquire(owner string, manifest digest.Digest, sel Selector) (str
 			return "", err
 		}
 	}
+	if acquireHook != nil {
+		acquireHook("checked")
+	}
 	var md digest.Digest
 	var prev []byte
 	// Resolve and record the reference in one step under mu, so GC cannot evict the manifest in between. Only
@@ -163,6 +166,9 @@ func (c *Cache) Acquire(owner string, manifest digest.Digest, sel Selector) (str
 	c.mu.Unlock()
 	if err != nil {
 		return "", err
+	}
+	if acquireHook != nil {
+		acquireHook("recorded")
 	}
 	dir, err := c.ensureView(md, sel)
 	if err != nil {
