@@ -1,22 +1,20 @@
 package cache
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 
 	digest "github.com/opencontainers/go-digest"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/modelpack/modelpack/cas"
+	"github.com/modelpack/modelpack/internal/testenv"
 )
 
 const holdHelperEnv = "MODELPACK_CACHE_HOLD_HELPER"
@@ -259,22 +257,8 @@ func TestVolatileHoldSurvivesAKilledProcess(t *testing.T) {
 	}
 	c.Close()
 
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), holdHelperEnv+"=1", "HOLD_ROOT="+root, "HOLD_DIGEST="+desc.Digest.String())
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	line, _ := bufio.NewReader(out).ReadString('\n')
-	cmd.Process.Signal(syscall.SIGKILL)
-	cmd.Wait()
-	if strings.TrimSpace(line) != "ok" {
-		t.Fatalf("helper: %q %s", line, stderr.String())
+	if line, stderr := testenv.KillAfterFirstLine(t, holdHelperEnv+"=1", "HOLD_ROOT="+root, "HOLD_DIGEST="+desc.Digest.String()); line != "ok" {
+		t.Fatalf("helper: %q %s", line, stderr)
 	}
 	c = openCache(t, root, Options{VolatileOwnerPrefix: "csi-"})
 	if got := owners(t, c); !slices.Equal(got, []string{"csi-killed"}) {
