@@ -126,6 +126,7 @@ func (c *Cache) Acquire(owner string, manifest digest.Digest, sel Selector) (str
 	var prev []byte
 	// Resolve and record the reference in one step under mu, so GC cannot evict the manifest in between. Only
 	// the small state record is read and written: the manifest itself is read only to build a missing view.
+	// tx is meta.db's; holds is that of the database of owner's reference (tx itself for a durable owner).
 	record := func(tx, holds *bolt.Tx) error {
 		var err error
 		if md, err = resolveDigest(tx, manifest); err != nil {
