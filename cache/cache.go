@@ -72,6 +72,10 @@ type Options struct {
 	ScrubRate int64
 	// Logger receives the cache's warnings (damaged blobs); slog.Default() if nil.
 	Logger *slog.Logger
+	// VolatileOwnerPrefix marks the owners whose references stand for something no restart of the machine leaves
+	// in place (the CSI driver's mounts): their Acquire and Release wait for no flush to disk, and their
+	// references are dropped at the first Open after a restart of the machine (holds.go). "" makes none volatile.
+	VolatileOwnerPrefix string
 }
 
 const defaultPullLinger = 5 * time.Minute
@@ -119,6 +123,8 @@ type Cache struct {
 	root  string
 	blobs *cas.Store
 	db    *bolt.DB
+	// holds has the references of volatile owners, written without a flush to disk (holds.go).
+	holds *bolt.DB
 	m     *metrics
 	log   *slog.Logger
 
@@ -177,15 +183,20 @@ func Open(opts Options) (*Cache, error) {
 		}
 		return nil, fmt.Errorf("open cache metadata: %w", err)
 	}
+	holds, err := openHolds(root, opts)
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open cache holds: %w", err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Cache{
-		opts: opts, root: root, blobs: blobs, db: db, m: newMetrics(), log: opts.Logger,
+		opts: opts, root: root, blobs: blobs, db: db, holds: holds, m: newMetrics(), log: opts.Logger,
 		ctx: ctx, cancel: cancel,
 		flights: map[flightKey]*flight{}, pulling: map[digest.Digest]int{}, lstamps: map[digest.Digest]*layerStamps{},
 	}
 	c.layerFlusher = cas.NewFlusher(blobs, c.flushLayers)
 	if err := c.recover(); err != nil {
-		db.Close()
+		c.closeDBs()
 		cancel()
 		return nil, fmt.Errorf("recover cache %s: %w", root, err)
 	}
@@ -194,7 +205,7 @@ func Open(opts Options) (*Cache, error) {
 	_, err = os.Stat(filepath.Join(root, runningFile))
 	unclean := err == nil
 	if err := os.WriteFile(filepath.Join(root, runningFile), nil, 0o644); err != nil {
-		db.Close()
+		c.closeDBs()
 		cancel()
 		return nil, err
 	}
@@ -202,7 +213,7 @@ func Open(opts Options) (*Cache, error) {
 	if unclean {
 		// Before Open returns: no use may pass a blob on its stamp alone until it was re-hashed.
 		if err := blobs.SuspectAll(); err != nil {
-			db.Close()
+			c.closeDBs()
 			cancel()
 			return nil, err
 		}
@@ -222,8 +233,10 @@ func (c *Cache) Close() error {
 	if err == nil && (!c.unclean.Load() || c.uncleanVerified.Load()) {
 		err = os.Remove(filepath.Join(c.root, runningFile))
 	}
-	return errors.Join(err, c.db.Close())
+	return errors.Join(err, c.closeDBs())
 }
+
+func (c *Cache) closeDBs() error { return errors.Join(c.holds.Close(), c.db.Close()) }
 
 // Root is the cache directory.
 func (c *Cache) Root() string { return c.root }
@@ -270,6 +283,9 @@ func (c *Cache) recover() error {
 			return err
 		}
 		if droppedViews, err = manifestsUsing(tx, dropped); err != nil {
+			return err
+		}
+		if err := c.moveVolatileRefs(tx); err != nil {
 			return err
 		}
 		return c.sealViews()

@@ -597,5 +597,8 @@ func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
 		os.Exit(crashHelper())
 	}
+	if os.Getenv(holdHelperEnv) != "" {
+		os.Exit(holdHelper())
+	}
 	os.Exit(m.Run())
 }

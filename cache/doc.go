@@ -14,12 +14,13 @@
 //	                       every volume of that manifest
 //	tmp/, trash/           trees being built or deleted; emptied at Open
 //	meta.db                bbolt: manifests, their state and last use, the index→manifest choices, references
+//	holds/<boot id>.db     bbolt, never flushed: the references of volatile owners (mounts) taken in this boot
 //
 // The API:
 //
 //	func Open(opts Options) (*Cache, error)
 //	    Options{Root; MaxBytes; Limits archive.Limits; Platform; Concurrency; PullLinger; MinAge; LockTimeout;
-//	    VerifyInterval; ScrubRate; Logger}.
+//	    VerifyInterval; ScrubRate; Logger; VolatileOwnerPrefix}.
 //	    Opens (creating) the cache and runs crash recovery: half-built views and layers are deleted, complete
 //	    blobs and views and resumable partial downloads are kept. One process holds a root at a time.
 //	func (c *Cache) Close() error
@@ -65,7 +66,12 @@
 // restart of the machine Open re-hashes every blob whose flush had not completed before anything can use it.
 // Extracted layers are flushed the same way, those extracted close together by one syncfs, and marked durable in
 // bucketDurableLayers only after a syncfs that began once their extraction was complete; after a restart of the
-// machine an unmarked layer is deleted and extracted again.
+// machine an unmarked layer is deleted and extracted again. References of volatile owners (Options.
+// VolatileOwnerPrefix: the CSI driver's, each standing for a bind mount) are the exception to durable metadata:
+// they are committed to holds/<boot id>.db without a flush, survive a killed process (the page cache has them),
+// and are dropped at the first Open after a restart of the machine, which took the mounts with it (kubelet then
+// publishes, and so acquires, again). Their Acquire only reads meta.db, so a warm publish waits for no flush behind
+// a pull's write-back; the last use it records there is copied into meta.db by GC (holds.go).
 //
 // Integrity (integrity.go, and cas's stamps): every Has, Resolve, Pull and Acquire stats every blob of the
 // manifest and compares it with the stamp recorded when its bytes were last verified (inode, size, mtime, ctime);

@@ -76,8 +76,10 @@ type Ref struct {
 type snapshot struct {
 	manifests []*manifestRecord
 	indexes   map[digest.Digest]indexRecord
-	refs      map[string]refRecord
+	refs      map[string]refRecord // meta.db's and the holds file's
 	layers    map[digest.Digest]archive.Stats
+	// usedLater are the manifests whose last use the holds file has later than meta.db (their LastUsed is it).
+	usedLater []*manifestRecord
 }
 
 func (c *Cache) snapshot(tx *bolt.Tx) (*snapshot, error) {
@@ -86,8 +88,15 @@ func (c *Cache) snapshot(tx *bolt.Tx) (*snapshot, error) {
 	if s.manifests, err = allManifests(tx); err != nil {
 		return nil, err
 	}
-	if s.refs, err = allRefs(tx); err != nil {
+	var used map[digest.Digest]time.Time
+	if s.refs, used, err = c.allHolds(tx); err != nil {
 		return nil, err
+	}
+	for _, m := range s.manifests {
+		if t := used[m.Descriptor.Digest]; t.After(m.LastUsed) {
+			m.LastUsed = t
+			s.usedLater = append(s.usedLater, m)
+		}
 	}
 	if err := tx.Bucket(bucketIndexes).ForEach(func(k, v []byte) error {
 		var r indexRecord
@@ -223,6 +232,14 @@ func (c *Cache) gcLocked(ctx context.Context, st *GCStats, remove *digest.Digest
 		for d, ix := range s.indexes {
 			if evict[ix.Manifest] {
 				if err := tx.Bucket(bucketIndexes).Delete([]byte(d)); err != nil {
+					return err
+				}
+			}
+		}
+		// Last uses only the holds file has would not survive a restart of the machine: this commit is durable.
+		for _, m := range s.usedLater {
+			if !evict[m.Descriptor.Digest] {
+				if err := putJSON(tx.Bucket(bucketState), string(m.Descriptor.Digest), manifestState{m.Descriptor, m.Complete, m.LastUsed}); err != nil {
 					return err
 				}
 			}
@@ -556,7 +573,7 @@ func (c *Cache) List() ([]Entry, error) {
 func (c *Cache) Refs() ([]Ref, error) {
 	var out []Ref
 	err := c.db.View(func(tx *bolt.Tx) error {
-		refs, err := allRefs(tx)
+		refs, _, err := c.allHolds(tx)
 		for owner, r := range refs {
 			out = append(out, Ref{Owner: owner, Manifest: r.Manifest, Selector: r.Selector, View: c.viewDir(r.View), Since: r.Since})
 		}

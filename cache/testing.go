@@ -21,3 +21,7 @@ var syncFSHook atomic.Pointer[func(root string)]
 
 // scrubHook, if set (tests), runs on the scrub's thread once it has lowered its priorities, with their result.
 var scrubHook func(err error)
+
+// acquireHook, if set (tests), runs in Acquire with the step it reached: "checked" once the manifest's blobs were
+// checked, before the reference is recorded under mu; "recorded" once it is, before the view is built.
+var acquireHook func(step string)

@@ -119,12 +119,15 @@ func (c *Cache) Acquire(owner string, manifest digest.Digest, sel Selector) (str
 			return "", err
 		}
 	}
+	if acquireHook != nil {
+		acquireHook("checked")
+	}
 	var md digest.Digest
 	var prev []byte
 	// Resolve and record the reference in one step under mu, so GC cannot evict the manifest in between. Only
 	// the small state record is read and written: the manifest itself is read only to build a missing view.
-	c.mu.Lock()
-	err := c.db.Update(func(tx *bolt.Tx) error {
+	// tx is meta.db's; holds is that of the database of owner's reference (tx itself for a durable owner).
+	record := func(tx, holds *bolt.Tx) error {
 		var err error
 		if md, err = resolveDigest(tx, manifest); err != nil {
 			return err
@@ -136,24 +139,42 @@ func (c *Cache) Acquire(owner string, manifest digest.Digest, sel Selector) (str
 		if !ok || !st.Complete {
 			return fmt.Errorf("manifest %s: %w (pull it first)", manifest, ErrNotFound)
 		}
-		refs := tx.Bucket(bucketRefs)
+		refs := holds.Bucket(bucketRefs)
 		if old := refs.Get([]byte(owner)); old != nil {
 			prev = append([]byte(nil), old...)
 		}
-		st.LastUsed = time.Now()
-		if err := putJSON(tx.Bucket(bucketState), string(md), st); err != nil {
+		if holds == tx {
+			st.LastUsed = time.Now()
+			err = putJSON(tx.Bucket(bucketState), string(md), st)
+		} else {
+			err = putJSON(holds.Bucket(bucketHoldUse), string(md), time.Now())
+		}
+		if err != nil {
 			return err
 		}
 		return putJSON(refs, owner, refRecord{Manifest: md, Selector: sel, View: viewKey(md, sel), Since: time.Now()})
-	})
+	}
+	c.mu.Lock()
+	var err error
+	if c.volatile(owner) {
+		// meta.db is only read: the warm publish of a volume waits for no flush to disk (holds.go).
+		err = c.db.View(func(tx *bolt.Tx) error {
+			return c.holds.Update(func(holds *bolt.Tx) error { return record(tx, holds) })
+		})
+	} else {
+		err = c.db.Update(func(tx *bolt.Tx) error { return record(tx, tx) })
+	}
 	c.mu.Unlock()
 	if err != nil {
 		return "", err
 	}
+	if acquireHook != nil {
+		acquireHook("recorded")
+	}
 	dir, err := c.ensureView(md, sel)
 	if err != nil {
 		// Put the owner's previous reference back (or drop the new one).
-		c.db.Update(func(tx *bolt.Tx) error {
+		c.refsDB(owner).Update(func(tx *bolt.Tx) error {
 			if prev != nil {
 				return tx.Bucket(bucketRefs).Put([]byte(owner), prev)
 			}
@@ -168,7 +189,7 @@ func (c *Cache) Acquire(owner string, manifest digest.Digest, sel Selector) (str
 
 // Release drops owner's reference. Releasing an unknown owner is not an error.
 func (c *Cache) Release(owner string) error {
-	return c.db.Update(func(tx *bolt.Tx) error {
+	return c.refsDB(owner).Update(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketRefs).Delete([]byte(owner))
 	})
 }

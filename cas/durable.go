@@ -279,10 +279,11 @@ func (s *Store) recoverDurability() error {
 	if err := os.MkdirAll(filepath.Join(s.root, "ingest", "durable"), 0o755); err != nil {
 		return err
 	}
-	boot, err := os.ReadFile(bootIDFile)
+	id, err := BootID()
 	if err != nil {
-		return fmt.Errorf("read boot id: %w", err)
+		return err
 	}
+	boot := []byte(id)
 	bootFile := filepath.Join(s.root, "ingest", "boot-id")
 	last, err := os.ReadFile(bootFile)
 	legacy := errors.Is(err, fs.ErrNotExist)
@@ -352,6 +353,16 @@ func (s *Store) recoverDurability() error {
 		return nil
 	}
 	return writeBootID(bootFile, boot)
+}
+
+// BootID is the kernel's random id of this boot: what was written without a flush to disk is only trusted by a
+// reader that finds the boot id it was written in.
+func BootID() (string, error) {
+	b, err := os.ReadFile(bootIDFile)
+	if err != nil {
+		return "", fmt.Errorf("read boot id: %w", err)
+	}
+	return strings.TrimSpace(string(b)), nil
 }
 
 // SettleTime is how long after its last write a blob is taken to have been written back by the kernel (which does

@@ -1,7 +1,6 @@
 package cas
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	_ "crypto/sha512"
@@ -10,7 +9,6 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -23,6 +21,7 @@ import (
 	digest "github.com/opencontainers/go-digest"
 
 	"github.com/modelpack/modelpack/internal/diskio"
+	"github.com/modelpack/modelpack/internal/testenv"
 )
 
 const crashEnv = "MODELPACK_CAS_CRASH_HELPER"
@@ -294,22 +293,9 @@ func TestKilledIngest(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/powerloss=%v", at, powerLoss), func(t *testing.T) {
 				reboot := fakeBoot(t)
 				root := t.TempDir()
-				cmd := exec.Command(os.Args[0], "-test.run=^$")
-				cmd.Env = append(os.Environ(), crashEnv+"=1", "CRASH_ROOT="+root, "CRASH_AT="+at, "CRASH_BOOT="+bootIDFile)
-				out, err := cmd.StdoutPipe()
-				if err != nil {
-					t.Fatal(err)
-				}
-				var stderr strings.Builder
-				cmd.Stderr = &stderr
-				if err := cmd.Start(); err != nil {
-					t.Fatal(err)
-				}
-				line, _ := bufio.NewReader(out).ReadString('\n')
-				cmd.Process.Kill()
-				cmd.Wait()
-				if strings.TrimSpace(line) != at {
-					t.Fatalf("helper said %q: %s", line, stderr.String())
+				line, stderr := testenv.KillAfterFirstLine(t, crashEnv+"=1", "CRASH_ROOT="+root, "CRASH_AT="+at, "CRASH_BOOT="+bootIDFile)
+				if line != at {
+					t.Fatalf("helper said %q: %s", line, stderr)
 				}
 				if _, err := os.Lstat(filepath.Join(root, "ingest", "durable", "sha256-"+d.Encoded())); !errors.Is(err, fs.ErrNotExist) {
 					t.Fatalf("durable mark present before the blob's directory was flushed (%v)", err)

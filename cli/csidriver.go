@@ -193,7 +193,8 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags, exts []csiDriverExt
 
 	c, err := cache.Open(cache.Options{Root: filepath.Join(f.root, "cache"), MaxBytes: maxBytes,
 		Limits:         archive.Limits{MaxBytes: maxExtract, MaxRatio: f.maxExtractRatio},
-		VerifyInterval: f.verifyInterval, ScrubRate: scrubRate, MinAge: minAge(f.cacheMinAge), Logger: log})
+		VerifyInterval: f.verifyInterval, ScrubRate: scrubRate, MinAge: minAge(f.cacheMinAge), Logger: log,
+		VolatileOwnerPrefix: csidriver.OwnerPrefix})
 	if err != nil {
 		return fmt.Errorf("open cache: %w", err)
 	}

@@ -250,7 +250,7 @@ func TestRestartRecovery(t *testing.T) {
 	// A hold on a view that no record accounts for (killed between acquiring and recording), and one that is
 	// not the driver's (a pin), which must stay.
 	b.mu.Lock()
-	b.owners[ownerPrefix+"orphan"] = "somewhere"
+	b.owners[OwnerPrefix+"orphan"] = "somewhere"
 	b.owners["pin:keep"] = "somewhere"
 	b.mu.Unlock()
 

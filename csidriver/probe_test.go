@@ -49,20 +49,31 @@ func TestProbeNotReadyWhileStateCannotBeWritten(t *testing.T) {
 	state := d.state.Path()
 
 	t.Run("immutable state file", func(t *testing.T) {
-		setFlags := func(flags int) {
+		// As chattr does: the other flags are kept (on ext4, clearing the extents flag of a file whose blocks are
+		// not allocated yet fails with EOPNOTSUPP).
+		const fsImmutableFL = 0x10 // FS_IMMUTABLE_FL (linux/fs.h)
+		immutable := func(on bool) {
 			f, err := os.Open(state)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer f.Close()
+			flags, err := unix.IoctlGetInt(int(f.Fd()), unix.FS_IOC_GETFLAGS)
+			if err != nil {
+				t.Fatal(err)
+			}
+			flags &^= fsImmutableFL
+			if on {
+				flags |= fsImmutableFL
+			}
 			if err := unix.IoctlSetPointerInt(int(f.Fd()), unix.FS_IOC_SETFLAGS, flags); err != nil {
 				t.Fatal(err)
 			}
 		}
-		setFlags(0x10) // FS_IMMUTABLE_FL
-		t.Cleanup(func() { setFlags(0) })
+		immutable(true)
+		t.Cleanup(func() { immutable(false) })
 		wantCode(t, probe(), codes.FailedPrecondition, "cannot be written")
-		setFlags(0)
+		immutable(false)
 		if err := probe(); err != nil {
 			t.Fatalf("still not ready once writable: %v", err)
 		}

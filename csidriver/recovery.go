@@ -51,7 +51,7 @@ func (d *Driver) releaseOrphanViews() {
 	if d.stateLost {
 		return
 	}
-	owners, err := d.backend.Owners(ownerPrefix)
+	owners, err := d.backend.Owners(OwnerPrefix)
 	if err != nil {
 		d.log.Error("list view holds", "error", err.Error())
 		return

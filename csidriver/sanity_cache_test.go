@@ -24,7 +24,7 @@ import (
 // startCacheDriver runs the driver on the real node cache, reaching registries over plain HTTP.
 func startCacheDriver(t *testing.T, dir string, plainHTTP ...string) string {
 	t.Helper()
-	c, err := cache.Open(cache.Options{Root: filepath.Join(dir, "cache")})
+	c, err := cache.Open(cache.Options{Root: filepath.Join(dir, "cache"), VolatileOwnerPrefix: csidriver.OwnerPrefix})
 	if err != nil {
 		t.Fatal(err)
 	}

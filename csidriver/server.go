@@ -53,7 +53,7 @@ type Options struct {
 	NodeID string
 	// Endpoint is where the CSI services listen: unix:///path/to/csi.sock (or a plain path).
 	Endpoint string
-	// StateDir holds the persisted state (state.json).
+	// StateDir holds the persisted state (state.json, and the volume records in volumes.json).
 	StateDir string
 	// OwnDirs are the other directories the driver keeps content in (the cache root): no target may lie in or
 	// over them or StateDir, and a mount left on a target the state does not know is taken off only when it is

@@ -16,6 +16,14 @@ import (
 // unpublish — of a target the driver no longer knows — releases it.
 func TestLostStateKeepsViewHoldsUntilUnpublish(t *testing.T) {
 	testenv.RequireRoot(t)
+	// Either document unreadable loses the state: volumes.json holds the volume records, and state.json held them
+	// before volumes.json existed.
+	for _, doc := range []string{"state.json", "volumes.json"} {
+		t.Run(doc, func(t *testing.T) { testLostState(t, doc) })
+	}
+}
+
+func testLostState(t *testing.T, doc string) {
 	dir := t.TempDir()
 	cleanupMounts(t, dir)
 	b := newFakeBackend(filepath.Join(dir, "cache"))
@@ -27,7 +35,7 @@ func TestLostStateKeepsViewHoldsUntilUnpublish(t *testing.T) {
 		t.Fatal(err)
 	}
 	first.stop()
-	if err := os.WriteFile(filepath.Join(dir, "state", "state.json"), []byte("{not json"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "state", doc), []byte("{not json"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 

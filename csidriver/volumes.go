@@ -18,14 +18,16 @@ import (
 	"github.com/modelpack/modelpack/csidriver/state"
 )
 
-// ownerPrefix marks the driver's holds on views in the cache, which it shares with other users (pins).
-const ownerPrefix = "csi-"
+// OwnerPrefix marks the driver's holds on views in the cache, which it shares with other users (pins). Each stands
+// for a mount, which no restart of the machine leaves in place: a cache opened for the driver treats these owners
+// as volatile (cache.Options.VolatileOwnerPrefix), so taking a hold waits for no flush to disk.
+const OwnerPrefix = "csi-"
 
 // ownerOf names a target's hold on its view in the cache. It derives from the target alone so a hold whose
 // record was lost (a crash between acquiring and recording) can still be found and released.
 func ownerOf(target string) string {
 	sum := sha256.Sum256([]byte(target))
-	return ownerPrefix + hex.EncodeToString(sum[:12])
+	return OwnerPrefix + hex.EncodeToString(sum[:12])
 }
 
 // acquireSource holds the view for vol and returns the directory to bind-mount: the view or its subPath.
@@ -136,7 +138,7 @@ func (d *Driver) putVolume(vol state.Volume) error {
 }
 
 func (d *Driver) stageVolume(vol state.Volume) error {
-	return d.state.UpdateNoSync(func(st *state.State) error {
+	return d.state.Update(func(st *state.State) error {
 		st.Volumes[vol.TargetPath] = vol
 		return nil
 	})
@@ -146,7 +148,7 @@ func (d *Driver) deleteVolume(target string) error {
 	return d.updateVolumes(func(v map[string]state.Volume) { delete(v, target) })
 }
 
-// updateVolumes changes the durable volume records and keeps the volumes gauge in step with them.
+// updateVolumes changes the volume records and keeps the volumes gauge in step with them.
 func (d *Driver) updateVolumes(change func(map[string]state.Volume)) error {
 	var n int
 	err := d.state.Update(func(st *state.State) error {
@@ -233,7 +235,7 @@ func (d *Driver) republish(ctx context.Context, old state.Volume, fingerprint st
 	return true, nil
 }
 
-// publish records vol, holds its view and mounts it, each step durable before the next, so that a driver killed
+// publish records vol, holds its view and mounts it, each step recorded before the next, so that a driver killed
 // at any step finds the record (PhaseMounting) and undoes the rest; a publish that fails is undone at once.
 // start and tImage time the log line: since the call began, and the image's share.
 func (d *Driver) publish(vol state.Volume, sel Selector, log *slog.Logger, start time.Time, tImage time.Duration) error {
@@ -241,8 +243,8 @@ func (d *Driver) publish(vol state.Volume, sel Selector, log *slog.Logger, start
 	if _, err := os.Lstat(vol.TargetPath); errors.Is(err, fs.ErrNotExist) {
 		vol.CreatedTarget = true
 	}
-	// The intent only has to survive the driver being killed, not the node losing power (which takes the mount
-	// with it), so it is not synced to disk: the record of the finished publish below is.
+	// Volume records, the intent as the finished publish below, only have to survive the driver being killed, not
+	// the node losing power (which takes the mount with it): neither waits for the disk (package state).
 	if err := d.stageVolume(vol); err != nil {
 		return fail(errNode, "record publish of %s: %v", vol.TargetPath, err)
 	}

@@ -590,7 +590,7 @@ func TestDriverRepairsBrokenMounts(t *testing.T) {
 	var st struct {
 		Volumes map[string]struct{ Source string } `json:"volumes"`
 	}
-	b, err := os.ReadFile(filepath.Join(root, "csi", "state.json"))
+	b, err := os.ReadFile(filepath.Join(root, "csi", "volumes.json"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,13 +1,19 @@
 // Package state persists what the CSI driver has done on this node, so that a driver restarted after a crash or a
 // SIGKILL still knows every target it published, every image a tag resolved to and every pull it had started.
 //
-// The whole state is one small JSON document replaced atomically (write to a temporary file, fsync, rename, fsync
-// the directory): a reader after any crash sees either the state before an update or the state after it, never a
-// torn mix. The node holds at most a few hundred volumes, so rewriting the document on each change costs far less
-// than the mount it records.
+// The state is two small JSON documents, each replaced atomically (write to a temporary file, rename): a reader
+// after a crash sees either a document before an update or after it, never a torn mix. state.json (images, pulls,
+// controller volumes) is also flushed to disk (fsync of the file and of the directory), so it survives a power
+// loss. volumes.json (the published volumes) never is: a published volume is a bind mount, and no mount outlives
+// the kernel; after a restart of the machine kubelet publishes again every volume of the pods that still exist. So
+// a volume record only has to survive the driver being killed, which the kernel's page cache guarantees once the
+// rename returned, and a publish does not wait for a flush that may queue behind gigabytes of pulled model. The
+// node holds at most a few hundred volumes, so rewriting a document on each change costs far less than the mount
+// it records.
 package state
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -90,9 +96,10 @@ type ControllerVolume struct {
 	CapacityBytes int64             `json:"capacityBytes"`
 }
 
-// State is everything persisted. Maps are keyed by target path, image key, pull key and volume name.
+// State is everything persisted. Maps are keyed by target path, image key, pull key and volume name. Volumes are
+// kept in volumes.json; state.json held them too before that existed, and such a state.json is still read.
 type State struct {
-	Volumes           map[string]Volume           `json:"volumes"`
+	Volumes           map[string]Volume           `json:"volumes,omitempty"`
 	Images            map[string]Image            `json:"images"`
 	Pulls             map[string]Pull             `json:"pulls"`
 	ControllerVolumes map[string]ControllerVolume `json:"controllerVolumes"`
@@ -129,36 +136,70 @@ func (s *State) clone() *State {
 
 // Store is the persisted state, safe for concurrent use.
 type Store struct {
-	path string
-	mu   sync.Mutex
-	st   *State
+	path, volPath string
+	mu            sync.Mutex
+	st            *State
+	// durable and volumes are the documents as last written (or read): an update rewrites only those it changes.
+	// nil forces a write (a state.json from before volumes.json, whose volumes move out at the next update).
+	durable, volumes []byte
 }
 
-// Open loads the state at path, or starts empty if there is none. A document that does not parse (a disk error,
-// an edit by hand) is moved aside to path+".corrupt" and the driver starts empty rather than refusing to run: the
-// mounts themselves remain discoverable and unpublishing an unknown target still cleans it.
+// volumesDoc is volumes.json.
+type volumesDoc struct {
+	Volumes map[string]Volume `json:"volumes"`
+}
+
+// Open loads the state at path (and the volume records beside it, in volumes.json), or starts empty if there is
+// none. A document that does not parse (a disk error, an edit by hand) is moved aside to its name+".corrupt" and
+// the driver starts without it rather than refusing to run: the mounts themselves remain discoverable and
+// unpublishing an unknown target still cleans it.
 func Open(path string) (*Store, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, err
 	}
-	s := &Store{path: path, st: &State{}}
-	b, err := os.ReadFile(path)
-	switch {
+	s := &Store{path: path, volPath: filepath.Join(filepath.Dir(path), "volumes.json"), st: &State{}}
+	var corrupt []error
+	switch err := readDoc(path, s.st); {
 	case errors.Is(err, fs.ErrNotExist):
+	case errors.As(err, new(*CorruptError)):
+		corrupt = append(corrupt, err)
+		s.st = &State{}
+	case err != nil:
+		return nil, err
+	}
+	legacy := len(s.st.Volumes) > 0
+	var vols volumesDoc
+	switch err := readDoc(s.volPath, &vols); {
+	case errors.Is(err, fs.ErrNotExist):
+	case errors.As(err, new(*CorruptError)):
+		corrupt = append(corrupt, err)
+		s.st.Volumes = nil
 	case err != nil:
 		return nil, err
 	default:
-		if jerr := json.Unmarshal(b, s.st); jerr != nil {
-			if err := os.Rename(path, path+".corrupt"); err != nil {
-				return nil, fmt.Errorf("state %s is corrupt (%v) and cannot be moved aside: %w", path, jerr, err)
-			}
-			s.st = &State{}
-			s.st.init()
-			return s, &CorruptError{Path: path, Err: jerr}
-		}
+		// Once written, volumes.json is the record: volumes a legacy state.json still holds are older.
+		s.st.Volumes, legacy = vols.Volumes, false
 	}
 	s.st.init()
-	return s, nil
+	if !legacy {
+		s.durable, s.volumes = s.docs(s.st)
+	}
+	return s, errors.Join(corrupt...)
+}
+
+// readDoc decodes the document at path into v; one that does not parse is moved aside (a CorruptError).
+func readDoc(path string, v any) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if jerr := json.Unmarshal(b, v); jerr != nil {
+		if err := os.Rename(path, path+".corrupt"); err != nil {
+			return fmt.Errorf("state %s is corrupt (%v) and cannot be moved aside: %w", path, jerr, err)
+		}
+		return &CorruptError{Path: path, Err: jerr}
+	}
+	return nil
 }
 
 // CorruptError reports a state document that was moved aside; the returned Store is usable.
@@ -183,22 +224,23 @@ func (s *Store) Snapshot() *State {
 	return s.st.clone()
 }
 
-// Update applies fn to a copy of the state and persists the result durably; if fn or the write fails nothing
-// changes.
-func (s *Store) Update(fn func(*State) error) error { return s.update(fn, true) }
-
-// UpdateNoSync is Update without waiting for the disk: the new state survives the process being killed (the
-// rename is atomic and the kernel has the data) but maybe not a power loss, after which the old state is read.
-func (s *Store) UpdateNoSync(fn func(*State) error) error { return s.update(fn, false) }
-
-func (s *Store) update(fn func(*State) error, sync bool) error {
+// Update applies fn to a copy of the state and persists the documents it changed: state.json durably,
+// volumes.json without a flush (see the package comment); if fn or a write fails nothing changes.
+func (s *Store) Update(fn func(*State) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	next := s.st.clone()
 	if err := fn(next); err != nil {
 		return err
 	}
-	if err := s.write(next, sync); err != nil {
+	durable, volumes := s.docs(next)
+	if bytes.Equal(volumes, s.volumes) {
+		volumes = nil
+	}
+	if bytes.Equal(durable, s.durable) {
+		durable = nil
+	}
+	if err := s.write(durable, volumes, true); err != nil {
 		return err
 	}
 	s.st = next
@@ -210,18 +252,48 @@ func (s *Store) update(fn func(*State) error, sync bool) error {
 func (s *Store) Writable() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.write(s.st, false); err != nil {
+	durable, volumes := s.docs(s.st)
+	if err := s.write(durable, volumes, false); err != nil {
 		return fmt.Errorf("state %s cannot be written: %w", s.path, err)
 	}
 	return nil
 }
 
-func (s *Store) write(st *State, sync bool) error {
-	b, err := json.MarshalIndent(st, "", " ")
-	if err != nil {
-		return err
+// docs renders st as state.json and volumes.json.
+func (s *Store) docs(st *State) (durable, volumes []byte) {
+	rest := *st
+	rest.Volumes = nil
+	durable, err := json.MarshalIndent(rest, "", " ")
+	if err == nil {
+		volumes, err = json.MarshalIndent(volumesDoc{st.Volumes}, "", " ")
 	}
-	dir := filepath.Dir(s.path)
+	if err != nil {
+		panic(fmt.Sprintf("state: marshal: %v", err))
+	}
+	return durable, volumes
+}
+
+// write replaces the documents given (nil: unchanged). volumes.json goes first: while a state.json from before it
+// still holds volumes, volumes.json must exist before that state.json is replaced by one without them.
+func (s *Store) write(durable, volumes []byte, sync bool) error {
+	if volumes != nil {
+		if err := replace(s.volPath, volumes, false); err != nil {
+			return err
+		}
+		s.volumes = volumes
+	}
+	if durable != nil {
+		if err := replace(s.path, durable, sync); err != nil {
+			return err
+		}
+		s.durable = durable
+	}
+	return nil
+}
+
+// replace writes b to path atomically, and with sync durably.
+func replace(path string, b []byte, sync bool) error {
+	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, ".state-*.tmp")
 	if err != nil {
 		return err
@@ -246,7 +318,7 @@ func (s *Store) write(st *State, sync bool) error {
 	if err := f.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, s.path); err != nil {
+	if err := os.Rename(tmp, path); err != nil {
 		return err
 	}
 	committed = true

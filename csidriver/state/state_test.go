@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -26,7 +27,7 @@ func TestUpdatePersistsAndRollsBack(t *testing.T) {
 	}); !errors.Is(err, boom) {
 		t.Fatal(err)
 	}
-	if err := s.UpdateNoSync(func(st *State) error {
+	if err := s.Update(func(st *State) error {
 		st.Images["r|"] = Image{Reference: "r", Digest: "sha256:x"}
 		return nil
 	}); err != nil {
@@ -43,7 +44,7 @@ func TestUpdatePersistsAndRollsBack(t *testing.T) {
 	if st.Volumes["/t"].VolumeID != "v" || st.Images["r|"].Digest != "sha256:x" {
 		t.Fatalf("reopened state: %+v", st)
 	}
-	if entries, _ := os.ReadDir(filepath.Dir(p)); len(entries) != 1 {
+	if entries, _ := os.ReadDir(filepath.Dir(p)); len(entries) != 2 {
 		t.Fatalf("temporary files left: %v", entries)
 	}
 }
@@ -66,5 +67,140 @@ func TestCorruptStateIsSetAside(t *testing.T) {
 	}
 	if err := s.Update(func(st *State) error { return nil }); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Volume records and the rest live in two documents, and an update rewrites only the one it changes: recording a
+// publish never replaces (nor flushes) state.json, and recording an image never replaces volumes.json.
+func TestUpdateRewritesOnlyTheDocumentItChanges(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "state.json")
+	s, err := Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	image := func(st *State) error { st.Images["r|"] = Image{Reference: "r", Digest: "sha256:x"}; return nil }
+	volume := func(target string) func(*State) error {
+		return func(st *State) error { st.Volumes[target] = Volume{VolumeID: "v", TargetPath: target}; return nil }
+	}
+	if err := s.Update(image); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Update(volume("/t1")); err != nil {
+		t.Fatal(err)
+	}
+	stat := func(name string) os.FileInfo {
+		fi, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi
+	}
+	durable, volumes := stat("state.json"), stat("volumes.json")
+	if err := s.Update(volume("/t2")); err != nil {
+		t.Fatal(err)
+	}
+	if !os.SameFile(durable, stat("state.json")) {
+		t.Error("recording a volume replaced state.json")
+	}
+	if os.SameFile(volumes, stat("volumes.json")) {
+		t.Error("recording a volume did not replace volumes.json")
+	}
+	volumes = stat("volumes.json")
+	if err := s.Update(func(st *State) error { st.Pulls["k"] = Pull{Reference: "r"}; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if !os.SameFile(volumes, stat("volumes.json")) {
+		t.Error("recording a pull replaced volumes.json")
+	}
+	if b, _ := os.ReadFile(p); strings.Contains(string(b), "/t1") {
+		t.Errorf("state.json holds volumes: %s", b)
+	}
+	re, err := Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := re.Snapshot(); len(st.Volumes) != 2 || st.Images["r|"].Digest != "sha256:x" || len(st.Pulls) != 1 {
+		t.Fatalf("reopened state: %+v", st)
+	}
+}
+
+// A state.json written before volumes.json existed holds the volumes: they are read, and move to volumes.json at
+// the next update. Once volumes.json exists it is the record, whatever an older state.json still holds (a driver
+// killed between writing the two).
+func TestLegacyStateVolumesMoveToTheirDocument(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "state.json")
+	legacy := `{"volumes": {"/old": {"volumeId": "v", "targetPath": "/old", "phase": "published"}},
+		"images": {"r|": {"reference": "r", "digest": "sha256:x"}}}`
+	if err := os.WriteFile(p, []byte(legacy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Snapshot(); st.Volumes["/old"].VolumeID != "v" || st.Images["r|"].Digest != "sha256:x" {
+		t.Fatalf("legacy state read as %+v", st)
+	}
+	if err := s.Update(func(st *State) error { st.Pulls["k"] = Pull{Reference: "r"}; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(p); strings.Contains(string(b), "/old") {
+		t.Errorf("state.json still holds the volumes after an update: %s", b)
+	}
+	re, err := Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := re.Snapshot(); st.Volumes["/old"].VolumeID != "v" || st.Images["r|"].Digest != "sha256:x" || len(st.Pulls) != 1 {
+		t.Fatalf("migrated state reopened as %+v", st)
+	}
+
+	// Killed after writing volumes.json and before replacing the legacy state.json: volumes.json wins.
+	if err := os.WriteFile(p, []byte(legacy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := re.Update(func(st *State) error { delete(st.Volumes, "/old"); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(legacy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	again, err := Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := again.Snapshot(); len(st.Volumes) != 0 {
+		t.Fatalf("a legacy state.json's volumes overrode volumes.json: %+v", st.Volumes)
+	}
+}
+
+// A volumes.json that does not parse is set aside like a corrupt state.json: the caller is told (the driver then
+// treats its state as lost), the rest of the state is kept.
+func TestCorruptVolumesAreSetAside(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "state.json")
+	s, err := Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Update(func(st *State) error { st.Images["r|"] = Image{Reference: "r", Digest: "sha256:x"}; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	vp := filepath.Join(dir, "volumes.json")
+	if err := os.WriteFile(vp, []byte(`{"volumes": {"/t": `), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	re, err := Open(p)
+	var ce *CorruptError
+	if !errors.As(err, &ce) || ce.Path != vp || re == nil {
+		t.Fatalf("got %v, want a CorruptError for %s and a usable store", err, vp)
+	}
+	if st := re.Snapshot(); len(st.Volumes) != 0 || st.Images["r|"].Digest != "sha256:x" {
+		t.Fatalf("after a corrupt volumes.json: %+v", st)
+	}
+	if _, err := os.Stat(vp + ".corrupt"); err != nil {
+		t.Fatalf("corrupt volumes.json not kept for inspection: %v", err)
 	}
 }
