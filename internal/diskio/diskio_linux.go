@@ -1,7 +1,10 @@
 package diskio
 
 import (
+	"fmt"
 	"os"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -46,4 +49,47 @@ func Background() error {
 		return errno
 	}
 	return unix.Setpriority(unix.PRIO_PROCESS, 0, 19)
+}
+
+// WillNeed asks the kernel to read f's bytes [off, off+n) into the page cache and returns without waiting for
+// the reads. One fadvise(WILLNEED) reads at most the file's readahead window (the larger of the device's
+// read_ahead_kb and max_sectors_kb: mm/readahead.c, force_page_cache_ra) and silently drops the rest, so the
+// range is advised one window at a time.
+func WillNeed(f *os.File, off, n int64) error {
+	step := readaheadWindow(f)
+	for end := off + n; off < end; off += step {
+		if err := unix.Fadvise(int(f.Fd()), off, min(step, end-off), unix.FADV_WILLNEED); err != nil {
+			return &os.PathError{Op: "fadvise", Path: f.Name(), Err: err}
+		}
+	}
+	return nil
+}
+
+// minWindow is the kernel's default readahead (VM_READAHEAD_PAGES), the step where the device cannot be read.
+const minWindow = 128 << 10
+
+// readaheadWindow reads the readahead window of f's device from sysfs: the disk's queue (the parent's for a
+// partition), else its backing device's (device-mapper, network and virtual file systems).
+func readaheadWindow(f *os.File) int64 {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return minWindow
+	}
+	dev := fmt.Sprintf("%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev))
+	var kib int64
+	for _, p := range []string{
+		"/sys/dev/block/" + dev + "/queue/read_ahead_kb", "/sys/dev/block/" + dev + "/queue/max_sectors_kb",
+		"/sys/dev/block/" + dev + "/../queue/read_ahead_kb", "/sys/dev/block/" + dev + "/../queue/max_sectors_kb",
+		"/sys/class/bdi/" + dev + "/read_ahead_kb",
+	} {
+		if b, err := os.ReadFile(p); err == nil {
+			if v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil {
+				kib = max(kib, v)
+			}
+		}
+	}
+	if kib <= 0 {
+		return minWindow
+	}
+	return kib << 10
 }
