@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/modelpack/modelpack/internal/testenv"
 )
@@ -28,23 +27,6 @@ func writeFile(t *testing.T, dir, name string, size int) string {
 	}
 	testenv.EvictPages(t, p)
 	return p
-}
-
-// waitResident waits for the reads the readahead handed to the kernel to complete, and fails if some pages of
-// path never arrive. The timeout only bounds a failure; nothing is measured.
-func waitResident(t *testing.T, path string) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		n, total := testenv.ResidentPages(t, path)
-		if n == total {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %d of %d pages resident after the readahead", path, n, total)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 func wantNotResident(t *testing.T, path string) {
@@ -81,8 +63,8 @@ func TestReadaheadFillsThePageCache(t *testing.T) {
 	if res.Err != nil || res.Files != 2 || res.Bytes != 300+40<<20 || res.Skipped != 0 {
 		t.Fatalf("result %+v, want 2 files of %d bytes, none skipped, no error", res, 300+40<<20)
 	}
-	waitResident(t, small)
-	waitResident(t, big)
+	testenv.WaitResident(t, small)
+	testenv.WaitResident(t, big)
 	wantNotResident(t, outside) // the link out of the view was not followed
 }
 
@@ -96,8 +78,8 @@ func TestReadaheadKeepsToTheBudget(t *testing.T) {
 	if res.Files != 2 || res.Bytes != 5<<20 || res.Skipped != 1 || res.SkippedBytes != 16<<20 || res.Budget != 6<<20 {
 		t.Fatalf("result %+v, want a and b read (5 MiB), c skipped", res)
 	}
-	waitResident(t, a)
-	waitResident(t, b)
+	testenv.WaitResident(t, a)
+	testenv.WaitResident(t, b)
 	wantNotResident(t, c)
 
 	if res := runOnce(t, view, Fixed(0)); res.Files != 0 || res.Skipped != 3 {

@@ -5,6 +5,7 @@ package testenv
 import (
 	"os"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -27,6 +28,23 @@ func EvictPages(t testing.TB, path string) {
 	}
 	if n, total := ResidentPages(t, path); n != 0 {
 		t.Fatalf("%s: %d of %d pages still resident after FADV_DONTNEED", path, n, total)
+	}
+}
+
+// WaitResident waits for reads handed to the kernel (a readahead) to bring every page of path into the page
+// cache, and fails the test if some never arrive. The timeout only bounds a failure; nothing is measured.
+func WaitResident(t testing.TB, path string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		n, total := ResidentPages(t, path)
+		if n == total {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d of %d pages resident a minute after the readahead", path, n, total)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
