@@ -181,7 +181,7 @@ func (d *Driver) Run(ctx context.Context) error {
 		started: d.recordPullStarted, finished: d.recordPullFinished,
 	}
 	if d.opts.Readahead != nil {
-		d.ahead = readahead.New(ctx, d.opts.Readahead, d.readaheadDone)
+		d.ahead = readahead.New(ctx, readahead.Options{Budget: d.opts.Readahead, Done: d.readaheadDone, Gate: d.readaheadGate})
 	}
 	d.recover(ctx)
 

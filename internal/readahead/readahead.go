@@ -38,7 +38,8 @@ func Fixed(n int64) Budget { return func() int64 { return n } }
 type Result struct {
 	// Dir is the directory read.
 	Dir string
-	// Files and Bytes were advised; Skipped and SkippedBytes were not, being over Budget.
+	// Files and Bytes were handed to the kernel; Skipped and SkippedBytes were left out, being over Budget. A
+	// readahead stopped early counts only what it handed over.
 	Files, Skipped      int
 	Bytes, SkippedBytes int64
 	Budget              int64
@@ -48,25 +49,31 @@ type Result struct {
 	Err error
 }
 
+// Options configure a Reader.
+type Options struct {
+	// Budget is asked at the start of each readahead; required.
+	Budget Budget
+	// Done, if set, receives each readahead's Result.
+	Done func(Result)
+	// Gate, if set, is called by each readahead before it reads anything (tests hold readaheads with it).
+	Gate func(dir string)
+}
+
 // Reader runs readaheads, one at a time per directory.
 type Reader struct {
-	ctx    context.Context
-	budget Budget
-	done   func(Result)
+	ctx  context.Context
+	opts Options
 
 	mu      sync.Mutex
 	running map[string]*run
 	wg      sync.WaitGroup
-
-	// gate, if set, is called by each readahead before it reads anything (tests hold runs with it).
-	gate func(dir string)
 }
 
 type run struct{ cancel context.CancelFunc }
 
-// New returns a Reader whose readaheads stop when ctx ends; done, if not nil, receives each one's Result.
-func New(ctx context.Context, budget Budget, done func(Result)) *Reader {
-	return &Reader{ctx: ctx, budget: budget, done: done, running: map[string]*run{}}
+// New returns a Reader whose readaheads stop when ctx ends.
+func New(ctx context.Context, opts Options) *Reader {
+	return &Reader{ctx: ctx, opts: opts, running: map[string]*run{}}
 }
 
 // Start reads the regular files under dir into the page cache in the background, smallest first, as far as the
@@ -92,8 +99,8 @@ func (r *Reader) Start(dir string) bool {
 		}
 		r.mu.Unlock()
 		cancel()
-		if r.done != nil {
-			r.done(res)
+		if r.opts.Done != nil {
+			r.opts.Done(res)
 		}
 	}()
 	return true
@@ -118,15 +125,16 @@ type file struct {
 
 func (r *Reader) read(ctx context.Context, dir string) Result {
 	start := time.Now()
-	res := Result{Dir: dir, Budget: r.budget()}
-	if r.gate != nil {
-		r.gate(dir)
+	res := Result{Dir: dir, Budget: r.opts.Budget()}
+	if r.opts.Gate != nil {
+		r.opts.Gate(dir)
 	}
 	files, err := list(dir)
 	res.Err = err
 	var todo []file
+	var planned int64
 	for i, f := range files {
-		if res.Bytes+f.size > res.Budget {
+		if planned+f.size > res.Budget {
 			for _, s := range files[i:] {
 				res.Skipped++
 				res.SkippedBytes += s.size
@@ -134,17 +142,21 @@ func (r *Reader) read(ctx context.Context, dir string) Result {
 			break
 		}
 		todo = append(todo, f)
-		res.Files++
-		res.Bytes += f.size
+		planned += f.size
 	}
 
+	type done struct {
+		n   int64
+		err error
+	}
 	queue := make(chan file)
-	errs := make(chan error, len(todo))
+	dones := make(chan done, len(todo))
 	var wg sync.WaitGroup
 	for range min(workers, len(todo)) {
 		wg.Go(func() {
 			for f := range queue {
-				errs <- advise(ctx, f.path)
+				n, err := advise(ctx, f.path)
+				dones <- done{n, err}
 			}
 		})
 	}
@@ -158,9 +170,13 @@ feed:
 	}
 	close(queue)
 	wg.Wait()
-	close(errs)
-	for err := range errs {
-		res.Err = cmp.Or(res.Err, err)
+	close(dones)
+	for d := range dones {
+		if d.err == nil && ctx.Err() == nil {
+			res.Files++
+		}
+		res.Bytes += d.n
+		res.Err = cmp.Or(res.Err, d.err)
 	}
 	if ctx.Err() != nil {
 		res.Err = cmp.Or(res.Err, context.Cause(ctx))
@@ -191,28 +207,29 @@ func list(dir string) ([]file, error) {
 	return files, err
 }
 
-// advise hands the kernel the reads of one file, a chunk at a time so that a stop is heard between chunks.
-func advise(ctx context.Context, path string) error {
+// advise hands the kernel the reads of one file, a chunk at a time so that a stop is heard between chunks, and
+// returns the bytes handed over.
+func advise(ctx context.Context, path string) (int64, error) {
 	// O_NOFOLLOW: a file swapped for a link after the walk is refused, not followed.
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer f.Close()
 	fi, err := f.Stat()
-	if err != nil {
-		return err
+	if err != nil || !fi.Mode().IsRegular() {
+		return 0, err
 	}
-	if !fi.Mode().IsRegular() {
-		return nil
-	}
-	for off := int64(0); off < fi.Size(); off += chunk {
+	var done int64
+	for done < fi.Size() {
 		if ctx.Err() != nil {
-			return nil // the caller reports the stop once
+			return done, nil // the caller reports the stop once
 		}
-		if err := diskio.WillNeed(f, off, min(chunk, fi.Size()-off)); err != nil {
-			return err
+		n := min(chunk, fi.Size()-done)
+		if err := diskio.WillNeed(f, done, n); err != nil {
+			return done, err
 		}
+		done += n
 	}
-	return nil
+	return done, nil
 }

@@ -40,7 +40,7 @@ func wantNotResident(t *testing.T, path string) {
 func runOnce(t *testing.T, dir string, budget Budget) Result {
 	t.Helper()
 	var res Result
-	r := New(context.Background(), budget, func(got Result) { res = got })
+	r := New(context.Background(), Options{Budget: budget, Done: func(got Result) { res = got }})
 	if !r.Start(dir) {
 		t.Fatal("Start refused the first readahead of a directory")
 	}
@@ -94,16 +94,19 @@ func TestOneReadaheadPerDirectory(t *testing.T) {
 	writeFile(t, dir1, "w", 1<<20)
 	var mu sync.Mutex
 	var results []Result
-	r := New(context.Background(), Fixed(1<<30), func(res Result) {
-		mu.Lock()
-		results = append(results, res)
-		mu.Unlock()
-	})
 	started, release := make(chan string, 4), make(chan struct{})
-	r.gate = func(dir string) {
-		started <- dir
-		<-release
-	}
+	r := New(context.Background(), Options{
+		Budget: Fixed(1 << 30),
+		Done: func(res Result) {
+			mu.Lock()
+			results = append(results, res)
+			mu.Unlock()
+		},
+		Gate: func(dir string) {
+			started <- dir
+			<-release
+		},
+	})
 	if !r.Start(dir1) {
 		t.Fatal("first Start refused")
 	}
@@ -144,12 +147,15 @@ func TestReadaheadStops(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			var res Result
-			r := New(ctx, Fixed(1<<30), func(got Result) { res = got })
 			started, release := make(chan struct{}), make(chan struct{})
-			r.gate = func(string) {
-				close(started)
-				<-release
-			}
+			r := New(ctx, Options{
+				Budget: Fixed(1 << 30),
+				Done:   func(got Result) { res = got },
+				Gate: func(string) {
+					close(started)
+					<-release
+				},
+			})
 			r.Start(view)
 			<-started
 			if how == "stop" {
@@ -159,8 +165,8 @@ func TestReadaheadStops(t *testing.T) {
 			}
 			close(release)
 			r.Wait()
-			if !errors.Is(res.Err, context.Canceled) {
-				t.Fatalf("result %+v, want context.Canceled", res)
+			if !errors.Is(res.Err, context.Canceled) || res.Files != 0 || res.Bytes != 0 {
+				t.Fatalf("result %+v, want context.Canceled and nothing read", res)
 			}
 			wantNotResident(t, w)
 			if how == "shutdown" && r.Start(view) {
