@@ -13,105 +13,104 @@ import (
 	"github.com/modelpack/modelpack/internal/testenv"
 )
 
-// A publish of a model the node holds on disk, but not in memory, has its files read into the page cache before
-// the pod reads them; unpublishing the last volume of the view leaves it alone.
-func TestPublishReadsTheVolumeAhead(t *testing.T) {
+// readaheadNode is a driver with readahead on, over the fake backend, publishing testRef for pods by name.
+type readaheadNode struct {
+	t    *testing.T
+	dir  string
+	rd   runningDriver
+	node csi.NodeClient
+}
+
+func startReadaheadNode(t *testing.T) *readaheadNode {
 	testenv.RequireRoot(t)
 	dir := t.TempDir()
 	cleanupMounts(t, dir)
 	b := newFakeBackend(filepath.Join(dir, "cache"))
 	b.push(testRef, "v1")
 	rd, sock := startDriverWith(t, dir, b, func(o *Options) { o.Readahead = readahead.Fixed(1 << 30) })
-	node := nodeClient(t, sock)
-	ctx := context.Background()
-	attrs := map[string]string{AttrReference: testRef}
+	return &readaheadNode{t: t, dir: dir, rd: rd, node: nodeClient(t, sock)}
+}
 
-	t1 := podTarget(t, dir, "p1")
-	if _, err := node.NodePublishVolume(ctx, testenv.PublishRequest("v1", t1, attrs)); err != nil {
-		t.Fatal(err)
+func (n *readaheadNode) publish(pod string) string {
+	n.t.Helper()
+	target := podTarget(n.t, n.dir, pod)
+	if _, err := n.node.NodePublishVolume(context.Background(), testenv.PublishRequest(pod, target, map[string]string{AttrReference: testRef})); err != nil {
+		n.t.Fatal(err)
 	}
-	rd.d.Wait()
-	// The model's weights grow to a real size, on disk and out of the page cache, as on a node after a restart.
-	weights := filepath.Join(rd.d.state.Snapshot().Volumes[t1].Source, "model.safetensors")
+	return target
+}
+
+func (n *readaheadNode) unpublish(target string) {
+	n.t.Helper()
+	if _, err := n.node.NodeUnpublishVolume(context.Background(), &csi.NodeUnpublishVolumeRequest{VolumeId: "v", TargetPath: target}); err != nil {
+		n.t.Fatal(err)
+	}
+}
+
+// growWeights makes the view's weights a real size, on disk and out of the page cache, as on a node after a
+// restart, and returns their path.
+func (n *readaheadNode) growWeights(target string) string {
+	n.t.Helper()
+	weights := filepath.Join(n.rd.d.state.Snapshot().Volumes[target].Source, "model.safetensors")
 	if err := os.WriteFile(weights, make([]byte, 24<<20), 0o644); err != nil {
-		t.Fatal(err)
+		n.t.Fatal(err)
 	}
-	testenv.EvictPages(t, weights)
-	before := testutil.ToFloat64(rd.d.m.readaheadBytes)
+	testenv.EvictPages(n.t, weights)
+	return weights
+}
 
-	t2 := podTarget(t, dir, "p2")
-	if _, err := node.NodePublishVolume(ctx, testenv.PublishRequest("v2", t2, attrs)); err != nil {
-		t.Fatal(err)
-	}
-	rd.d.Wait()
+func (n *readaheadNode) readBytes() float64 { return testutil.ToFloat64(n.rd.d.m.readaheadBytes) }
+
+// A publish of a model the node holds on disk, but not in memory, has its files read into the page cache before
+// the pod reads them.
+func TestPublishReadsTheVolumeAhead(t *testing.T) {
+	n := startReadaheadNode(t)
+	t1 := n.publish("p1")
+	n.rd.d.Wait()
+	weights := n.growWeights(t1)
+	before := n.readBytes()
+
+	t2 := n.publish("p2")
+	n.rd.d.Wait()
 	testenv.WaitResident(t, filepath.Join(t2, "model.safetensors"))
-	if got := testutil.ToFloat64(rd.d.m.readaheadBytes) - before; got < 24<<20 {
-		t.Fatalf("readahead_bytes_total grew by %v, want the 24 MiB file and more", got)
+	if got := n.readBytes() - before; got < 24<<20 {
+		t.Fatalf("readahead_bytes_total grew by %v, want the 24 MiB of %s and more", got, weights)
 	}
-	for _, tgt := range []string{t1, t2} {
-		if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "v", TargetPath: tgt}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	n.unpublish(t1)
+	n.unpublish(t2)
 }
 
 // The readahead of a view goes on while a volume still mounts it, and stops when the last one is unpublished.
 func TestReadaheadStopsWithTheViewsLastVolume(t *testing.T) {
-	testenv.RequireRoot(t)
-	dir := t.TempDir()
-	cleanupMounts(t, dir)
-	b := newFakeBackend(filepath.Join(dir, "cache"))
-	b.push(testRef, "v1")
-	rd, sock := startDriverWith(t, dir, b, func(o *Options) { o.Readahead = readahead.Fixed(1 << 30) })
+	n := startReadaheadNode(t)
 	started, release := make(chan struct{}, 1), make(chan struct{})
 	hold := func(string) {
 		started <- struct{}{}
 		<-release
 	}
-	rd.d.hooks.readaheadAt.Store(&hold)
-	node := nodeClient(t, sock)
-	ctx := context.Background()
-	attrs := map[string]string{AttrReference: testRef}
-	publish := func(pod string) string {
-		t.Helper()
-		target := podTarget(t, dir, pod)
-		if _, err := node.NodePublishVolume(ctx, testenv.PublishRequest(pod, target, attrs)); err != nil {
-			t.Fatal(err)
-		}
-		return target
-	}
-	unpublish := func(target string) {
-		t.Helper()
-		if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "v", TargetPath: target}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	n.rd.d.hooks.readaheadAt.Store(&hold)
 
-	t1 := publish("p1")
+	t1 := n.publish("p1")
 	<-started // the readahead of p1's view holds before reading
-	weights := filepath.Join(rd.d.state.Snapshot().Volumes[t1].Source, "model.safetensors")
-	if err := os.WriteFile(weights, make([]byte, 8<<20), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	testenv.EvictPages(t, weights)
-	t2 := publish("p2") // the same view, whose readahead runs: none more (TestOneReadaheadPerDirectory)
-	unpublish(t1)
+	weights := n.growWeights(t1)
+	t2 := n.publish("p2") // the same view, whose readahead runs: none more (TestOneReadaheadPerDirectory)
+	n.unpublish(t1)
 	release <- struct{}{}
-	rd.d.Wait()
+	n.rd.d.Wait()
 	testenv.WaitResident(t, weights) // p2 still mounts the view: the readahead was not stopped
 
 	testenv.EvictPages(t, weights)
-	before := testutil.ToFloat64(rd.d.m.readaheadBytes)
-	t3 := publish("p3")
+	before := n.readBytes()
+	t3 := n.publish("p3")
 	<-started
-	unpublish(t2)
-	unpublish(t3)
+	n.unpublish(t2)
+	n.unpublish(t3)
 	close(release)
-	rd.d.Wait()
-	if n, total := testenv.ResidentPages(t, weights); n != 0 {
-		t.Fatalf("%d of %d pages read after the view's last volume was unpublished", n, total)
+	n.rd.d.Wait()
+	if got, total := testenv.ResidentPages(t, weights); got != 0 {
+		t.Fatalf("%d of %d pages read after the view's last volume was unpublished", got, total)
 	}
-	if got := testutil.ToFloat64(rd.d.m.readaheadBytes) - before; got != 0 {
+	if got := n.readBytes() - before; got != 0 {
 		t.Fatalf("readahead_bytes_total grew by %v for a readahead stopped before it read", got)
 	}
 }
