@@ -4,6 +4,8 @@ package testenv
 
 import (
 	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -31,18 +33,49 @@ func EvictPages(t testing.TB, path string) {
 	}
 }
 
-// WaitResident waits for reads handed to the kernel (a readahead) to bring every page of path into the page
-// cache, and fails the test if some never arrive. The timeout only bounds a failure; nothing is measured.
-func WaitResident(t testing.TB, path string) {
+// PageCacheDrops counts the drops of the whole machine's page cache so far (writes to /proc/sys/vm/drop_caches,
+// which benches on a shared machine make): pages read ahead and then gone are a failure only if none came between.
+func PageCacheDrops(t testing.TB) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/vmstat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "drop_pagecache "); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("/proc/vmstat: %q", line)
+			}
+			return n
+		}
+	}
+	return 0
+}
+
+// WaitResident waits for reads handed to the kernel (a readahead) to bring path into the page cache, and fails
+// the test if they never do. It asks for 95 % of the pages, not all: the kernel drops readahead quietly when it
+// cannot get memory or a request at once, and on the test VMs a few pages of a file read ahead went missing
+// without any reclaim counted (0.1–1.7 % of 256 MiB files), while a readahead that does not work leaves most of
+// a file out. When the machine's page cache was dropped since drops (PageCacheDrops taken before the readahead),
+// redo runs the readahead again and the wait starts over. The timeout only bounds a failure; nothing is measured.
+func WaitResident(t testing.TB, path string, drops int64, redo func()) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
 		n, total := ResidentPages(t, path)
-		if n == total {
+		if n >= total-total/20 {
 			return
 		}
+		if now := PageCacheDrops(t); now != drops {
+			t.Logf("the machine's page cache was dropped during the test: reading %s ahead again", path)
+			drops = now
+			redo()
+			deadline = time.Now().Add(time.Minute)
+			continue
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: %d of %d pages resident a minute after the readahead", path, n, total)
+			t.Fatalf("%s: %d of %d pages resident a minute after the readahead, want 95 %%", path, n, total)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
