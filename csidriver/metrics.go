@@ -19,8 +19,8 @@ type metrics struct {
 	ready         prometheus.Gauge
 	volumes       prometheus.Gauge
 	collected     *prometheus.CounterVec
-	// readaheadBytes and readaheadSkipped are the bytes of published volumes read into the page cache, and those
-	// left out as over the readahead's budget.
+	// readaheadBytes and readaheadSkipped are the bytes of published volumes read into the page cache (those
+	// found there already are not counted), and those left out as over the readahead's budget.
 	readaheadBytes, readaheadSkipped prometheus.Counter
 }
 
@@ -76,7 +76,7 @@ func newMetrics(backend Backend, countVolumes func() int, extra []prometheus.Col
 		}, []string{"reason"}),
 		readaheadBytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Name: "readahead_bytes_total",
-			Help: "Bytes of published volumes' files the driver asked the kernel to read into the page cache.",
+			Help: "Bytes of published volumes' files not in the page cache that the driver asked the kernel to read ahead.",
 		}),
 		readaheadSkipped: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Name: "readahead_skipped_bytes_total",

@@ -29,9 +29,9 @@ func (d *Driver) stopReadahead(source string) {
 }
 
 func (d *Driver) readaheadDone(r readahead.Result) {
-	d.m.readaheadBytes.Add(float64(r.Bytes))
+	d.m.readaheadBytes.Add(float64(r.Uncached))
 	d.m.readaheadSkipped.Add(float64(r.SkippedBytes))
-	args := []any{"view", r.Dir, "files", r.Files, "bytes", r.Bytes, "skippedFiles", r.Skipped,
+	args := []any{"view", r.Dir, "files", r.Files, "bytes", r.Bytes, "uncachedBytes", r.Uncached, "skippedFiles", r.Skipped,
 		"skippedBytes", r.SkippedBytes, "budget", r.Budget, "duration", r.Duration}
 	switch {
 	case r.Err == nil:

@@ -42,7 +42,9 @@ type Result struct {
 	// readahead stopped early counts only what it handed over.
 	Files, Skipped      int
 	Bytes, SkippedBytes int64
-	Budget              int64
+	// Uncached are the bytes, of Bytes, that were not in the page cache: the kernel was asked to read them.
+	Uncached int64
+	Budget   int64
 	// Duration is the time to hand every read to the kernel, which may still be completing some.
 	Duration time.Duration
 	// Err is the first failure (a file that vanished, a stop); the other files were still read.
@@ -146,8 +148,8 @@ func (r *Reader) read(ctx context.Context, dir string) Result {
 	}
 
 	type done struct {
-		n   int64
-		err error
+		n, asked int64
+		err      error
 	}
 	queue := make(chan file)
 	dones := make(chan done, len(todo))
@@ -155,8 +157,8 @@ func (r *Reader) read(ctx context.Context, dir string) Result {
 	for range min(workers, len(todo)) {
 		wg.Go(func() {
 			for f := range queue {
-				n, err := advise(ctx, f.path)
-				dones <- done{n, err}
+				n, asked, err := advise(ctx, f.path)
+				dones <- done{n, asked, err}
 			}
 		})
 	}
@@ -176,6 +178,7 @@ feed:
 			res.Files++
 		}
 		res.Bytes += d.n
+		res.Uncached += d.asked
 		res.Err = cmp.Or(res.Err, d.err)
 	}
 	if ctx.Err() != nil {
@@ -208,28 +211,29 @@ func list(dir string) ([]file, error) {
 }
 
 // advise hands the kernel the reads of one file, a chunk at a time so that a stop is heard between chunks, and
-// returns the bytes handed over.
-func advise(ctx context.Context, path string) (int64, error) {
+// returns the bytes handed over and, of those, the bytes not in the page cache already.
+func advise(ctx context.Context, path string) (done, asked int64, err error) {
 	// O_NOFOLLOW: a file swapped for a link after the walk is refused, not followed.
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil || !fi.Mode().IsRegular() {
-		return 0, err
+		return 0, 0, err
 	}
-	var done int64
 	for done < fi.Size() {
 		if ctx.Err() != nil {
-			return done, nil // the caller reports the stop once
+			return done, asked, nil // the caller reports the stop once
 		}
 		n := min(chunk, fi.Size()-done)
-		if err := diskio.WillNeed(f, done, n); err != nil {
-			return done, err
+		a, err := diskio.WillNeed(f, done, n)
+		asked += a
+		if err != nil {
+			return done, asked, err
 		}
 		done += n
 	}
-	return done, nil
+	return done, asked, nil
 }

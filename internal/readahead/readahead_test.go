@@ -61,8 +61,8 @@ func TestReadaheadFillsThePageCache(t *testing.T) {
 
 	drops := testenv.PageCacheDrops(t)
 	res := runOnce(t, view, Fixed(1<<30))
-	if res.Err != nil || res.Files != 2 || res.Bytes != 300+40<<20 || res.Skipped != 0 {
-		t.Fatalf("result %+v, want 2 files of %d bytes, none skipped, no error", res, 300+40<<20)
+	if res.Err != nil || res.Files != 2 || res.Bytes != 300+40<<20 || res.Uncached != res.Bytes || res.Skipped != 0 {
+		t.Fatalf("result %+v, want 2 files of %d bytes, all uncached, none skipped, no error", res, 300+40<<20)
 	}
 	redo := func() { runOnce(t, view, Fixed(1<<30)) }
 	testenv.WaitResident(t, small, drops, redo)
