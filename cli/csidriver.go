@@ -24,6 +24,7 @@ import (
 	"github.com/modelpack/modelpack/csidriver"
 	"github.com/modelpack/modelpack/csidriver/access"
 	"github.com/modelpack/modelpack/csidriver/cachebackend"
+	"github.com/modelpack/modelpack/internal/readahead"
 )
 
 // csiDriverExtension is a feature of `modelpack csi-driver` kept in its own file (prepull's socket, signing policy):
@@ -66,6 +67,7 @@ type csiDriverFlags struct {
 	gcInterval                                      time.Duration
 	verifyInterval, cacheMinAge                     time.Duration
 	scrubRate                                       string
+	readahead                                       string
 	logFormat, logLevel                             string
 	verificationPolicy                              string
 	verificationAllowlist                           []string
@@ -133,6 +135,8 @@ UNAUTHENTICATED; PERMISSION_DENIED registry or signature policy; RESOURCE_EXHAUS
 	fl.DurationVar(&f.gcInterval, "gc-interval", 5*time.Minute, "how often orphaned volumes and the cache are collected")
 	fl.DurationVar(&f.verifyInterval, "cache-verify-interval", 24*time.Hour, "how often the background scrub re-hashes every cached blob (damaged ones are quarantined and pulled again; 0 = only after an unclean start)")
 	fl.StringVar(&f.scrubRate, "cache-scrub-rate", "128MiB", "most bytes per second the background scrub reads (at idle I/O priority; 0 = no cap)")
+	fl.StringVar(&f.readahead, "readahead", "auto", "read a published volume's files into the page cache at once, in the background, up to a budget per volume: "+
+		"auto (half the node's available memory, and of the driver's cgroup memory limit), off, or a size (e.g. 8GiB)")
 	fl.StringVar(&f.verificationPolicy, "image-pull-credentials-verification-policy", string(access.DefaultMode),
 		"when a model on the node is mounted for a caller without asking its registry (kubelet's setting of the same name): "+
 			"NeverVerify, NeverVerifyPreloadedImages (prepulled models exempt), NeverVerifyAllowlistedImages (prepulled models under "+
@@ -177,6 +181,10 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags, exts []csiDriverExt
 	if scrubRate == 0 {
 		scrubRate = -1 // cache.Options: negative is no cap
 	}
+	ahead, err := parseReadahead(f.readahead)
+	if err != nil {
+		return err
+	}
 	accessPolicy, err := access.NewPolicy(f.verificationPolicy, f.verificationAllowlist)
 	if err != nil {
 		return err // it names the setting and its valid values
@@ -211,6 +219,7 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags, exts []csiDriverExt
 		GCInterval:   f.gcInterval,
 		Collectors:   []prometheus.Collector{c.Collector(), hostsReloadFailures},
 		AccessPolicy: accessPolicy,
+		Readahead:    ahead,
 		OwnDirs:      []string{filepath.Join(f.root, "cache")},
 	}
 	env := &CSIDriverEnv{
@@ -294,6 +303,24 @@ func parseByteSize(s string) (int64, error) {
 		return 0, fmt.Errorf("invalid size %q (e.g. 512MiB, 200GiB)", s)
 	}
 	return int64(n), nil
+}
+
+// parseReadahead reads --readahead: auto, off (or 0), or a byte budget; nil is off.
+func parseReadahead(s string) (readahead.Budget, error) {
+	switch strings.TrimSpace(s) {
+	case "auto":
+		return readahead.Auto, nil
+	case "off":
+		return nil, nil
+	}
+	n, err := parseByteSize(s)
+	if err != nil {
+		return nil, fmt.Errorf("--readahead %q: want auto, off or a size (e.g. 8GiB)", s)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	return readahead.Fixed(n), nil
 }
 
 // minAge maps the flag's 0 (no protection) to cache.Options' negative.

@@ -9,8 +9,10 @@
 // (the pull policy) and records it; puller.go runs and joins the pulls; tenancy.go decides who may read content
 // already on the node; volumes.go records volumes and mounts them (targets.go guards target paths, mounter.go
 // does the bind mounts); recovery.go reconciles the state with the node; errorcodes.go is the table below.
-// phases.go logs the timing of each call and publish step (debug level; the pod-start bench reads it). testing.go
-// holds the hooks tests use to stage a killed driver.
+// readahead.go has a volume's files read into the page cache as soon as it is mounted (package readahead), since
+// its pod reads them only after its sandbox and container start. phases.go logs the timing of each call and
+// publish step (debug level; the pod-start bench reads it). testing.go holds the hooks tests use to stage a
+// killed driver.
 //
 // # Volumes
 //

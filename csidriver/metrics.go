@@ -19,6 +19,9 @@ type metrics struct {
 	ready         prometheus.Gauge
 	volumes       prometheus.Gauge
 	collected     *prometheus.CounterVec
+	// readaheadBytes and readaheadSkipped are the bytes of published volumes read into the page cache (those
+	// found there already are not counted), and those left out as over the readahead's budget.
+	readaheadBytes, readaheadSkipped prometheus.Counter
 }
 
 func newMetrics(backend Backend, countVolumes func() int, extra []prometheus.Collector) *metrics {
@@ -71,9 +74,17 @@ func newMetrics(backend Backend, countVolumes func() int, extra []prometheus.Col
 			Namespace: ns, Name: "volumes_collected_total",
 			Help: "Volumes cleaned up by the driver itself, by reason (pod_gone, half_published, unpublish_interrupted, orphaned_view).",
 		}, []string{"reason"}),
+		readaheadBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "readahead_bytes_total",
+			Help: "Bytes of published volumes' files not in the page cache that the driver asked the kernel to read ahead.",
+		}),
+		readaheadSkipped: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "readahead_skipped_bytes_total",
+			Help: "Bytes of published volumes' files not read ahead, being over the readahead budget (--readahead).",
+		}),
 	}
 	m.reg.MustRegister(m.pulls, m.pullBytes, m.pullDuration, m.pullErrors, m.pullsInFlight, m.rpcs, m.rpcDuration,
-		m.probes, m.ready, m.volumes, m.collected,
+		m.probes, m.ready, m.volumes, m.collected, m.readaheadBytes, m.readaheadSkipped,
 		statsCollector{backend},
 		prometheus.NewGoCollector(),
 		prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}),

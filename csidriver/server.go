@@ -24,6 +24,7 @@ import (
 
 	"github.com/modelpack/modelpack/csidriver/access"
 	"github.com/modelpack/modelpack/csidriver/state"
+	"github.com/modelpack/modelpack/internal/readahead"
 )
 
 // Defaults the deployment manifests rely on.
@@ -75,6 +76,9 @@ type Options struct {
 	HTTPHandlers map[string]http.Handler
 	// Collectors are extra Prometheus collectors served on /metrics (the cache's own).
 	Collectors []prometheus.Collector
+	// Readahead is the budget of the readahead each publish starts of its volume's files (package readahead);
+	// nil turns it off.
+	Readahead readahead.Budget
 	// AccessPolicy decides when content on the node is shared with a caller without asking the registry
 	// (kubelet's imagePullCredentialsVerificationPolicy); the zero value is access.DefaultMode.
 	AccessPolicy access.Policy
@@ -91,6 +95,8 @@ type Driver struct {
 	access *access.Store
 	m      *metrics
 	pulls  *puller
+	// ahead reads published volumes into the page cache; nil when Options.Readahead is.
+	ahead *readahead.Reader
 	// stateLost is set when the persisted state was unreadable at start: view holds that no volume record accounts
 	// for may then belong to volumes still mounted in pods, so they are released only by those volumes' unpublish.
 	stateLost bool
@@ -174,6 +180,9 @@ func (d *Driver) Run(ctx context.Context) error {
 		ctx: ctx, backend: d.backend, log: d.log, m: d.m, jobs: map[string]*pullJob{},
 		started: d.recordPullStarted, finished: d.recordPullFinished,
 	}
+	if d.opts.Readahead != nil {
+		d.ahead = readahead.New(ctx, readahead.Options{Budget: d.opts.Readahead, Done: d.readaheadDone, Gate: d.readaheadGate})
+	}
 	d.recover(ctx)
 
 	lis, err := listen(d.opts.Endpoint)
@@ -225,7 +234,7 @@ func (d *Driver) Run(ctx context.Context) error {
 		hsrv.Shutdown(sctx)
 		scancel()
 	}
-	d.pulls.wg.Wait()
+	d.Wait()
 	d.log.Info("csi driver stopped")
 	return runErr
 }
@@ -310,8 +319,13 @@ func (d *Driver) unlockTarget(target string) {
 	}
 }
 
-// Wait blocks until every pull the driver started has ended (for tests and orderly shutdown).
-func (d *Driver) Wait() { d.pulls.wg.Wait() }
+// Wait blocks until every pull and readahead the driver started has ended (for tests and orderly shutdown).
+func (d *Driver) Wait() {
+	d.pulls.wg.Wait()
+	if d.ahead != nil {
+		d.ahead.Wait()
+	}
+}
 
 func listen(endpoint string) (net.Listener, error) {
 	path := endpoint

@@ -130,7 +130,11 @@ func (d *Driver) undo(vol state.Volume) error {
 	if err := d.backend.Release(vol.Owner); err != nil {
 		return fmt.Errorf("release view: %w", err)
 	}
-	return d.deleteVolume(vol.TargetPath)
+	if err := d.deleteVolume(vol.TargetPath); err != nil {
+		return err
+	}
+	d.stopReadahead(vol.Source)
+	return nil
 }
 
 func (d *Driver) putVolume(vol state.Volume) error {
@@ -283,6 +287,7 @@ func (d *Driver) publish(vol state.Volume, sel Selector, log *slog.Logger, start
 		return fail(errNode, "record publish of %s: %v", vol.TargetPath, err)
 	}
 	published = true
+	d.startReadahead(vol.Source)
 	log.Info("volume published", "digest", vol.Digest, "manifest", vol.Manifest, "subPath", vol.SubPath,
 		"image", tImage, "recorded", tRecord, "acquired", tAcquire, "mounted", tMount, "total", time.Since(start))
 	return nil

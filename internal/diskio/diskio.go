@@ -1,5 +1,5 @@
-// Package diskio holds the few file-system calls the stores need beyond package os: preallocation and the flushes
-// of the durability protocol. Each has a portable fallback, so the stores build everywhere.
+// Package diskio holds the few file-system calls the stores need beyond package os: preallocation, the flushes
+// of the durability protocol, and the readahead hint. Each has a portable fallback, so the stores build everywhere.
 package diskio
 
 import (

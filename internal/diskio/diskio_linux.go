@@ -1,7 +1,13 @@
 package diskio
 
 import (
+	"errors"
+	"fmt"
 	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -46,4 +52,83 @@ func Background() error {
 		return errno
 	}
 	return unix.Setpriority(unix.PRIO_PROCESS, 0, 19)
+}
+
+// WillNeed asks the kernel to read f's bytes [off, off+n) into the page cache and returns without waiting for
+// the reads, with the number of bytes it asked for. One fadvise(WILLNEED) reads at most the file's readahead
+// window (the larger of the device's read_ahead_kb and max_sectors_kb: mm/readahead.c, force_page_cache_ra) and
+// silently drops the rest, so the range is advised one window at a time. A window already in the page cache is
+// skipped after a cachestat(2), which costs about 0.3 ms per GiB where fadvise's own skipping costs 10.
+func WillNeed(f *os.File, off, n int64) (int64, error) {
+	step := readaheadWindow(f)
+	var asked int64
+	for end := off + n; off < end; off += step {
+		w := min(step, end-off)
+		if cached(f, off, w) {
+			continue
+		}
+		if err := unix.Fadvise(int(f.Fd()), off, w, unix.FADV_WILLNEED); err != nil {
+			return asked, &os.PathError{Op: "fadvise", Path: f.Name(), Err: err}
+		}
+		asked += w
+	}
+	return asked, nil
+}
+
+// noCachestat is set once cachestat(2) proved missing (before Linux 6.5): every window is then advised.
+var noCachestat atomic.Bool
+
+// cached reports whether every page of f's bytes [off, off+n) is in the page cache (or being read into it).
+func cached(f *os.File, off, n int64) bool {
+	if noCachestat.Load() {
+		return false
+	}
+	var st unix.Cachestat_t
+	err := unix.Cachestat(uint(f.Fd()), &unix.CachestatRange{Off: uint64(off), Len: uint64(n)}, &st, 0)
+	if errors.Is(err, unix.ENOSYS) {
+		noCachestat.Store(true)
+	}
+	page := int64(os.Getpagesize())
+	return err == nil && int64(st.Cache) >= (off+n+page-1)/page-off/page
+}
+
+// minWindow is the kernel's default readahead (VM_READAHEAD_PAGES), the step where the device cannot be read.
+const minWindow = 128 << 10
+
+// windows caches readaheadWindow by device: reading sysfs for every call cost more than the calls themselves. A
+// window changed later (read_ahead_kb written) is not seen; a smaller one leaves gaps the reader fills itself.
+var windows sync.Map // st_dev → int64
+
+// readaheadWindow is the readahead window of f's device, from sysfs: the disk's queue (the parent's for a
+// partition), else its backing device's (device-mapper, network and virtual file systems).
+func readaheadWindow(f *os.File) int64 {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return minWindow
+	}
+	if w, ok := windows.Load(st.Dev); ok {
+		return w.(int64)
+	}
+	w := deviceWindow(fmt.Sprintf("%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev)))
+	windows.Store(st.Dev, w)
+	return w
+}
+
+func deviceWindow(dev string) int64 {
+	var kib int64
+	for _, p := range []string{
+		"/sys/dev/block/" + dev + "/queue/read_ahead_kb", "/sys/dev/block/" + dev + "/queue/max_sectors_kb",
+		"/sys/dev/block/" + dev + "/../queue/read_ahead_kb", "/sys/dev/block/" + dev + "/../queue/max_sectors_kb",
+		"/sys/class/bdi/" + dev + "/read_ahead_kb",
+	} {
+		if b, err := os.ReadFile(p); err == nil {
+			if v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil {
+				kib = max(kib, v)
+			}
+		}
+	}
+	if kib <= 0 {
+		return minWindow
+	}
+	return kib << 10
 }

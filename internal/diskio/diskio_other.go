@@ -20,3 +20,6 @@ func SyncFS(dir string) error { return SyncDir(dir) }
 
 // Background does nothing where I/O classes are Linux's.
 func Background() error { return nil }
+
+// WillNeed does nothing where fadvise(2) does not exist: the reader faults the pages in itself.
+func WillNeed(*os.File, int64, int64) (int64, error) { return 0, nil }
