@@ -195,6 +195,7 @@ func Open(opts Options) (*Cache, error) {
 		flights: map[flightKey]*flight{}, pulling: map[digest.Digest]int{}, lstamps: map[digest.Digest]*layerStamps{},
 	}
 	c.layerFlusher = cas.NewFlusher(blobs, c.flushLayers)
+	c.m.flushing = c.flushingGauge()
 	if err := c.recover(); err != nil {
 		c.closeDBs()
 		cancel()

@@ -24,6 +24,8 @@ type metrics struct {
 	scrubLastCompletion prometheus.Gauge
 	scrubPassBytes      prometheus.Gauge
 	scrubPassDone       prometheus.Gauge
+
+	flushing prometheus.GaugeFunc // set by Open: it reads the cache's flushers
 }
 
 func newMetrics() *metrics {
@@ -63,6 +65,19 @@ func newMetrics() *metrics {
 	}
 }
 
+// flushingGauge reports 1 while a background flush makes committed blobs or extracted layers durable: the window in
+// which every fsync on the disk competes with it (warm publishes included).
+func (c *Cache) flushingGauge() prometheus.GaugeFunc {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "modelpack", Subsystem: "cache", Name: "flushing",
+		Help: "1 while a background flush makes committed blobs or extracted layers durable, else 0."},
+		func() float64 {
+			if c.blobs.Flushing() || c.layerFlusher.Busy() {
+				return 1
+			}
+			return 0
+		})
+}
+
 // Collector returns the cache's Prometheus metrics, to register with a registry.
 func (c *Cache) Collector() prometheus.Collector { return collector{c.m} }
 
@@ -72,7 +87,7 @@ func (c collector) all() []prometheus.Collector {
 	m := c.m
 	return []prometheus.Collector{m.pulls, m.fetchedBytes, m.extractions, m.extractSeconds, m.viewBuilds, m.viewFiles,
 		m.viewSeconds, m.acquires, m.acquireSeconds, m.gcRuns, m.gcEvictions, m.gcFreed, m.verifyProblems, m.corruptBlobs,
-		m.scrubBytes, m.scrubCorrupt, m.scrubLastCompletion, m.scrubPassBytes, m.scrubPassDone}
+		m.scrubBytes, m.scrubCorrupt, m.scrubLastCompletion, m.scrubPassBytes, m.scrubPassDone, m.flushing}
 }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {

@@ -228,6 +228,9 @@ func (s *Store) Sync() error {
 	return s.writeStamps()
 }
 
+// Flushing reports whether the background flush is making blobs durable now.
+func (s *Store) Flushing() bool { return s.flusher.Busy() }
+
 // Close waits for background flushes (Sync); the Store stays usable.
 func (s *Store) Close() error { return s.Sync() }
 

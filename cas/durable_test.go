@@ -638,9 +638,15 @@ func TestFlushWritesBackInChunks(t *testing.T) {
 	if s.Durable(d) || slices.Contains(syncs(), "data "+path) {
 		t.Fatalf("blob flushed or marked while its write-back was held after the first chunk: %v", syncs())
 	}
+	if !s.Flushing() {
+		t.Fatal("Flushing reports no flush while one is held half way")
+	}
 	close(release)
 	if err := <-synced; err != nil {
 		t.Fatal(err)
+	}
+	if s.Flushing() {
+		t.Fatal("Flushing still reports a flush after Sync returned")
 	}
 	var next int64
 	for _, r := range ranges {

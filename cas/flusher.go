@@ -3,6 +3,7 @@ package cas
 import (
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelpack/modelpack/internal/diskio"
@@ -17,7 +18,8 @@ type Flusher[T any] struct {
 	store *Store
 	flush func([]T)
 
-	serial  sync.Mutex // one batch at a time: the next takes everything added meanwhile
+	serial  sync.Mutex  // one batch at a time: the next takes everything added meanwhile
+	busy    atomic.Bool // a batch is being flushed
 	mu      sync.Mutex
 	pending []T
 	timer   *time.Timer
@@ -77,9 +79,14 @@ func (f *Flusher[T]) Flush() {
 	}
 	f.mu.Unlock()
 	if len(batch) > 0 {
+		f.busy.Store(true)
+		defer f.busy.Store(false)
 		f.flush(batch)
 	}
 }
+
+// Busy reports whether a batch is being flushed now.
+func (f *Flusher[T]) Busy() bool { return f.busy.Load() }
 
 // Versions tells apart successive versions of what is written under one key (a blob deleted and committed again, a
 // layer deleted and extracted again), so that the flush of one version never marks a later one durable. Begin and

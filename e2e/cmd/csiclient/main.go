@@ -64,6 +64,7 @@ func main() {
 	secret := sub.String("secret-file", "", "docker config.json sent as the nodePublishSecretRef")
 	dir := sub.String("dir", "", "bench: directory for targets")
 	n := sub.Int("n", 100, "bench: publishes to time")
+	samples := sub.Bool("samples", false, "bench: also print each publish's start (Unix ms) and duration (ms)")
 	sub.Parse(flag.Args()[1:])
 
 	switch flag.Arg(0) {
@@ -98,7 +99,7 @@ func main() {
 			fail(err)
 		}
 	case "bench":
-		bench(node, a, *dir, *n, *timeout)
+		bench(node, a, *dir, *n, *timeout, *samples)
 	default:
 		flag.Usage()
 		os.Exit(2)
@@ -106,12 +107,13 @@ func main() {
 }
 
 // bench times n publishes of content already on the node, each to a new target as for a new pod, and unpublishes
-// them after timing.
-func bench(node csi.NodeClient, a attrs, dir string, n int, timeout time.Duration) {
+// them after timing. With samples it prints every publish, for the caller to pick those that overlapped something.
+func bench(node csi.NodeClient, a attrs, dir string, n int, timeout time.Duration, samples bool) {
 	if dir == "" {
 		fail(fmt.Errorf("bench needs -dir"))
 	}
 	var ms []float64
+	var each [][2]float64 // start (Unix ms), duration (ms)
 	for i := range n {
 		parent := filepath.Join(dir, fmt.Sprintf("pod-%d", i))
 		if err := os.MkdirAll(parent, 0o755); err != nil {
@@ -127,6 +129,7 @@ func bench(node csi.NodeClient, a attrs, dir string, n int, timeout time.Duratio
 			fail(err)
 		}
 		ms = append(ms, float64(el.Microseconds())/1000)
+		each = append(each, [2]float64{float64(start.UnixMicro()) / 1000, ms[len(ms)-1]})
 		ctx, cancel = context.WithTimeout(context.Background(), timeout)
 		_, err = node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: fmt.Sprintf("bench-%d", i), TargetPath: target})
 		cancel()
@@ -137,7 +140,11 @@ func bench(node csi.NodeClient, a attrs, dir string, n int, timeout time.Duratio
 	}
 	slices.Sort(ms)
 	pct := func(p float64) float64 { return ms[min(len(ms)-1, int(p*float64(len(ms))))] }
-	json.NewEncoder(os.Stdout).Encode(map[string]any{"n": n, "p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": ms[len(ms)-1]})
+	out := map[string]any{"n": n, "p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": ms[len(ms)-1]}
+	if samples {
+		out["samples"] = each
+	}
+	json.NewEncoder(os.Stdout).Encode(out)
 }
 
 func fail(err error) {
