@@ -38,11 +38,11 @@ func (b *bench) scenarios(parts map[string]bool) {
 }
 
 // fleet: Deployments on a cold node (cache emptied, page cache dropped) of one replica and of four, in rotated
-// order, BENCH_FLEET_RUNS (2) of each. The four share one download; the slowest of them should read its last byte
+// order, BENCH_FLEET_RUNS (3) of each. The four share one download; the slowest of them should read its last byte
 // within 1.1× of the single replica's time. Both go through the Deployment and ReplicaSet controllers, so the
 // ratio is the node's (driver, kubelet, runtime), not the controllers'; one bare pod's time is printed beside.
 func (b *bench) fleet() {
-	runs := envInt(b.t, "BENCH_FLEET_RUNS", 2)
+	runs := envInt(b.t, "BENCH_FLEET_RUNS", 3)
 	slowest := map[int][]float64{}
 	last := map[int]*fleetRun{}
 	for i := range runs {
