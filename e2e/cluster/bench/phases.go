@@ -165,6 +165,7 @@ func (b *bench) csiPhases(t0 time.Time, pod string) *breakdown {
 		bd.add("driver: view built", r.end(), t0)
 	}
 	bd.add("driver: NodePublish answered OK (mounted)", okEnd, t0)
+	bd.add("kubelet: volume set up", kubelet["setup"], t0)
 	b.sandbox(bd, t0, pod)
 	bd.notes = append(bd.notes, fmt.Sprintf("NodePublish calls %d (ABORTED %d); %d blobs, %s in %.2f s from the first GET; %s",
 		calls, aborted, blobs, mib(bytes), lastCommit.Sub(blobStart).Seconds(), driverMemory()))
@@ -195,8 +196,7 @@ func (b *bench) imagePhases(t0 time.Time, pod string) *breakdown {
 // klogTime matches the kubelet's klog header: I1201 23:59:59.123456.
 var klogTime = regexp.MustCompile(`^[IWE](\d{4} \d{2}:\d{2}:\d{2}\.\d{6})`)
 
-// kubeletTimes finds, in the kubelet's log after t0, when it added the pod (its volume set-up is not logged at
-// the cluster's verbosity: the driver's answer stands for it).
+// kubeletTimes finds, in the kubelet's log after t0, when it added the pod and when it had the volume set up.
 func (b *bench) kubeletTimes(t0 time.Time, pod string) map[string]time.Time {
 	found := map[string]time.Time{}
 	scanLines(b.t, filepath.Join(b.c.Dir, "logs", "kubelet.log"), func(line string) {
@@ -212,8 +212,15 @@ func (b *bench) kubeletTimes(t0 time.Time, pod string) map[string]time.Time {
 		if at.Before(t0.Add(-time.Second)) {
 			return
 		}
-		if _, seen := found["add"]; !seen && strings.Contains(line, `"SyncLoop ADD"`) {
-			found["add"] = at
+		key := ""
+		switch {
+		case strings.Contains(line, `"SyncLoop ADD"`):
+			key = "add"
+		case strings.Contains(line, `MountVolume.SetUp succeeded for volume \"model\"`):
+			key = "setup"
+		}
+		if _, seen := found[key]; key != "" && !seen {
+			found[key] = at
 		}
 	})
 	return found

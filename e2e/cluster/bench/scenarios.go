@@ -88,8 +88,8 @@ type fleetRun struct {
 }
 
 type fleetPod struct {
-	name                                 string
-	added, asked, running, started, done float64
+	name                                        string
+	added, setUp, asked, running, started, done float64
 }
 
 func (r *fleetRun) slowest() float64 {
@@ -102,9 +102,9 @@ func (r *fleetRun) slowest() float64 {
 
 func (r *fleetRun) print() {
 	fmt.Printf(" NodePublish answered OK at %s s; per pod, seconds after kubectl apply:\n", strings.Join(secs(r.published), ", "))
-	fmt.Printf("    %-40s %7s %8s %8s %8s %9s\n", "pod", "added", "sandbox", "running", "started", "last byte")
+	fmt.Printf("    %-40s %7s %8s %8s %8s %8s %9s\n", "pod", "added", "set up", "sandbox", "running", "started", "last byte")
 	for _, p := range r.pods {
-		fmt.Printf("    %-40s %7.2f %8.2f %8.2f %8.2f %9.2f\n", p.name, p.added, p.asked, p.running, p.started, p.done)
+		fmt.Printf("    %-40s %7.2f %8.2f %8.2f %8.2f %8.2f %9.2f\n", p.name, p.added, p.setUp, p.asked, p.running, p.started, p.done)
 	}
 }
 
@@ -160,8 +160,8 @@ func (b *bench) deployment(replicas int, cold bool) *fleetRun {
 	for p, m := range marks {
 		k := b.kubeletTimes(t0, p)
 		asked, running := b.sandboxTimes(t0, p)
-		r.pods = append(r.pods, fleetPod{name: p, added: since(k["add"]), asked: since(asked), running: since(running),
-			started: m[0], done: m[1]})
+		r.pods = append(r.pods, fleetPod{name: p, added: since(k["add"]), setUp: since(k["setup"]), asked: since(asked),
+			running: since(running), started: m[0], done: m[1]})
 	}
 	sort.Slice(r.pods, func(i, j int) bool { return r.pods[i].done < r.pods[j].done })
 	for _, rec := range b.driverRecords(t0) {
