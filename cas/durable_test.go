@@ -665,3 +665,35 @@ func TestFlushWritesBackInChunks(t *testing.T) {
 		t.Fatalf("blob not flushed and marked after Sync: %v", syncs())
 	}
 }
+
+// A symbolic link put where the flush barrier goes is not followed: nothing is created outside the store, the
+// blobs are still flushed and marked, and Sync reports the barrier.
+func TestFlushBarrierNeverFollowsALink(t *testing.T) {
+	fakeBoot(t)
+	s := open(t)
+	outside := filepath.Join(t.TempDir(), "planted")
+	barrier := filepath.Join(s.Root(), "ingest", "barrier")
+	if err := os.Remove(barrier); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, barrier); err != nil {
+		t.Fatal(err)
+	}
+	b := blob(3 * 4096)
+	d := digest.FromBytes(b)
+	s.ingesting.Add(1) // hold the background flush: Sync below runs it
+	if err := s.Ingest(context.Background(), d, int64(len(b)), (&source{blob: b}).open); err != nil {
+		t.Fatal(err)
+	}
+	s.ingesting.Add(-1)
+	err := s.Sync()
+	if err == nil || !strings.Contains(err.Error(), "flush barrier") {
+		t.Fatalf("Sync with a link for the barrier: %v, want the barrier reported", err)
+	}
+	if _, err := os.Lstat(outside); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the link's target outside the store exists after the flush (%v)", err)
+	}
+	if !s.Durable(d) {
+		t.Fatal("blob not marked durable: the flush stopped at the barrier")
+	}
+}
