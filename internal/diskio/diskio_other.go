@@ -21,8 +21,5 @@ func SyncFS(dir string) error { return SyncDir(dir) }
 // Background does nothing where I/O classes are Linux's.
 func Background() error { return nil }
 
-// ReadIntoCache does nothing off Linux: the reader faults the pages in itself.
-func ReadIntoCache(*os.File, int64, int64) error { return nil }
-
-// CachedBytes knows nothing off Linux.
-func CachedBytes(*os.File, int64, int64) int64 { return 0 }
+// WillNeed does nothing where fadvise(2) does not exist: the reader faults the pages in itself.
+func WillNeed(*os.File, int64, int64) (int64, error) { return 0, nil }

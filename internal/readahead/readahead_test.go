@@ -54,7 +54,7 @@ func TestReadaheadFillsThePageCache(t *testing.T) {
 	dir := t.TempDir()
 	view := filepath.Join(dir, "view")
 	small := writeFile(t, view, "config.json", 300)
-	// Larger than a chunk and than any device's readahead window: read a window at a time.
+	// Larger than a chunk and than any device's readahead window: one fadvise for it all would read its start only.
 	big := writeFile(t, view, "weights/model.safetensors", 40<<20)
 	outside := writeFile(t, dir, "outside.bin", 1<<20)
 	if err := os.Symlink(outside, filepath.Join(view, "link.bin")); err != nil {
