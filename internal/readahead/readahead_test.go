@@ -8,8 +8,6 @@ import (
 	"sync"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/modelpack/modelpack/internal/testenv"
 )
 
@@ -245,36 +243,6 @@ func TestCgroupLimit(t *testing.T) {
 	} {
 		if got := cgroupLimit(tc.cgroup, tc.mounts); got != tc.want {
 			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
-		}
-	}
-}
-
-// The readahead reads at the idle I/O class, so the pod being started (kubelet, runtime) is not queued behind it.
-func TestReadaheadRunsAtIdleIOClass(t *testing.T) {
-	dir := t.TempDir()
-	for _, name := range []string{"a.bin", "b.bin"} {
-		writeFile(t, dir, name, 1<<20)
-	}
-	var mu sync.Mutex
-	var classes []int
-	workerHook = func() {
-		// ioprio_get(IOPRIO_WHO_PROCESS, 0): the calling thread's class, in the bits above 13.
-		v, _, errno := unix.Syscall(unix.SYS_IOPRIO_GET, 1, 0, 0)
-		mu.Lock()
-		defer mu.Unlock()
-		if errno != 0 {
-			t.Errorf("ioprio_get: %v", errno)
-		}
-		classes = append(classes, int(v)>>13)
-	}
-	t.Cleanup(func() { workerHook = nil })
-	runOnce(t, dir, Fixed(1<<30))
-	if len(classes) == 0 {
-		t.Fatal("no readahead worker ran")
-	}
-	for _, c := range classes {
-		if c != 3 {
-			t.Fatalf("readahead workers ran at I/O classes %v, want 3 (idle)", classes)
 		}
 	}
 }
