@@ -104,7 +104,7 @@ var notRunnable = []struct{ pattern, why string }{
 	{`^make demo$`, "the demo itself (root, a registry, the driver, minutes); e2e/demo.sh is what it runs"},
 	{`^make test$`, "the whole suite, this test included"},
 	{`^BENCH_ONLY=\S+ BENCH_BASELINE_BIN=\S+ go run \./internal/cmd/bench$`, "a benchmark (minutes, needs an older binary); internal/bench's tests check its arithmetic"},
-	{`^(BENCH_ONLY=cluster make bench|(BENCH_MODEL_SIZE=\S+ )?go run -tags cluster \./e2e/cluster/bench)$`, "the pod-start benchmark: its own real cluster, minutes; go vet -tags cluster builds it in make test"},
+	{`^(BENCH_ONLY=cluster make bench|((BENCH_MODEL_SIZE|BENCH_PARTS|BENCH_COLD_RUNS)=\S+ )*go run -tags cluster \./e2e/cluster/bench)$`, "the pod-start benchmark: its own real cluster, minutes; go vet -tags cluster builds it in make test"},
 	{`^kubectl create namespace modelpack$`, "changes a live cluster; the cluster suite (e2e/cluster) deploys into the modelpack namespace"},
 	{`^kubectl label namespace modelpack pod-security\.kubernetes\.io/enforce=privileged$`, "changes a live cluster; deploy/base/namespace.yaml, which the overlays apply, carries the same label"},
 	{`^kubectl -n modelpack create secret generic modelpack-keys --from-file=cosign\.pub$`, "changes a live cluster; e2e/cluster's TestTrustPolicy creates modelpack-keys the same way (kubectl create secret generic --from-file=cosign.pub=…)"},
