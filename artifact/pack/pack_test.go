@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -843,12 +844,12 @@ func TestInterruptedPack(t *testing.T) {
 	if st, err := s.Prune(context.Background()); err != nil || st.Blobs != n {
 		t.Fatalf("prune: %+v %v, want %d blobs", st, err, n)
 	}
-	// boot-id, durable/ and stamps/ are the store's own records (cas), not temporaries of a write; the stamps of
-	// the pruned blobs go with them.
+	// boot-id, barrier (the flush's), durable/ and stamps/ are the store's own files (cas), not temporaries of a
+	// write; the stamps of the pruned blobs go with them.
 	entries, _ := os.ReadDir(filepath.Join(store, "ingest"))
 	var left []string
 	for _, e := range entries {
-		if e.Name() != "boot-id" && e.Name() != "durable" && e.Name() != "stamps" {
+		if !slices.Contains([]string{"boot-id", "barrier", "durable", "stamps"}, e.Name()) {
 			left = append(left, e.Name())
 		}
 	}
