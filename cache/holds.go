@@ -39,6 +39,12 @@ func openHolds(root string, opts Options) (*bolt.DB, error) {
 		return nil, fmt.Errorf("boot id %q cannot name a file", boot)
 	}
 	dir := filepath.Join(root, "holds")
+	// Whatever else is found there (a directory, a link, a file of another boot) holds nothing of this boot.
+	if fi, err := os.Lstat(dir); err == nil && !fi.IsDir() {
+		if err := os.Remove(dir); err != nil {
+			return nil, err
+		}
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -48,8 +54,8 @@ func openHolds(root string, opts Options) (*bolt.DB, error) {
 	}
 	name := boot + ".db"
 	for _, e := range entries {
-		if e.Name() != name {
-			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
+		if e.Name() != name || !e.Type().IsRegular() {
+			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
 				return nil, err
 			}
 		}

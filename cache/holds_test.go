@@ -265,3 +265,42 @@ func TestVolatileHoldSurvivesAKilledProcess(t *testing.T) {
 		t.Fatalf("after the kill: holds %v, want csi-killed", got)
 	}
 }
+
+// Junk where the holds live — a file instead of the directory, or a directory, a link and another boot's file in
+// it — neither stops Open nor is read: it is removed, and the holds of this boot start empty.
+func TestHoldsJunkIsRemoved(t *testing.T) {
+	fakeBoot(t)
+	opts := func(root string) Options { return Options{Root: root, VolatileOwnerPrefix: "csi-"} }
+
+	root := t.TempDir()
+	if err := os.WriteFile(filepath.Join(root, "holds"), []byte("junk"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	openCache(t, root, opts(root)).Close()
+
+	root = t.TempDir()
+	holds := filepath.Join(root, "holds")
+	outside := filepath.Join(t.TempDir(), "kept")
+	for _, p := range []string{filepath.Join(holds, "boot-1.db", "x"), filepath.Join(holds, "old", "y"), outside} {
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("junk"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(filepath.Dir(outside), filepath.Join(holds, "link")); err != nil {
+		t.Fatal(err)
+	}
+	c := openCache(t, root, opts(root))
+	if got := owners(t, c); len(got) != 0 {
+		t.Errorf("holds %v from junk", got)
+	}
+	c.Close()
+	if files, _ := os.ReadDir(holds); len(files) != 1 || files[0].Name() != "boot-1.db" || !files[0].Type().IsRegular() {
+		t.Errorf("holds/ after Open: %v, want boot-1.db alone", files)
+	}
+	if _, err := os.Stat(outside); err != nil {
+		t.Errorf("a file behind a link in holds/ was removed: %v", err)
+	}
+}
