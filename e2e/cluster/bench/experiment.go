@@ -3,8 +3,10 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -49,4 +51,50 @@ func (b *bench) memoryLimitExperiment() {
 	}
 	fmt.Fprintf(os.Stderr, "experiment medians: deployed limit %.2f s, no limit %.2f s\n", stats.Median(res["deployed limit"]), stats.Median(res["no limit"]))
 	fmt.Printf("  medians: deployed limit %.2f s, no limit %.2f s\n", stats.Median(res["deployed limit"]), stats.Median(res["no limit"]))
+}
+
+// readaheadExperiment (BENCH_EXPERIMENT=readahead) starts warm CSI pods (the node has the model, page cache
+// dropped) alternately with the node plugin's readahead on publish as deployed (auto) and off, in one cluster: what
+// the readahead does to a warm start, without the noise of comparing runs. The cache survives the plugin's restarts
+// (a host path), so every pod is warm.
+func (b *bench) readaheadExperiment() {
+	t, c := b.t, b.c
+	args := "/spec/template/spec/containers/0/args"
+	set := func(off bool) {
+		op := `[{"op":"add","path":"` + args + `/-","value":"--readahead=off"}]`
+		if !off {
+			out := c.Kubectl(t, "-n", harness.Namespace, "get", "daemonset", "modelpack-node", "-o", "jsonpath={.spec.template.spec.containers[0].args}")
+			if !strings.Contains(out, "--readahead=off") {
+				return
+			}
+			var list []string
+			if err := json.Unmarshal([]byte(out), &list); err != nil {
+				t.Fatal(err)
+			}
+			op = fmt.Sprintf(`[{"op":"remove","path":"%s/%d"}]`, args, slices.Index(list, "--readahead=off"))
+		}
+		c.Kubectl(t, "-n", harness.Namespace, "patch", "daemonset", "modelpack-node", "--type=json", "-p", op)
+		c.Kubectl(t, "-n", harness.Namespace, "rollout", "status", "daemonset/modelpack-node", "--timeout=180s")
+		c.WaitDriverRegistered(t, 2*time.Minute)
+	}
+	t.Cleanup(func() { set(false) })
+	runs := envInt(t, "BENCH_WARM_RUNS", 5)
+	b.measure("csi") // the model onto the node
+	res := map[string][]float64{}
+	fmt.Printf("\nexperiment: readahead on publish (auto, as deployed) against --readahead=off, warm CSI pods alternating\n")
+	for i := range 2 * runs {
+		off := i%2 == 1
+		label := map[bool]string{false: "readahead auto", true: "readahead off"}[off]
+		set(off)
+		r := b.measure("csi")
+		at := map[string]float64{}
+		for _, p := range r.phases.phases {
+			at[p.label] = p.at
+		}
+		fmt.Printf("  %-15s pod %5.2f s  mounted %5.2f  sandbox asked %5.2f  running %5.2f  container started %5.2f\n", label, r.last,
+			at["driver: NodePublish answered OK (mounted)"], at["containerd: sandbox asked for"], at["containerd: sandbox running"], at["container started"])
+		res[label] = append(res[label], r.last)
+	}
+	a, o := stats.Median(res["readahead auto"]), stats.Median(res["readahead off"])
+	fmt.Printf("  medians of %d: auto %.2f s, off %.2f s = %.2fx\n", runs, a, o, a/o)
 }
