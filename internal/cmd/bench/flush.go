@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -157,9 +156,7 @@ func flushRound(dir string, weights []string, mode string) (p50, p99, took float
 	if len(lat) == 0 {
 		return 0, 0, 0, fmt.Errorf("no record written during the flush")
 	}
-	slices.Sort(lat)
-	q := func(p float64) float64 { return lat[int(p*float64(len(lat)-1))] }
-	return q(0.5), q(0.99), took, nil
+	return bench.Median(lat), percentile(lat, 0.99), took, nil
 }
 
 // flushPerBlob is the flusher before pacing: each blob written back in 8 MiB chunks, then one fdatasync.
