@@ -53,48 +53,68 @@ func (b *bench) memoryLimitExperiment() {
 	fmt.Printf("  medians: deployed limit %.2f s, no limit %.2f s\n", stats.Median(res["deployed limit"]), stats.Median(res["no limit"]))
 }
 
-// readaheadExperiment (BENCH_EXPERIMENT=readahead) starts warm CSI pods (the node has the model, page cache
-// dropped) alternately with the node plugin's readahead on publish as deployed (auto) and off, in one cluster: what
-// the readahead does to a warm start, without the noise of comparing runs. The cache survives the plugin's restarts
-// (a host path), so every pod is warm.
+// readaheadExperiment (BENCH_EXPERIMENT=readahead) starts warm pods (the node has the model, page cache dropped)
+// in one cluster, round after round: a CSI pod under each setting of the node plugin's readahead, and a native
+// image volume pod as the yardstick, in rotated order. What the readahead does to a warm start, without the noise
+// of comparing runs. The cache survives the plugin's restarts (a host path), so every CSI pod is warm.
 func (b *bench) readaheadExperiment() {
 	t, c := b.t, b.c
-	args := "/spec/template/spec/containers/0/args"
-	set := func(off bool) {
-		op := `[{"op":"add","path":"` + args + `/-","value":"--readahead=off"}]`
-		if !off {
-			out := c.Kubectl(t, "-n", harness.Namespace, "get", "daemonset", "modelpack-node", "-o", "jsonpath={.spec.template.spec.containers[0].args}")
-			if !strings.Contains(out, "--readahead=off") {
-				return
-			}
-			var list []string
-			if err := json.Unmarshal([]byte(out), &list); err != nil {
-				t.Fatal(err)
-			}
-			op = fmt.Sprintf(`[{"op":"remove","path":"%s/%d"}]`, args, slices.Index(list, "--readahead=off"))
+	type setting struct {
+		label string
+		args  []string
+	}
+	settings := []setting{
+		{"readahead auto", nil},
+		{"readahead off", []string{"--readahead=off"}},
+	}
+	var deployed []string
+	if err := json.Unmarshal([]byte(c.Kubectl(t, "-n", harness.Namespace, "get", "daemonset", "modelpack-node", "-o",
+		"jsonpath={.spec.template.spec.containers[0].args}")), &deployed); err != nil {
+		t.Fatal(err)
+	}
+	current := ""
+	set := func(s setting) {
+		if s.label == current {
+			return
 		}
-		c.Kubectl(t, "-n", harness.Namespace, "patch", "daemonset", "modelpack-node", "--type=json", "-p", op)
+		current = s.label
+		args, _ := json.Marshal(append(slices.Clone(deployed), s.args...))
+		c.Kubectl(t, "-n", harness.Namespace, "patch", "daemonset", "modelpack-node", "--type=json", "-p",
+			`[{"op":"replace","path":"/spec/template/spec/containers/0/args","value":`+string(args)+`}]`)
 		c.Kubectl(t, "-n", harness.Namespace, "rollout", "status", "daemonset/modelpack-node", "--timeout=180s")
 		c.WaitDriverRegistered(t, 2*time.Minute)
 	}
-	t.Cleanup(func() { set(false) })
+	t.Cleanup(func() { set(settings[0]) })
 	runs := envInt(t, "BENCH_WARM_RUNS", 5)
 	b.measure("csi") // the model onto the node
+	b.measure("image")
 	res := map[string][]float64{}
-	fmt.Printf("\nexperiment: readahead on publish (auto, as deployed) against --readahead=off, warm CSI pods alternating\n")
-	for i := range 2 * runs {
-		off := i%2 == 1
-		label := map[bool]string{false: "readahead auto", true: "readahead off"}[off]
-		set(off)
-		r := b.measure("csi")
-		at := map[string]float64{}
-		for _, p := range r.phases.phases {
-			at[p.label] = p.at
-		}
-		fmt.Printf("  %-15s pod %5.2f s  mounted %5.2f  sandbox asked %5.2f  running %5.2f  container started %5.2f\n", label, r.last,
-			at["driver: NodePublish answered OK (mounted)"], at["containerd: sandbox asked for"], at["containerd: sandbox running"], at["container started"])
-		res[label] = append(res[label], r.last)
+	fmt.Printf("\nexperiment: warm pods, the node plugin's readahead settings against the native image volume, rotated, %d rounds\n", runs)
+	labels := []string{"native image volume"}
+	for _, s := range settings {
+		labels = append(labels, s.label)
 	}
-	a, o := stats.Median(res["readahead auto"]), stats.Median(res["readahead off"])
-	fmt.Printf("  medians of %d: auto %.2f s, off %.2f s = %.2fx\n", runs, a, o, a/o)
+	for i := range runs {
+		for _, label := range stats.Rotated(labels, i) {
+			v := "image"
+			if k := slices.IndexFunc(settings, func(s setting) bool { return s.label == label }); k >= 0 {
+				set(settings[k])
+				v = "csi"
+			}
+			r := b.measure(v)
+			at := map[string]float64{}
+			for _, p := range r.phases.phases {
+				at[p.label] = p.at
+			}
+			fmt.Printf("  %-20s pod %5.2f s  mounted %5.2f  sandbox asked %5.2f  running %5.2f  container started %5.2f\n", label, r.last,
+				at["driver: NodePublish answered OK (mounted)"], at["containerd: sandbox asked for"], at["containerd: sandbox running"], at["container started"])
+			res[label] = append(res[label], r.last)
+		}
+	}
+	native := stats.Median(res[labels[0]])
+	fmt.Printf("  medians of %d (against the native image volume, %.2f s):", runs, native)
+	for _, l := range labels[1:] {
+		fmt.Printf("  %s %.2f s = %.2fx;", l, stats.Median(res[l]), stats.Median(res[l])/native)
+	}
+	fmt.Println()
 }
