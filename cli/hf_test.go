@@ -266,6 +266,33 @@ func TestPackHFCorruptLFS(t *testing.T) {
 	}
 }
 
+// A Hub that accepts the connection and never answers, or stops half way through its file list, fails the pack
+// within HF_HUB_DOWNLOAD_TIMEOUT with a message that says so, and nothing is tagged.
+func TestPackHFSilentHub(t *testing.T) {
+	repo, _ := hubRepo(t, "acme/tiny")
+	s := hubserver.Start(t, repo)
+	hubEnv(t, s)
+	t.Setenv("HF_HUB_DOWNLOAD_TIMEOUT", "0.3")
+	home := t.TempDir()
+	hung := testenv.StartHungServer(t)
+	t.Setenv("HF_ENDPOINT", "http://"+hung.Host)
+	_, _, err := run(t, home, "pack", "hf://acme/tiny", "-t", "tiny:v1")
+	if err == nil || !strings.Contains(err.Error(), "no byte for 300ms") || hung.Accepted() == 0 {
+		t.Fatalf("pack from a Hub that never answers: %v (connections %d)", err, hung.Accepted())
+	}
+	t.Setenv("HF_ENDPOINT", s.URL)
+	s.StallAPI["tree"] = 1
+	if _, _, err := run(t, home, "pack", "hf://acme/tiny", "-t", "tiny:v1"); err == nil || !strings.Contains(err.Error(), "no byte for 300ms") {
+		t.Fatalf("pack from a Hub stopping half way: %v", err)
+	}
+	if out, _, _ := run(t, home, "ls"); strings.Contains(out, "tiny") {
+		t.Fatalf("something was tagged:\n%s", out)
+	}
+	if _, _, err := run(t, home, "pack", "hf://acme/tiny", "-t", "tiny:v1"); err != nil {
+		t.Fatalf("pack once the Hub answers: %v", err)
+	}
+}
+
 // A download cut part way resumes from the byte it stopped at (HTTP Range), and a rate-limited Hub is waited for
 // as its Retry-After says.
 func TestPackHFResumeAndRateLimit(t *testing.T) {

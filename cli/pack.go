@@ -47,7 +47,8 @@ Hidden files and directories (.git, .cache, …) and the Modelfile are not packe
 gives the same digest unless --created is given.
 
 hf://ORG/NAME[@REVISION] packs a model of the Hugging Face Hub (HF_ENDPOINT, default https://huggingface.co;
-a private or gated one needs HF_TOKEN or the token file of ` + "`hf auth login`" + `). The revision (default main) is
+a private or gated one needs HF_TOKEN or the token file of ` + "`hf auth login`" + `; HF_HUB_DOWNLOAD_TIMEOUT, default
+30, the seconds a request may wait for a byte). The revision (default main) is
 resolved to its commit; every LFS file is checked against the sha256 the Hub states and every other file against
 its git blob id before it enters the artifact. Weights are streamed from the Hub into the store, or with --push
 straight into the registry, with no local copy. The config records the source URL, the commit and the card's

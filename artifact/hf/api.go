@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -74,11 +75,37 @@ func (c *Client) getJSON(ctx context.Context, rawURL, what string, v any) (*http
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(v); err != nil {
+	b, err := c.readDocument(resp, 64<<20, what)
+	if err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal(b, v); err != nil {
 		return nil, fmt.Errorf("%s: the Hub's answer is not the JSON expected: %w", what, err)
 	}
 	return resp, nil
+}
+
+// readDocument reads and closes the body of an API answer: at most limit bytes, all of them within four times
+// the idle limit, so that a Hub trickling a byte now and then cannot hold a pack for ever either.
+func (c *Client) readDocument(resp *http.Response, limit int64, what string) ([]byte, error) {
+	var late atomic.Bool
+	deadline := 4 * c.idle
+	t := time.AfterFunc(deadline, func() {
+		late.Store(true)
+		resp.Body.Close()
+	})
+	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	t.Stop()
+	resp.Body.Close()
+	switch {
+	case late.Load():
+		return nil, fmt.Errorf("%w: %s: the Hub's answer did not arrive within %s", errUnavailable, what, deadline)
+	case err != nil:
+		return nil, fmt.Errorf("%w: %s: %w", errUnavailable, what, err)
+	case int64(len(b)) > limit:
+		return nil, fmt.Errorf("%s: the Hub's answer is larger than %d MiB", what, limit>>20)
+	}
+	return b, nil
 }
 
 // Info resolves ref's revision to its commit and reads what the Hub says of the model there.
@@ -122,10 +149,9 @@ func (c *Client) Tree(ctx context.Context, repo, commit string) ([]Entry, error)
 		if err != nil {
 			return nil, err
 		}
-		b, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
-		resp.Body.Close()
+		b, err := c.readDocument(resp, 256<<20, what)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %s: %w", errUnavailable, what, err)
+			return nil, err
 		}
 		entries, err := ParseTree(b)
 		if err != nil {

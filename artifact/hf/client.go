@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/internal/errdef"
 )
 
@@ -25,6 +26,7 @@ type Client struct {
 	endpoint *url.URL
 	token    string
 	http     *http.Client
+	idle     time.Duration
 	// MaxRetryAfter caps the wait a 429 answer asks for; RateLimitAttempts bounds how many are waited out.
 	MaxRetryAfter     time.Duration
 	RateLimitAttempts int
@@ -32,15 +34,20 @@ type Client struct {
 
 // NewClient returns a client of the Hub at endpoint, authenticating with token if it is not empty. The token is
 // sent to the endpoint's host only: the download hosts LFS files redirect to get pre-signed URLs, not the token.
-func NewClient(endpoint, token string) (*Client, error) {
+// No request may wait longer than idle (0: the registries' default, remote.DefaultTimeouts) for its answer or
+// for the next byte of it: a download then resumes on a new connection, any other request fails.
+func NewClient(endpoint, token string, idle time.Duration) (*Client, error) {
 	u, err := url.Parse(strings.TrimRight(endpoint, "/"))
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("Hub endpoint %q (HF_ENDPOINT): want an http or https URL such as %s", endpoint, DefaultEndpoint)
 	}
-	c := &Client{endpoint: u, token: token, MaxRetryAfter: 5 * time.Minute, RateLimitAttempts: 5}
+	if idle <= 0 {
+		idle = remote.DefaultTimeouts.Idle
+	}
+	c := &Client{endpoint: u, token: token, idle: idle, MaxRetryAfter: 5 * time.Minute, RateLimitAttempts: 5}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost = 16
-	c.http = &http.Client{Transport: tr, CheckRedirect: func(req *http.Request, via []*http.Request) error {
+	c.http = &http.Client{Transport: remote.BoundStalls(tr, idle), CheckRedirect: func(req *http.Request, via []*http.Request) error {
 		if len(via) >= 10 {
 			return errors.New("stopped after 10 redirects")
 		}
@@ -53,14 +60,23 @@ func NewClient(endpoint, token string) (*Client, error) {
 }
 
 // FromEnv returns a client configured as huggingface_hub configures itself: HF_ENDPOINT (default the public
-// Hub), and the token from HF_TOKEN, else the file HF_TOKEN_PATH, else $HF_HOME/token (HF_HOME defaulting to
-// $XDG_CACHE_HOME/huggingface, then ~/.cache/huggingface).
+// Hub), the token from HF_TOKEN, else the file HF_TOKEN_PATH, else $HF_HOME/token (HF_HOME defaulting to
+// $XDG_CACHE_HOME/huggingface, then ~/.cache/huggingface), and HF_HUB_DOWNLOAD_TIMEOUT, the seconds a request
+// may wait for a byte (default here: the registries' 30 s).
 func FromEnv() (*Client, error) {
 	endpoint := os.Getenv("HF_ENDPOINT")
 	if endpoint == "" {
 		endpoint = DefaultEndpoint
 	}
-	return NewClient(endpoint, tokenFromEnv())
+	var idle time.Duration
+	if v := strings.TrimSpace(os.Getenv("HF_HUB_DOWNLOAD_TIMEOUT")); v != "" {
+		secs, err := strconv.ParseFloat(v, 64)
+		if err != nil || secs <= 0 || secs > 24*3600 {
+			return nil, fmt.Errorf("HF_HUB_DOWNLOAD_TIMEOUT=%q: want the seconds a request may wait for a byte, above 0 (e.g. 30)", v)
+		}
+		idle = time.Duration(secs * float64(time.Second))
+	}
+	return NewClient(endpoint, tokenFromEnv(), idle)
 }
 
 func tokenFromEnv() string {
@@ -116,6 +132,14 @@ func (c *Client) do(ctx context.Context, method, rawURL, what string, header htt
 		}
 		resp, err := c.http.Do(req)
 		if err != nil {
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				// Without the query: a pre-signed download URL carries its signature there.
+				if u, perr := url.Parse(ue.URL); perr == nil {
+					u.RawQuery, u.User = "", nil
+					ue.URL = u.String()
+				}
+			}
 			return nil, fmt.Errorf("%w: %s: %w", errdef.ErrUnavailable, what, redact(err, c.token))
 		}
 		if resp.StatusCode != http.StatusTooManyRequests {

@@ -18,6 +18,7 @@ import (
 	"github.com/modelpack/modelpack/artifact/layout"
 	"github.com/modelpack/modelpack/artifact/pack"
 	"github.com/modelpack/modelpack/internal/errdef"
+	"github.com/modelpack/modelpack/internal/testenv"
 	"github.com/modelpack/modelpack/internal/testenv/hubserver"
 )
 
@@ -116,7 +117,7 @@ func TestClient(t *testing.T) {
 	s := hubserver.Start(t, hubserver.Repo{Name: "acme/tiny", Files: files, CardData: map[string]any{"license": []string{"mit", "other"}, "license_name": "acme-1"}},
 		hubserver.Repo{Name: "acme/gated", Files: files, Token: "hf_x"})
 	s.PageSize = 2
-	c, err := NewClient(s.URL+"/", "")
+	c, err := NewClient(s.URL+"/", "", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +207,7 @@ func TestSnapshotResumesAcrossRuns(t *testing.T) {
 		data[i] = byte(i * 7)
 	}
 	s := hubserver.Start(t, hubserver.Repo{Name: "acme/tiny", Files: map[string][]byte{"w.bin": data, "config.json": []byte("{}")}})
-	c, err := NewClient(s.URL, "")
+	c, err := NewClient(s.URL, "", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,5 +270,75 @@ func TestSnapshotResumesAcrossRuns(t *testing.T) {
 	}
 	if ok, _ := store.Exists(context.Background(), ocispec.Descriptor{Digest: digest.FromBytes(data), Size: int64(len(data))}); !ok {
 		t.Errorf("%s: the store lacks w.bin's blob", desc.Digest)
+	}
+}
+
+// A Hub that accepts the connection and says nothing, that stops part way through an answer, or that trickles it a
+// byte at a time, fails the request with ErrUnavailable and a message that says so, instead of holding a pack for
+// ever; a pre-signed URL's query, its signature, is in no error.
+func TestClientNeverWaitsOnASilentHub(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	// The deadline only keeps a regression from hanging the suite; the checks are on the errors.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ref := Ref{Repo: "acme/tiny", Revision: "main"}
+	check := func(what string, err error, want string) {
+		t.Helper()
+		if !errors.Is(err, errdef.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v; want ErrUnavailable saying %q", what, err, want)
+		}
+	}
+
+	hung := testenv.StartHungServer(t)
+	c, err := NewClient("http://"+hung.Host, "", idle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Info(ctx, ref)
+	check("a Hub that never answers", err, "no byte for 300ms")
+	_, err = c.do(ctx, "GET", "http://"+hung.Host+"/lfs/x?sig=s3cr3t", "a download", nil, nil)
+	check("a download host that never answers", err, "no byte for 300ms")
+	if err != nil && strings.Contains(err.Error(), "s3cr3t") {
+		t.Errorf("the error quotes the pre-signed URL's query: %v", err)
+	}
+	if hung.Accepted() == 0 {
+		t.Fatal("the hung server received no connection")
+	}
+
+	s := hubserver.Start(t, hubserver.Repo{Name: "acme/tiny", Files: map[string][]byte{"config.json": []byte("{}"), "w.safetensors": make([]byte, 20000)}})
+	if c, err = NewClient(s.URL, "", idle); err != nil {
+		t.Fatal(err)
+	}
+	s.StallAPI["revision"] = 1
+	_, err = c.Info(ctx, ref)
+	check("model info stopping half way", err, "no byte for 300ms")
+	s.StallAPI["tree"] = 1
+	_, err = c.Tree(ctx, "acme/tiny", s.Commit("acme/tiny"))
+	check("the file list stopping half way", err, "no byte for 300ms")
+	s.TrickleAPI = idle / 3
+	_, err = c.Info(ctx, ref)
+	check("model info trickling", err, "did not arrive within 1.2s")
+	s.TrickleAPI = 0
+	if _, err := c.Info(ctx, ref); err != nil {
+		t.Fatalf("the Hub answering again: %v", err)
+	}
+}
+
+// HF_HUB_DOWNLOAD_TIMEOUT, huggingface_hub's setting, bounds the client's waits; a value that is not a positive
+// number of seconds is refused by name.
+func TestDownloadTimeoutFromEnv(t *testing.T) {
+	t.Setenv("HF_ENDPOINT", "http://127.0.0.1:1")
+	for v, want := range map[string]time.Duration{"": 30 * time.Second, "12": 12 * time.Second, "0.5": 500 * time.Millisecond} {
+		t.Setenv("HF_HUB_DOWNLOAD_TIMEOUT", v)
+		c, err := FromEnv()
+		if err != nil || c.idle != want {
+			t.Errorf("HF_HUB_DOWNLOAD_TIMEOUT=%q: %v, %v; want %s", v, c, err, want)
+		}
+	}
+	for _, v := range []string{"0", "-3", "ten", "1e9"} {
+		t.Setenv("HF_HUB_DOWNLOAD_TIMEOUT", v)
+		if _, err := FromEnv(); err == nil || !strings.Contains(err.Error(), "HF_HUB_DOWNLOAD_TIMEOUT") {
+			t.Errorf("HF_HUB_DOWNLOAD_TIMEOUT=%q: %v; want an error naming it", v, err)
+		}
 	}
 }

@@ -207,7 +207,7 @@ func (c *Client) remoteFile(repo, commit string, e Entry) pack.RemoteFile {
 		Open: func(ctx context.Context, offset int64) (io.ReadCloser, int64, error) {
 			return remote.NewResumableReader(ctx, desc, offset, func(ctx context.Context, offset int64) (io.ReadCloser, int64, error) {
 				return c.OpenFile(ctx, repo, commit, e.Path, offset)
-			}, remote.Timeouts{}), offset, nil
+			}, remote.Timeouts{Idle: c.idle}), offset, nil
 		},
 	}
 }
@@ -217,7 +217,7 @@ func (c *Client) download(ctx context.Context, repo, commit string, e Entry, dir
 	what := Scheme + repo + "@" + commit + "/" + e.Path
 	rc := remote.NewResumableReader(ctx, ocispec.Descriptor{Digest: digest.Digest(what), Size: e.Size}, 0, func(ctx context.Context, offset int64) (io.ReadCloser, int64, error) {
 		return c.OpenFile(ctx, repo, commit, e.Path, offset)
-	}, remote.Timeouts{})
+	}, remote.Timeouts{Idle: c.idle})
 	defer rc.Close()
 	data, err := io.ReadAll(rc)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -260,7 +261,25 @@ func boundedClient(o Options, ep endpoint, host string) (*http.Client, error) {
 		return nil, err
 	}
 	// The document limit reads a document's body above the stall bound, which keeps watching it.
-	return &http.Client{Transport: limitDocuments(stallBound{next: t, idle: o.Timeouts.orDefault().Idle})}, nil
+	return &http.Client{Transport: limitDocuments(stallBound{next: t, idle: o.Timeouts.orDefault().Idle, bounds: isRegistryRead})}, nil
+}
+
+func isRegistryRead(req *http.Request) bool {
+	_, _, _, ok := parseReadPath(req.URL.Path)
+	return ok && req.Method == http.MethodGet
+}
+
+// BoundStalls bounds every GET and HEAD through next as a registry's reads are bounded (Timeouts.Idle): the
+// response must start within idle and its body may never pause for longer, else the request fails with
+// ErrUnavailable. For the clients of other sources of models (the Hugging Face Hub), which would otherwise wait
+// forever on a server that accepts a connection and says nothing.
+func BoundStalls(next http.RoundTripper, idle time.Duration) http.RoundTripper {
+	if idle <= 0 {
+		idle = DefaultTimeouts.Idle
+	}
+	return stallBound{next: next, idle: idle, bounds: func(req *http.Request) bool {
+		return req.Method == http.MethodGet || req.Method == http.MethodHead
+	}}
 }
 
 // stallBound gives up a read (GET of a manifest or blob) that goes silent for idle, as the pull's reads do: its
@@ -268,16 +287,19 @@ func boundedClient(o Options, ep endpoint, host string) (*http.Client, error) {
 // for longer. The request fails with ErrUnavailable, so a mirror that hangs is passed
 // for the next endpoint, and a stalled body ends the read instead of holding its caller to its own deadline.
 type stallBound struct {
-	next http.RoundTripper
-	idle time.Duration
+	next   http.RoundTripper
+	idle   time.Duration
+	bounds func(*http.Request) bool // the requests bounded
 }
 
 func (t stallBound) RoundTrip(req *http.Request) (*http.Response, error) {
-	if _, _, _, ok := parseReadPath(req.URL.Path); !ok || req.Method != http.MethodGet {
+	if !t.bounds(req) {
 		return t.next.RoundTrip(req)
 	}
 	ctx, cancel := context.WithCancelCause(req.Context())
-	stalled := fmt.Errorf("%w: %s: no byte for %s", ErrUnavailable, req.URL.Redacted(), t.idle)
+	// Without the query: a pre-signed download URL carries its signature there.
+	where := url.URL{Scheme: req.URL.Scheme, Host: req.URL.Host, Path: req.URL.Path}
+	stalled := fmt.Errorf("%w: %s: no byte for %s", ErrUnavailable, where.String(), t.idle)
 	watchdog := time.AfterFunc(t.idle, func() { cancel(stalled) })
 	resp, err := t.next.RoundTrip(req.WithContext(ctx))
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -72,6 +73,12 @@ type Server struct {
 	// this sha256, once, call OnStall, and then send nothing until the client goes away.
 	StallAfter map[string]int64
 	OnStall    func()
+	// StallAPI makes the next this many answers of an API of the Hub (revision, tree, commits, paths-info: what
+	// follows the repository in the path) send their headers and half their body, and then nothing until the client
+	// goes away.
+	StallAPI map[string]int
+	// TrickleAPI makes every answer of the Hub's API send its body one byte per TrickleAPI.
+	TrickleAPI time.Duration
 
 	hub, dl *httptest.Server
 	secret  []byte
@@ -95,7 +102,7 @@ type file struct {
 // Start serves repos until the test ends.
 func Start(t testing.TB, repos ...Repo) *Server {
 	t.Helper()
-	s := &Server{repos: map[string]*repo{}, secret: []byte(t.Name()), Corrupt: map[string]bool{}, CutAfter: map[string]int64{}, StallAfter: map[string]int64{}, RetryAfter: "1"}
+	s := &Server{repos: map[string]*repo{}, secret: []byte(t.Name()), Corrupt: map[string]bool{}, CutAfter: map[string]int64{}, StallAfter: map[string]int64{}, StallAPI: map[string]int{}, RetryAfter: "1"}
 	for _, r := range repos {
 		s.Add(r)
 	}
@@ -231,7 +238,36 @@ func (s *Server) serveHub(w http.ResponseWriter, r *http.Request) {
 	}
 	parts := splitEscaped(r.URL.EscapedPath())
 	if len(parts) >= 5 && parts[0] == "api" && parts[1] == "models" {
-		s.serveAPI(w, r, parts[2]+"/"+parts[3], parts[4], parts[5:])
+		s.mu.Lock()
+		stall, trickle := s.StallAPI[parts[4]] > 0, s.TrickleAPI
+		if stall {
+			s.StallAPI[parts[4]]--
+		}
+		s.mu.Unlock()
+		if !stall && trickle <= 0 {
+			s.serveAPI(w, r, parts[2]+"/"+parts[3], parts[4], parts[5:])
+			return
+		}
+		rec := httptest.NewRecorder()
+		s.serveAPI(rec, r, parts[2]+"/"+parts[3], parts[4], parts[5:])
+		maps.Copy(w.Header(), rec.Header())
+		w.WriteHeader(rec.Code)
+		body := rec.Body.Bytes()
+		if stall {
+			w.Write(body[:len(body)/2])
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
+			return
+		}
+		for i := range body {
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(trickle):
+			}
+			w.Write(body[i : i+1])
+			w.(http.Flusher).Flush()
+		}
 		return
 	}
 	if len(parts) >= 5 && parts[2] == "resolve" {
