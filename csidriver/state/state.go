@@ -14,6 +14,8 @@ package state
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -142,11 +144,18 @@ type Store struct {
 	// durable and volumes are the documents as last written (or read): an update rewrites only those it changes.
 	// nil forces a write (a state.json from before volumes.json, whose volumes move out at the next update).
 	durable, volumes []byte
+	// migratedFrom is the sha256 of the state.json whose volumes volumes.json took over (volumesDoc).
+	migratedFrom string
 }
 
 // volumesDoc is volumes.json.
 type volumesDoc struct {
 	Volumes map[string]Volume `json:"volumes"`
+	// MigratedFrom is the sha256 of the state.json holding volumes that this document took them over from. Such a
+	// state.json met again is that one, left by a driver killed between writing the two documents: this document
+	// is newer. A state.json holding volumes with another digest was written since by a driver from before
+	// volumes.json (a downgrade, then an upgrade): its volumes are the newer record.
+	MigratedFrom string `json:"migratedFrom,omitempty"`
 }
 
 // Open loads the state at path (and the volume records beside it, in volumes.json), or starts empty if there is
@@ -159,7 +168,8 @@ func Open(path string) (*Store, error) {
 	}
 	s := &Store{path: path, volPath: filepath.Join(filepath.Dir(path), "volumes.json"), st: &State{}}
 	var corrupt []error
-	switch err := readDoc(path, s.st); {
+	raw, err := readDoc(path, s.st)
+	switch {
 	case errors.Is(err, fs.ErrNotExist):
 	case errors.As(err, new(*CorruptError)):
 		corrupt = append(corrupt, err)
@@ -169,37 +179,45 @@ func Open(path string) (*Store, error) {
 	}
 	legacy := len(s.st.Volumes) > 0
 	var vols volumesDoc
-	switch err := readDoc(s.volPath, &vols); {
+	switch _, err := readDoc(s.volPath, &vols); {
 	case errors.Is(err, fs.ErrNotExist):
 	case errors.As(err, new(*CorruptError)):
 		corrupt = append(corrupt, err)
 		s.st.Volumes = nil
 	case err != nil:
 		return nil, err
-	default:
-		// Once written, volumes.json is the record: volumes a legacy state.json still holds are older.
-		s.st.Volumes, legacy = vols.Volumes, false
+	case !legacy || vols.MigratedFrom == sha256Hex(raw):
+		// volumes.json is the record; a state.json still holding volumes is the one it took them over from.
+		s.st.Volumes, legacy, s.migratedFrom = vols.Volumes, false, vols.MigratedFrom
 	}
 	s.st.init()
-	if !legacy {
+	if legacy {
+		s.migratedFrom = sha256Hex(raw)
+	} else {
 		s.durable, s.volumes = s.docs(s.st)
 	}
 	return s, errors.Join(corrupt...)
 }
 
-// readDoc decodes the document at path into v; one that does not parse is moved aside (a CorruptError).
-func readDoc(path string, v any) error {
+func sha256Hex(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// readDoc decodes the document at path into v and returns its bytes; one that does not parse is moved aside (a
+// CorruptError).
+func readDoc(path string, v any) ([]byte, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if jerr := json.Unmarshal(b, v); jerr != nil {
 		if err := os.Rename(path, path+".corrupt"); err != nil {
-			return fmt.Errorf("state %s is corrupt (%v) and cannot be moved aside: %w", path, jerr, err)
+			return nil, fmt.Errorf("state %s is corrupt (%v) and cannot be moved aside: %w", path, jerr, err)
 		}
-		return &CorruptError{Path: path, Err: jerr}
+		return nil, &CorruptError{Path: path, Err: jerr}
 	}
-	return nil
+	return b, nil
 }
 
 // CorruptError reports a state document that was moved aside; the returned Store is usable.
@@ -265,7 +283,7 @@ func (s *Store) docs(st *State) (durable, volumes []byte) {
 	rest.Volumes = nil
 	durable, err := json.MarshalIndent(rest, "", " ")
 	if err == nil {
-		volumes, err = json.MarshalIndent(volumesDoc{st.Volumes}, "", " ")
+		volumes, err = json.MarshalIndent(volumesDoc{Volumes: st.Volumes, MigratedFrom: s.migratedFrom}, "", " ")
 	}
 	if err != nil {
 		panic(fmt.Sprintf("state: marshal: %v", err))

@@ -126,8 +126,8 @@ func TestUpdateRewritesOnlyTheDocumentItChanges(t *testing.T) {
 }
 
 // A state.json written before volumes.json existed holds the volumes: they are read, and move to volumes.json at
-// the next update. Once volumes.json exists it is the record, whatever an older state.json still holds (a driver
-// killed between writing the two).
+// the next update. Once volumes.json exists it is the record over the state.json it took them from (a driver killed
+// between writing the two), not over one a driver from before volumes.json wrote since (a downgrade).
 func TestLegacyStateVolumesMoveToTheirDocument(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "state.json")
@@ -173,6 +173,34 @@ func TestLegacyStateVolumesMoveToTheirDocument(t *testing.T) {
 	}
 	if st := again.Snapshot(); len(st.Volumes) != 0 {
 		t.Fatalf("a legacy state.json's volumes overrode volumes.json: %+v", st.Volumes)
+	}
+
+	// Downgraded, the driver of before volumes.json recorded a volume in state.json; upgraded again, that state.json
+	// is the record, volumes.json older, and the volume moves over at the next update.
+	downgraded := `{"volumes": {"/later": {"volumeId": "w", "targetPath": "/later", "phase": "published"}},
+		"images": {"r|": {"reference": "r", "digest": "sha256:x"}}}`
+	if err := os.WriteFile(p, []byte(downgraded), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	up, err := Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := up.Snapshot(); len(st.Volumes) != 1 || st.Volumes["/later"].VolumeID != "w" {
+		t.Fatalf("after a downgrade and an upgrade: volumes %+v; want the downgraded driver's /later", st.Volumes)
+	}
+	if err := up.Update(func(st *State) error { st.Pulls["k2"] = Pull{Reference: "r"}; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	final, err := Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := final.Snapshot(); len(st.Volumes) != 1 || st.Volumes["/later"].VolumeID != "w" {
+		t.Fatalf("reopened after the migration: volumes %+v", st.Volumes)
+	}
+	if b, _ := os.ReadFile(p); strings.Contains(string(b), "/later") {
+		t.Errorf("state.json still holds the volumes after an update: %s", b)
 	}
 }
 
