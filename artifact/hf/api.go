@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/modelpack/modelpack/artifact/remote"
 )
 
 // ModelInfo is what the Hub says of a model at a revision (GET /api/models/{repo}/revision/{rev}).
@@ -268,7 +270,7 @@ func (c *Client) OpenFile(ctx context.Context, repo, commit, path string, offset
 	case http.StatusOK:
 		return resp.Body, 0, nil
 	case http.StatusPartialContent:
-		start, ok := contentRangeStart(resp.Header.Get("Content-Range"))
+		start, _, ok := remote.ParseContentRange(resp.Header.Get("Content-Range"))
 		if !ok {
 			resp.Body.Close()
 			return nil, 0, fmt.Errorf("%s: unreadable Content-Range %q", what, resp.Header.Get("Content-Range"))
@@ -277,15 +279,4 @@ func (c *Client) OpenFile(ctx context.Context, repo, commit, path string, offset
 	}
 	resp.Body.Close()
 	return nil, 0, fmt.Errorf("%s: unexpected answer %s", what, resp.Status)
-}
-
-// contentRangeStart parses "bytes START-END/TOTAL".
-func contentRangeStart(v string) (int64, bool) {
-	rest, ok := strings.CutPrefix(v, "bytes ")
-	if !ok {
-		return 0, false
-	}
-	start, _, ok := strings.Cut(rest, "-")
-	n, err := strconv.ParseInt(start, 10, 64)
-	return n, ok && err == nil && n >= 0
 }

@@ -11,7 +11,7 @@ func FuzzParseContentRange(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, h string) {
-		first, total, ok := parseContentRange(h)
+		first, total, ok := ParseContentRange(h)
 		if !ok {
 			return
 		}
@@ -22,7 +22,7 @@ func FuzzParseContentRange(f *testing.F) {
 		if total >= 0 {
 			size = fmt.Sprint(total)
 		}
-		again, total2, ok2 := parseContentRange(fmt.Sprintf("bytes %d-x/%s", first, size))
+		again, total2, ok2 := ParseContentRange(fmt.Sprintf("bytes %d-x/%s", first, size))
 		if !ok2 || again != first || (total >= 0 && total2 != total) {
 			t.Fatalf("%q: %d/%d does not round-trip: %d/%d %v", h, first, total, again, total2, ok2)
 		}

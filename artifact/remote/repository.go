@@ -300,7 +300,7 @@ func (ep *endpointRepo) rangeGet(ctx context.Context, desc ocispec.Descriptor, o
 	switch resp.StatusCode {
 	case http.StatusPartialContent:
 		cr := resp.Header.Get("Content-Range")
-		start, total, ok := parseContentRange(cr)
+		start, total, ok := ParseContentRange(cr)
 		if !ok || start != offset {
 			resp.Body.Close()
 			return nil, 0, fmt.Errorf("GET %s: Content-Range %q does not start at %d", url, cr, offset)
@@ -329,8 +329,9 @@ func (ep *endpointRepo) rangeGet(ctx context.Context, desc ocispec.Descriptor, o
 	}
 }
 
-// parseContentRange reads "bytes first-last/total" (total -1 when "*").
-func parseContentRange(h string) (first, total int64, ok bool) {
+// ParseContentRange reads a Content-Range header, "bytes first-last/total" (total -1 when "*"): the one reading
+// of it for every source that resumes with a Range request (registries, the Hugging Face Hub).
+func ParseContentRange(h string) (first, total int64, ok bool) {
 	rest, ok := strings.CutPrefix(h, "bytes ")
 	if !ok {
 		return 0, 0, false
