@@ -68,6 +68,7 @@ type csiDriverFlags struct {
 	verifyInterval, cacheMinAge                     time.Duration
 	scrubRate                                       string
 	readahead                                       string
+	readaheadWait                                   time.Duration
 	logFormat, logLevel                             string
 	verificationPolicy                              string
 	verificationAllowlist                           []string
@@ -137,6 +138,8 @@ UNAUTHENTICATED; PERMISSION_DENIED registry or signature policy; RESOURCE_EXHAUS
 	fl.StringVar(&f.scrubRate, "cache-scrub-rate", "128MiB", "most bytes per second the background scrub reads (at idle I/O priority; 0 = no cap)")
 	fl.StringVar(&f.readahead, "readahead", "auto", "read a published volume's files into the page cache at once, in the background, up to a budget per volume: "+
 		"auto (half the node's available memory, and of the driver's cgroup memory limit), off, or a size (e.g. 8GiB)")
+	fl.DurationVar(&f.readaheadWait, "readahead-wait", csidriver.DefaultReadaheadWait, "how long the readahead of a volume waits before it reads; a pod that opens one of the volume's files meanwhile reads it itself, "+
+		"and the readahead is dropped (0: read ahead at the mount)")
 	fl.StringVar(&f.verificationPolicy, "image-pull-credentials-verification-policy", string(access.DefaultMode),
 		"when a model on the node is mounted for a caller without asking its registry (kubelet's setting of the same name): "+
 			"NeverVerify, NeverVerifyPreloadedImages (prepulled models exempt), NeverVerifyAllowlistedImages (prepulled models under "+
@@ -209,18 +212,19 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags, exts []csiDriverExt
 	defer c.Close()
 
 	opts := csidriver.Options{
-		DriverName:   f.driverName,
-		Version:      Version,
-		NodeID:       f.nodeID,
-		Endpoint:     f.endpoint,
-		StateDir:     filepath.Join(f.root, "csi"),
-		MetricsAddr:  f.metricsAddr,
-		Logger:       log,
-		GCInterval:   f.gcInterval,
-		Collectors:   []prometheus.Collector{c.Collector(), hostsReloadFailures},
-		AccessPolicy: accessPolicy,
-		Readahead:    ahead,
-		OwnDirs:      []string{filepath.Join(f.root, "cache")},
+		DriverName:    f.driverName,
+		Version:       Version,
+		NodeID:        f.nodeID,
+		Endpoint:      f.endpoint,
+		StateDir:      filepath.Join(f.root, "csi"),
+		MetricsAddr:   f.metricsAddr,
+		Logger:        log,
+		GCInterval:    f.gcInterval,
+		Collectors:    []prometheus.Collector{c.Collector(), hostsReloadFailures},
+		AccessPolicy:  accessPolicy,
+		Readahead:     ahead,
+		ReadaheadWait: f.readaheadWait,
+		OwnDirs:       []string{filepath.Join(f.root, "cache")},
 	}
 	env := &CSIDriverEnv{
 		Cache: c,

@@ -3,9 +3,16 @@ package csidriver
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/modelpack/modelpack/internal/readahead"
 )
+
+// DefaultReadaheadWait is how long a volume's readahead waits before it reads, and is dropped if the pod opens a
+// file of the volume meanwhile: a pod that reads at once (the cluster bench's) opens it about half a second after
+// the mount and reads it as fast as the node can, and one still importing its code after this finds its weights
+// read ahead when it opens them.
+const DefaultReadaheadWait = 3 * time.Second
 
 // startReadahead has the files of a volume just mounted read into the page cache in the background, so the
 // pod's first reads, a second or more later, find them in memory; it does nothing while source is being read.
@@ -32,8 +39,13 @@ func (d *Driver) readaheadDone(r readahead.Result) {
 	d.m.readaheadBytes.Add(float64(r.Uncached))
 	d.m.readaheadSkipped.Add(float64(r.SkippedBytes))
 	args := []any{"view", r.Dir, "files", r.Files, "bytes", r.Bytes, "uncachedBytes", r.Uncached, "skippedFiles", r.Skipped,
-		"skippedBytes", r.SkippedBytes, "budget", r.Budget, "duration", r.Duration}
+		"skippedBytes", r.SkippedBytes, "budget", r.Budget, "duration", r.Duration, "waited", r.Waited, "opened", r.Opened}
+	if r.WaitErr != nil {
+		args = append(args, "waitError", r.WaitErr.Error())
+	}
 	switch {
+	case r.Opened:
+		d.log.Info("readahead dropped: the pod reads the volume itself", "view", r.Dir, "waited", r.Waited)
 	case r.Err == nil:
 		d.log.Info("readahead done", args...)
 	case errors.Is(r.Err, context.Canceled):

@@ -77,8 +77,10 @@ type Options struct {
 	// Collectors are extra Prometheus collectors served on /metrics (the cache's own).
 	Collectors []prometheus.Collector
 	// Readahead is the budget of the readahead each publish starts of its volume's files (package readahead);
-	// nil turns it off.
-	Readahead readahead.Budget
+	// nil turns it off. ReadaheadWait holds it for that long, and drops it if the pod opens a file of the volume
+	// meanwhile (readahead.Options.WaitForOpen; 0: it starts at the mount).
+	Readahead     readahead.Budget
+	ReadaheadWait time.Duration
 	// AccessPolicy decides when content on the node is shared with a caller without asking the registry
 	// (kubelet's imagePullCredentialsVerificationPolicy); the zero value is access.DefaultMode.
 	AccessPolicy access.Policy
@@ -181,7 +183,8 @@ func (d *Driver) Run(ctx context.Context) error {
 		started: d.recordPullStarted, finished: d.recordPullFinished,
 	}
 	if d.opts.Readahead != nil {
-		d.ahead = readahead.New(ctx, readahead.Options{Budget: d.opts.Readahead, Done: d.readaheadDone, Gate: d.readaheadGate})
+		d.ahead = readahead.New(ctx, readahead.Options{Budget: d.opts.Readahead, WaitForOpen: d.opts.ReadaheadWait,
+			Done: d.readaheadDone, Gate: d.readaheadGate})
 	}
 	d.recover(ctx)
 

@@ -57,6 +57,11 @@ type Result struct {
 	Duration time.Duration
 	// Err is the first failure (a file that vanished, a stop); the other files were still read.
 	Err error
+	// Waited is how long the readahead waited (Options.WaitForOpen), Opened whether an open ended the wait (and
+	// the readahead: it then read nothing), and WaitErr why it could not wait (no inotify; it then started at once).
+	Waited  time.Duration
+	Opened  bool
+	WaitErr error
 }
 
 // Options configure a Reader.
@@ -67,6 +72,12 @@ type Options struct {
 	Done func(Result)
 	// Gate, if set, is called by each readahead before it reads anything (tests hold readaheads with it).
 	Gate func(dir string)
+	// WaitForOpen, if above 0, holds each readahead for that long, and drops it if a file of its directory is
+	// opened meanwhile: that pod reads its model itself. Measured on the cluster bench (README, Performance), a
+	// readahead at the mount delays the pod's sandbox and container by more than it spares its reads, and one
+	// beside a pod's own reads slows them; a pod that has not opened its model by then is busy elsewhere (an
+	// inference server's imports), and the readahead has its weights in memory by the time it opens them.
+	WaitForOpen time.Duration
 }
 
 // Reader runs readaheads, one at a time per directory.
@@ -134,11 +145,21 @@ type file struct {
 }
 
 func (r *Reader) read(ctx context.Context, dir string) Result {
-	start := time.Now()
-	res := Result{Dir: dir, Budget: r.opts.Budget()}
 	if r.opts.Gate != nil {
 		r.opts.Gate(dir)
 	}
+	var res Result
+	if r.opts.WaitForOpen > 0 {
+		waiting := time.Now()
+		res.Opened, res.WaitErr = firstOpen(ctx, dir, r.opts.WaitForOpen)
+		res.Waited = time.Since(waiting)
+		if res.Opened {
+			res.Dir = dir
+			return res
+		}
+	}
+	start := time.Now()
+	res.Dir, res.Budget = dir, r.opts.Budget()
 	files, err := list(dir)
 	res.Err = err
 	var todo []file

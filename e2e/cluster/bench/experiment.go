@@ -54,9 +54,11 @@ func (b *bench) memoryLimitExperiment() {
 }
 
 // readaheadExperiment (BENCH_EXPERIMENT=readahead) starts warm pods (the node has the model, page cache dropped)
-// in one cluster, round after round: a CSI pod under each setting of the node plugin's readahead, and a native
-// image volume pod as the yardstick, in rotated order. What the readahead does to a warm start, without the noise
-// of comparing runs. The cache survives the plugin's restarts (a host path), so every CSI pod is warm.
+// in one cluster: for each setting of the node plugin's readahead a block of CSI pods, each beside a native image
+// volume pod as the yardstick (alternately first), the blocks in one order and then in the reverse. What the
+// readahead does to a warm start, without the noise of comparing runs. A block starts with a CSI pod that is not
+// counted: the first pod after the plugin's restart measured slower reads whatever the setting. The cache
+// survives the restarts (a host path), so every CSI pod is warm.
 func (b *bench) readaheadExperiment() {
 	t, c := b.t, b.c
 	type setting struct {
@@ -64,7 +66,8 @@ func (b *bench) readaheadExperiment() {
 		args  []string
 	}
 	settings := []setting{
-		{"readahead auto", nil},
+		{"readahead as deployed", nil},
+		{"readahead at mount", []string{"--readahead-wait=0"}},
 		{"readahead off", []string{"--readahead=off"}},
 	}
 	var deployed []string
@@ -72,6 +75,8 @@ func (b *bench) readaheadExperiment() {
 		"jsonpath={.spec.template.spec.containers[0].args}")), &deployed); err != nil {
 		t.Fatal(err)
 	}
+	// A run stopped half way may have left a setting behind.
+	deployed = slices.DeleteFunc(deployed, func(a string) bool { return strings.HasPrefix(a, "--readahead") })
 	current := ""
 	set := func(s setting) {
 		if s.label == current {
@@ -85,36 +90,66 @@ func (b *bench) readaheadExperiment() {
 		c.WaitDriverRegistered(t, 2*time.Minute)
 	}
 	t.Cleanup(func() { set(settings[0]) })
-	runs := envInt(t, "BENCH_WARM_RUNS", 5)
+	runs := envInt(t, "BENCH_WARM_RUNS", 6)
 	b.measure("csi") // the model onto the node
 	b.measure("image")
+	const native = "native image volume"
 	res := map[string][]float64{}
-	fmt.Printf("\nexperiment: warm pods, the node plugin's readahead settings against the native image volume, rotated, %d rounds\n", runs)
-	labels := []string{"native image volume"}
-	for _, s := range settings {
-		labels = append(labels, s.label)
+	fmt.Printf("\nexperiment: warm pods, the node plugin's readahead settings against the native image volume, %d pairs per setting\n", runs)
+	line := func(label string, r result) {
+		at := map[string]float64{}
+		for _, p := range r.phases.phases {
+			at[p.label] = p.at
+		}
+		fmt.Printf("  %-20s pod %5.2f s  mounted %5.2f  sandbox asked %5.2f  running %5.2f  container started %5.2f\n", label, r.last,
+			at["driver: NodePublish answered OK (mounted)"], at["containerd: sandbox asked for"], at["containerd: sandbox running"], at["container started"])
 	}
-	for i := range runs {
-		for _, label := range stats.Rotated(labels, i) {
-			v := "image"
-			if k := slices.IndexFunc(settings, func(s setting) bool { return s.label == label }); k >= 0 {
-				set(settings[k])
-				v = "csi"
+	for pass := range 2 {
+		order := slices.Clone(settings)
+		if pass == 1 {
+			slices.Reverse(order)
+		}
+		for _, s := range order {
+			set(s)
+			b.measure("csi") // not counted
+			for k := range (runs + 1 - pass) / 2 {
+				for _, v := range stats.Rotated([]string{"image", "csi"}, k) {
+					label := map[string]string{"image": native, "csi": s.label}[v]
+					r := b.measure(v)
+					line(label, r)
+					res[label] = append(res[label], r.last)
+				}
 			}
-			r := b.measure(v)
-			at := map[string]float64{}
-			for _, p := range r.phases.phases {
-				at[p.label] = p.at
-			}
-			fmt.Printf("  %-20s pod %5.2f s  mounted %5.2f  sandbox asked %5.2f  running %5.2f  container started %5.2f\n", label, r.last,
-				at["driver: NodePublish answered OK (mounted)"], at["containerd: sandbox asked for"], at["containerd: sandbox running"], at["container started"])
-			res[label] = append(res[label], r.last)
 		}
 	}
-	native := stats.Median(res[labels[0]])
-	fmt.Printf("  medians of %d (against the native image volume, %.2f s):", runs, native)
-	for _, l := range labels[1:] {
-		fmt.Printf("  %s %.2f s = %.2fx;", l, stats.Median(res[l]), stats.Median(res[l])/native)
+	summary := func(settings []setting) {
+		yard := stats.Median(res[native])
+		fmt.Printf("  medians (against the native image volume, %.2f s over %d pods):", yard, len(res[native]))
+		for _, s := range settings {
+			fmt.Printf("  %s %.2f s = %.2fx;", s.label, stats.Median(res[s.label]), stats.Median(res[s.label])/yard)
+		}
+		fmt.Println()
 	}
-	fmt.Println()
+	summary(settings)
+
+	// A pod that reads its model seconds after it starts, as an inference server does after its imports.
+	const after = "5"
+	b.readAfter = after
+	defer func() { b.readAfter = "" }()
+	clear(res)
+	fmt.Printf("\nthe same with pods that sleep %s s before they read (an inference server's imports), %d pairs per setting\n", after, runs/2)
+	late := []setting{settings[0], settings[2]}
+	for i, s := range late {
+		set(s)
+		b.measure("csi") // not counted
+		for k := range runs / 2 {
+			for _, v := range stats.Rotated([]string{"image", "csi"}, k+i) {
+				label := map[string]string{"image": native, "csi": s.label}[v]
+				r := b.measure(v)
+				line(label, r)
+				res[label] = append(res[label], r.last)
+			}
+		}
+	}
+	summary(late)
 }

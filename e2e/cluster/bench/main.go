@@ -218,6 +218,9 @@ type bench struct {
 
 	coldCSI, warmCSI float64 // medians, for the scenarios
 	n                int     // pods started so far: unique names
+	// readAfter, if set, makes pods sleep that long (a sleep(1) duration) before they read, as an inference server
+	// importing its code does; their times still run from kubectl apply.
+	readAfter string
 }
 
 func (b *bench) prepare() {
@@ -468,6 +471,9 @@ func (b *bench) start(v string) result {
 // after reading.
 func (b *bench) pod(name, v string, replicas int) string {
 	script, restart := readScript, "Never"
+	if b.readAfter != "" {
+		script = "sleep " + b.readAfter + "; " + script
+	}
 	if replicas > 0 {
 		script, restart = readScript+"; exec sleep 3600", "Always"
 	}
