@@ -1,17 +1,20 @@
-// Package readahead warms the page cache with the files of a volume the moment it is published. A pod starts
-// reading its model a second or more after the mount (the sandbox, the container, an inference server's imports):
-// reads the driver asks for at once, many files deep, find the disk idle and leave the files in memory by then,
-// where a native image volume's reader starts from the disk. It only ever reads: files are opened read-only and
-// never through a symbolic link, and the kernel is told which bytes will be needed (fadvise WILLNEED), so
-// nothing is copied and no thread waits for the disk.
+// Package readahead warms the page cache with the files of a published volume that its pod has not started
+// reading yet. An inference server opens its weights seconds after its container starts (its imports, its
+// device's set-up); reads the driver asks for meanwhile, many files deep, find the node idle and leave the files
+// in memory by then, where a native image volume's reader starts from the disk. It only ever reads: files are
+// opened read-only and never through a symbolic link, and the kernel is told which bytes will be needed (fadvise
+// WILLNEED), so nothing is copied and no thread waits for the disk.
 //
-// It advises at the normal I/O priority, four files deep, on purpose: the pod it warms is started from the same
-// disk meanwhile, and every gentler way measured slowed that start more than it spared it (issue 20's cluster
-// bench, warm pod against the native image volume: 0.91× as it is; 1.06× at the idle I/O class; 1.10× reading one
-// file a readahead window at a time; 1.47× with 512 KiB reads one at a time; and with its threads at the idle CPU
-// scheduling class, 1.09× as deployed 1.09× in the same run: the sandbox was asked for sooner but running no
-// sooner). On that virtual disk the warm start is bound by the disk, and the readahead wins the kubelet's idle
-// gaps, not more.
+// When is measured (issue 20's cluster bench, BENCH_EXPERIMENT=readahead: warm pods in one cluster, against the
+// native image volume). Read ahead at the mount, it delays the pod's sandbox and container, started from the same
+// disk and two vCPUs meanwhile, by more than it spares the pod's reads (1.03×–1.13×); beside a pod already reading,
+// it slows those reads (1.11×–1.13×); off, 0.93×–0.98×. So a readahead waits (Options.WaitForOpen, the driver's
+// --readahead-wait) and is dropped if the pod opens a file of the volume meanwhile: that pod reads its model itself,
+// as fast as the node can (0.99×); a pod that reads 5 s after its start finds its model in memory (0.90×, off 0.98×).
+//
+// It advises at the normal I/O priority, four files deep: every gentler way measured slower at the mount (1.06× at
+// the idle I/O class; 1.10× one file a readahead window at a time; 1.47× with 512 KiB reads one at a time; the idle
+// CPU scheduling class no better).
 package readahead
 
 import (
