@@ -1,6 +1,15 @@
 package hf
 
-import "testing"
+import (
+	"encoding/hex"
+	"testing"
+)
+
+func gitBlobID(b []byte) string {
+	h := newGitBlobHash(int64(len(b)))
+	h.Write(b)
+	return hex.EncodeToString(h.Sum(nil))
+}
 
 // The ids git gives these contents (git hash-object).
 func TestGitBlobID(t *testing.T) {

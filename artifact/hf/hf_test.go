@@ -1,12 +1,14 @@
 package hf
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -340,5 +342,46 @@ func TestDownloadTimeoutFromEnv(t *testing.T) {
 		if _, err := FromEnv(); err == nil || !strings.Contains(err.Error(), "HF_HUB_DOWNLOAD_TIMEOUT") {
 			t.Errorf("HF_HUB_DOWNLOAD_TIMEOUT=%q: %v; want an error naming it", v, err)
 		}
+	}
+}
+
+// A file outside LFS streams to disk as its git blob id is checked: the Hub states its size, and a listing of large
+// ones is never held in memory; one whose bytes differ is refused and removed.
+func TestNonLFSFilesStream(t *testing.T) {
+	big := make([]byte, 48<<20)
+	for i := range big {
+		big[i] = byte(i * 13)
+	}
+	s := hubserver.Start(t, hubserver.Repo{Name: "acme/plain", Files: map[string][]byte{"config.json": []byte("{}"), "vocab.bin": big},
+		LFS: func(string, int) bool { return false }})
+	c, err := NewClient(s.URL, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ref := Ref{Repo: "acme/plain", Revision: "main"}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	snap, err := c.Snapshot(ctx, ref, Options{TempDir: t.TempDir()})
+	runtime.ReadMemStats(&after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snap.Close()
+	if got, _ := os.ReadFile(filepath.Join(snap.Dir, "vocab.bin")); !bytes.Equal(got, big) {
+		t.Fatalf("vocab.bin: %d bytes, not the Hub's", len(got))
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > uint64(len(big))/4 {
+		t.Errorf("snapshot of a %d MiB plain file allocated %d MiB: it was held in memory", len(big)>>20, alloc>>20)
+	}
+
+	s.Corrupt[s.SHA256("acme/plain", "vocab.bin")] = true
+	tmp := t.TempDir()
+	if _, err := c.Snapshot(ctx, ref, Options{TempDir: tmp}); !errors.Is(err, errdef.ErrDigestMismatch) || !strings.Contains(err.Error(), "vocab.bin") {
+		t.Fatalf("corrupted plain file: %v", err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(tmp, "*", "vocab.bin")); len(left) != 0 {
+		t.Errorf("the refused bytes stay on disk: %v", left)
 	}
 }

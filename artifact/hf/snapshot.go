@@ -5,6 +5,7 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"fmt"
+	"hash"
 	"io"
 	"os"
 	"path"
@@ -212,33 +213,46 @@ func (c *Client) remoteFile(repo, commit string, e Entry) pack.RemoteFile {
 	}
 }
 
-// download writes a file that is not in LFS into dir, after checking it against its git blob id.
-func (c *Client) download(ctx context.Context, repo, commit string, e Entry, dir string) error {
+// download writes a file that is not in LFS into dir, checking it against its git blob id as it streams: its size
+// is the Hub's statement, so it is never held in memory (eight files of a hostile listing's size at once would be).
+// A file whose bytes differ is removed.
+func (c *Client) download(ctx context.Context, repo, commit string, e Entry, dir string) (err error) {
 	what := Scheme + repo + "@" + commit + "/" + e.Path
-	rc := remote.NewResumableReader(ctx, ocispec.Descriptor{Digest: digest.Digest(what), Size: e.Size}, 0, func(ctx context.Context, offset int64) (io.ReadCloser, int64, error) {
-		return c.OpenFile(ctx, repo, commit, e.Path, offset)
-	}, remote.Timeouts{Idle: c.idle})
-	defer rc.Close()
-	data, err := io.ReadAll(rc)
-	if err != nil {
-		return err
-	}
-	if got := gitBlobID(data); got != e.OID {
-		return fmt.Errorf("%s: %w: the bytes' git blob id is %s, the Hub states %s; refused", what, errdef.ErrDigestMismatch, got, e.OID)
-	}
 	dst := filepath.Join(dir, filepath.FromSlash(e.Path))
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 		return err
 	}
-	return os.WriteFile(dst, data, 0o644)
+	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err) // a path listed twice, or a file where a listing put a directory
+	}
+	defer func() {
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			os.Remove(dst)
+		}
+	}()
+	rc := remote.NewResumableReader(ctx, ocispec.Descriptor{Digest: digest.Digest(what), Size: e.Size}, 0, func(ctx context.Context, offset int64) (io.ReadCloser, int64, error) {
+		return c.OpenFile(ctx, repo, commit, e.Path, offset)
+	}, remote.Timeouts{Idle: c.idle})
+	defer rc.Close()
+	h := newGitBlobHash(e.Size)
+	if _, err := io.Copy(io.MultiWriter(f, h), rc); err != nil {
+		return err
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != e.OID {
+		return fmt.Errorf("%s: %w: the bytes' git blob id is %s, the Hub states %s; refused", what, errdef.ErrDigestMismatch, got, e.OID)
+	}
+	return nil
 }
 
-// gitBlobID is the id git gives a file's content: sha1 of "blob <size>\0<content>".
-func gitBlobID(b []byte) string {
+// newGitBlobHash hashes a file's content of size bytes into the id git gives it: sha1 of "blob <size>\0<content>".
+func newGitBlobHash(size int64) hash.Hash {
 	h := sha1.New()
-	h.Write([]byte("blob " + strconv.Itoa(len(b)) + "\x00"))
-	h.Write(b)
-	return hex.EncodeToString(h.Sum(nil))
+	h.Write([]byte("blob " + strconv.FormatInt(size, 10) + "\x00"))
+	return h
 }
 
 // describe turns what the Hub says of the model into the config's descriptor and manifest annotations.
