@@ -138,6 +138,10 @@ func (c *Client) CommitDate(ctx context.Context, repo, commit string) (time.Time
 	return commits[0].Date.UTC(), nil
 }
 
+// maxTreeEntries bounds a repository's listing (files and directories): the Hub's largest model repositories hold
+// tens of thousands, and a listing without end would otherwise be held in memory page after page.
+var maxTreeEntries = 200_000
+
 // Tree lists every file of repo at commit, following the pages the Hub splits it into (Link: rel="next").
 func (c *Client) Tree(ctx context.Context, repo, commit string) ([]Entry, error) {
 	next := c.apiURL(repo, "tree", commit) + "?recursive=true&expand=false"
@@ -151,13 +155,16 @@ func (c *Client) Tree(ctx context.Context, repo, commit string) ([]Entry, error)
 		if err != nil {
 			return nil, err
 		}
-		b, err := c.readDocument(resp, 256<<20, what)
+		b, err := c.readDocument(resp, 64<<20, what)
 		if err != nil {
 			return nil, err
 		}
 		entries, err := ParseTree(b)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		if len(all)+len(entries) > maxTreeEntries {
+			return nil, fmt.Errorf("%s: more than %d files and directories; not a model this importer takes", what, maxTreeEntries)
 		}
 		all = append(all, entries...)
 		next = nextLink(resp.Header.Values("Link"), resp.Request.URL)

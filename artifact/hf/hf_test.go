@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/url"
 	"os"
@@ -383,5 +384,37 @@ func TestNonLFSFilesStream(t *testing.T) {
 	}
 	if left, _ := filepath.Glob(filepath.Join(tmp, "*", "vocab.bin")); len(left) != 0 {
 		t.Errorf("the refused bytes stay on disk: %v", left)
+	}
+}
+
+// A listing longer than any model's is refused, page by page, before it is all held.
+func TestTreeIsBounded(t *testing.T) {
+	files := map[string][]byte{}
+	for i := range 30 {
+		files[fmt.Sprintf("f%02d.txt", i)] = []byte{byte(i)}
+	}
+	s := hubserver.Start(t, hubserver.Repo{Name: "acme/many", Files: files})
+	s.PageSize = 10
+	c, err := NewClient(s.URL, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func(n int) { maxTreeEntries = n }(maxTreeEntries)
+	maxTreeEntries = 25
+	if _, err := c.Tree(context.Background(), "acme/many", s.Commit("acme/many")); err == nil || !strings.Contains(err.Error(), "more than 25 files") {
+		t.Fatalf("a listing of 30 files against a bound of 25: %v", err)
+	}
+	pages := 0
+	for _, r := range s.Requests() {
+		if strings.Contains(r.Path, "/tree/") {
+			pages++
+		}
+	}
+	if pages != 3 {
+		t.Errorf("%d pages read; want 3, the one past the bound last", pages)
+	}
+	maxTreeEntries = 30
+	if entries, err := c.Tree(context.Background(), "acme/many", s.Commit("acme/many")); err != nil || len(entries) != 30 {
+		t.Fatalf("a listing at the bound: %d entries, %v", len(entries), err)
 	}
 }
