@@ -38,14 +38,16 @@ func (d *Driver) stopReadahead(source string) {
 func (d *Driver) readaheadDone(r readahead.Result) {
 	d.m.readaheadBytes.Add(float64(r.Uncached))
 	d.m.readaheadSkipped.Add(float64(r.SkippedBytes))
+	if r.Opened {
+		d.log.Info("readahead dropped: the pod reads the volume itself", "view", r.Dir, "waited", r.Waited)
+		return
+	}
 	args := []any{"view", r.Dir, "files", r.Files, "bytes", r.Bytes, "uncachedBytes", r.Uncached, "skippedFiles", r.Skipped,
-		"skippedBytes", r.SkippedBytes, "budget", r.Budget, "duration", r.Duration, "waited", r.Waited, "opened", r.Opened}
+		"skippedBytes", r.SkippedBytes, "budget", r.Budget, "duration", r.Duration, "waited", r.Waited}
 	if r.WaitErr != nil {
 		args = append(args, "waitError", r.WaitErr.Error())
 	}
 	switch {
-	case r.Opened:
-		d.log.Info("readahead dropped: the pod reads the volume itself", "view", r.Dir, "waited", r.Waited)
 	case r.Err == nil:
 		d.log.Info("readahead done", args...)
 	case errors.Is(r.Err, context.Canceled):

@@ -134,10 +134,8 @@ func (c *Client) do(ctx context.Context, method, rawURL, what string, header htt
 		if err != nil {
 			var ue *url.Error
 			if errors.As(err, &ue) {
-				// Without the query: a pre-signed download URL carries its signature there.
 				if u, perr := url.Parse(ue.URL); perr == nil {
-					u.RawQuery, u.User = "", nil
-					ue.URL = u.String()
+					ue.URL = remote.PlainURL(u)
 				}
 			}
 			return nil, fmt.Errorf("%w: %s: %w", errdef.ErrUnavailable, what, redact(err, c.token))

@@ -269,6 +269,12 @@ func isRegistryRead(req *http.Request) bool {
 	return ok && req.Method == http.MethodGet
 }
 
+// PlainURL is u for a message: without its user information, nor its query, where a pre-signed download URL
+// carries its signature.
+func PlainURL(u *url.URL) string {
+	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path, RawPath: u.RawPath}).String()
+}
+
 // BoundStalls bounds every GET and HEAD through next as a registry's reads are bounded (Timeouts.Idle): the
 // response must start within idle and its body may never pause for longer, else the request fails with
 // ErrUnavailable. For the clients of other sources of models (the Hugging Face Hub), which would otherwise wait
@@ -297,9 +303,7 @@ func (t stallBound) RoundTrip(req *http.Request) (*http.Response, error) {
 		return t.next.RoundTrip(req)
 	}
 	ctx, cancel := context.WithCancelCause(req.Context())
-	// Without the query: a pre-signed download URL carries its signature there.
-	where := url.URL{Scheme: req.URL.Scheme, Host: req.URL.Host, Path: req.URL.Path}
-	stalled := fmt.Errorf("%w: %s: no byte for %s", ErrUnavailable, where.String(), t.idle)
+	stalled := fmt.Errorf("%w: %s: no byte for %s", ErrUnavailable, PlainURL(req.URL), t.idle)
 	watchdog := time.AfterFunc(t.idle, func() { cancel(stalled) })
 	resp, err := t.next.RoundTrip(req.WithContext(ctx))
 	if err != nil {

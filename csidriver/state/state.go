@@ -178,6 +178,10 @@ func Open(path string) (*Store, error) {
 		return nil, err
 	}
 	legacy := len(s.st.Volumes) > 0
+	legacySum := ""
+	if legacy {
+		legacySum = sha256Hex(raw)
+	}
 	var vols volumesDoc
 	switch _, err := readDoc(s.volPath, &vols); {
 	case errors.Is(err, fs.ErrNotExist):
@@ -186,13 +190,13 @@ func Open(path string) (*Store, error) {
 		s.st.Volumes = nil
 	case err != nil:
 		return nil, err
-	case !legacy || vols.MigratedFrom == sha256Hex(raw):
+	case !legacy || vols.MigratedFrom == legacySum:
 		// volumes.json is the record; a state.json still holding volumes is the one it took them over from.
 		s.st.Volumes, legacy, s.migratedFrom = vols.Volumes, false, vols.MigratedFrom
 	}
 	s.st.init()
 	if legacy {
-		s.migratedFrom = sha256Hex(raw)
+		s.migratedFrom = legacySum
 	} else {
 		s.durable, s.volumes = s.docs(s.st)
 	}

@@ -151,18 +151,17 @@ func (r *Reader) read(ctx context.Context, dir string) Result {
 	if r.opts.Gate != nil {
 		r.opts.Gate(dir)
 	}
-	var res Result
+	res := Result{Dir: dir}
 	if r.opts.WaitForOpen > 0 {
 		waiting := time.Now()
 		res.Opened, res.WaitErr = firstOpen(ctx, dir, r.opts.WaitForOpen)
 		res.Waited = time.Since(waiting)
 		if res.Opened {
-			res.Dir = dir
 			return res
 		}
 	}
 	start := time.Now()
-	res.Dir, res.Budget = dir, r.opts.Budget()
+	res.Budget = r.opts.Budget()
 	files, err := list(dir)
 	res.Err = err
 	var todo []file
