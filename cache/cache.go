@@ -195,6 +195,8 @@ func Open(opts Options) (*Cache, error) {
 		flights: map[flightKey]*flight{}, pulling: map[digest.Digest]int{}, lstamps: map[digest.Digest]*layerStamps{},
 	}
 	c.layerFlusher = cas.NewFlusher(blobs, c.flushLayers)
+	blobs.ObserveFlushes(c.logFlush("blobs"))
+	c.layerFlusher.Observe(c.logFlush("layers"))
 	c.m.flushing = c.flushingGauge()
 	if err := c.recover(); err != nil {
 		c.closeDBs()

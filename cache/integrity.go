@@ -183,6 +183,14 @@ type extraction = cas.Version[digest.Digest]
 // closes).
 func (c *Cache) flushLayerLater(e extraction) { c.layerFlusher.Add(e) }
 
+// logFlush returns the phase record of a background flush (debug): e2e/cluster/bench places it beside the pods
+// started meanwhile.
+func (c *Cache) logFlush(what string) func(int, time.Time, time.Duration) {
+	return func(items int, start time.Time, took time.Duration) {
+		c.log.Debug("phase", "phase", "flush", "what", what, "items", items, "start", start, "duration", took)
+	}
+}
+
 // flushLayers is the layer flusher's work. The batch was taken before the syncfs began, and an extraction joins a
 // batch only once complete, so the syncfs covers every file of every layer it marks.
 func (c *Cache) flushLayers(batch []extraction) {

@@ -237,6 +237,11 @@ func (s *Store) Sync() error {
 // Flushing reports whether the background flush is making blobs durable now.
 func (s *Store) Flushing() bool { return s.flusher.Busy() }
 
+// ObserveFlushes has fn told of every background flush of committed blobs (see Flusher.Observe).
+func (s *Store) ObserveFlushes(fn func(items int, start time.Time, took time.Duration)) {
+	s.flusher.Observe(fn)
+}
+
 // Close waits for background flushes (Sync); the Store stays usable.
 func (s *Store) Close() error { return s.Sync() }
 

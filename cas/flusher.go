@@ -23,6 +23,7 @@ type Flusher[T any] struct {
 	mu      sync.Mutex
 	pending []T
 	timer   *time.Timer
+	observe atomic.Pointer[func(items int, start time.Time, took time.Duration)]
 }
 
 // NewFlusher returns a Flusher that hands batches to flush, waiting while s ingests (a flush under way would put
@@ -81,8 +82,18 @@ func (f *Flusher[T]) Flush() {
 	if len(batch) > 0 {
 		f.busy.Store(true)
 		defer f.busy.Store(false)
+		start := time.Now()
 		f.flush(batch)
+		if fn := f.observe.Load(); fn != nil {
+			(*fn)(len(batch), start, time.Since(start))
+		}
 	}
+}
+
+// Observe has fn told of every batch flushed from now on: how many items, when it began, how long it took. The
+// driver's phase log places the flush beside the pods it may compete with.
+func (f *Flusher[T]) Observe(fn func(items int, start time.Time, took time.Duration)) {
+	f.observe.Store(&fn)
 }
 
 // Busy reports whether a batch is being flushed now.

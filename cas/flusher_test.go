@@ -35,3 +35,32 @@ func TestBackgroundFlushRunsAtIdleIOClass(t *testing.T) {
 		t.Error("a Flush the caller asked for ran at the idle class")
 	}
 }
+
+// The driver's phase log learns of each batch flushed, with its size and timing; an empty Flush is no batch.
+func TestFlushesAreObserved(t *testing.T) {
+	defer func(d time.Duration) { FlushDelay = d }(FlushDelay)
+	FlushDelay = time.Hour // only the Syncs below flush
+	s := open(t)
+	type seen struct {
+		items int
+		start time.Time
+		took  time.Duration
+	}
+	var got []seen
+	s.ObserveFlushes(func(items int, start time.Time, took time.Duration) { got = append(got, seen{items, start, took}) })
+	before := time.Now()
+	ingest(t, s, blob(1<<20))
+	ingest(t, s, blob(2<<20))
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Sync(); err != nil { // nothing left to flush
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].items != 2 {
+		t.Fatalf("observed %+v, want one batch of the 2 blobs", got)
+	}
+	if got[0].start.Before(before) || got[0].took <= 0 || time.Since(got[0].start) < got[0].took {
+		t.Errorf("batch timed %+v, outside the test's own window from %v", got[0], before)
+	}
+}

@@ -74,6 +74,7 @@ type driverRecord struct {
 	Start     time.Time     `json:"start"`
 	Duration  time.Duration `json:"duration"`
 	Size      int64         `json:"size"`
+	What      string        `json:"what"`
 	FirstByte time.Time     `json:"firstByte"`
 	Committed time.Time     `json:"committed"`
 }
@@ -95,6 +96,23 @@ func (b *bench) driverRecords(t0 time.Time) []driverRecord {
 		}
 	}
 	return recs
+}
+
+// flushWindow waits for the driver's record of the background flush of blobs that began after t0 (a pull's flush
+// starts cas.FlushDelay after its last commit and is logged when it ends) and returns when it began and ended, in
+// seconds after t0.
+func (b *bench) flushWindow(t0 time.Time) (began, ended float64) {
+	var flush driverRecord
+	waitFor(b.t, "the background flush of the model's blobs", podTimeout, func() bool {
+		for _, r := range b.driverRecords(t0) {
+			if r.Phase == "flush" && r.What == "blobs" {
+				flush = r
+				return true
+			}
+		}
+		return false
+	})
+	return flush.Start.Sub(t0).Seconds(), flush.end().Sub(t0).Seconds()
 }
 
 // csiPhases reads the driver's phase records since t0 and the kubelet's log for the pod.
