@@ -62,6 +62,10 @@ type Options struct {
 	// Meanwhile the cache may exceed MaxBytes by what was used within MinAge. Default DefaultMinAge; negative
 	// means no protection.
 	MinAge time.Duration
+	// FlushDelay is how long after the last commit of a pull its blobs and layers are flushed to disk in the
+	// background (default cas.FlushDelay); until then a restart of the machine costs their re-hash, never wrong
+	// bytes.
+	FlushDelay time.Duration
 	// LockTimeout is how long Open waits for another process holding the cache (default 10 s).
 	LockTimeout time.Duration
 	// VerifyInterval is how often the scrub re-hashes every blob in the background (damaged ones are quarantined
@@ -175,6 +179,7 @@ func Open(opts Options) (*Cache, error) {
 	if err != nil {
 		return nil, err
 	}
+	blobs.SetFlushDelay(opts.FlushDelay)
 	// The freelist is rebuilt at open rather than written on every commit: smaller, faster commits (as etcd does).
 	db, err := bolt.Open(filepath.Join(root, "meta.db"), 0o600, &bolt.Options{Timeout: opts.LockTimeout, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
 	if err != nil {

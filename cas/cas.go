@@ -48,6 +48,7 @@ type Store struct {
 	flight singleflight.Group
 
 	flusher   *Flusher[commit]        // makes committed blobs durable (durable.go)
+	delay     atomic.Int64            // the flush delay, when SetFlushDelay set one
 	flushErr  atomic.Pointer[error]   // the first flush error
 	ingesting atomic.Int32            // ingests under way: the flusher waits for them
 	commits   Versions[digest.Digest] // commits not yet marked durable

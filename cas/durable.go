@@ -64,6 +64,17 @@ func (s *Store) Durable(d digest.Digest) bool {
 // pull commits its last blob, records, builds its view and mounts within milliseconds.
 var FlushDelay = 2 * time.Second
 
+// SetFlushDelay sets this store's flush delay (its own and that of every Flusher on it), in place of FlushDelay;
+// 0 or negative restores FlushDelay.
+func (s *Store) SetFlushDelay(d time.Duration) { s.delay.Store(int64(d)) }
+
+func (s *Store) flushDelay() time.Duration {
+	if d := time.Duration(s.delay.Load()); d > 0 {
+		return d
+	}
+	return FlushDelay
+}
+
 // syncHook, if set (tests), is told of each flush the protocol completes: "data" (a blob's fdatasync) or "dir" (a
 // directory's fsync), with its path.
 var syncHook atomic.Pointer[func(kind, path string)]

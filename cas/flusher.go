@@ -9,7 +9,8 @@ import (
 	"github.com/modelpack/modelpack/internal/diskio"
 )
 
-// Flusher makes things durable in the background, in batches. Each Add restarts a countdown of FlushDelay; when it
+// Flusher makes things durable in the background, in batches. Each Add restarts a countdown of the store's flush
+// delay (FlushDelay unless SetFlushDelay changed it); when it
 // runs out while no ingest of the store is under way, one call of the flush function takes everything added
 // since the previous call. A flush therefore never covers an item added after it started: whoever writes a mark
 // for an item after its flush knows the flush began after the item was complete. The store's blobs use one, and so
@@ -38,9 +39,9 @@ func (f *Flusher[T]) Add(items ...T) {
 	defer f.mu.Unlock()
 	f.pending = append(f.pending, items...)
 	if f.timer == nil {
-		f.timer = time.AfterFunc(FlushDelay, f.whenIdle)
+		f.timer = time.AfterFunc(f.store.flushDelay(), f.whenIdle)
 	} else {
-		f.timer.Reset(FlushDelay)
+		f.timer.Reset(f.store.flushDelay())
 	}
 }
 
@@ -49,7 +50,7 @@ func (f *Flusher[T]) whenIdle() {
 	if f.store.ingesting.Load() > 0 {
 		f.mu.Lock()
 		if f.timer != nil {
-			f.timer.Reset(FlushDelay)
+			f.timer.Reset(f.store.flushDelay())
 		}
 		f.mu.Unlock()
 		return

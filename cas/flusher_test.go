@@ -64,3 +64,26 @@ func TestFlushesAreObserved(t *testing.T) {
 		t.Errorf("batch timed %+v, outside the test's own window from %v", got[0], before)
 	}
 }
+
+// A store's own flush delay (the driver's --cache-flush-delay) replaces FlushDelay for its blobs.
+func TestStoreFlushDelayReplacesTheDefault(t *testing.T) {
+	defer func(d time.Duration) { FlushDelay = d }(FlushDelay)
+	FlushDelay = time.Hour
+	s := open(t)
+	flushed := make(chan int, 1)
+	s.ObserveFlushes(func(items int, _ time.Time, _ time.Duration) { flushed <- items })
+	s.SetFlushDelay(time.Millisecond)
+	ingest(t, s, blob(1<<20))
+	select {
+	case n := <-flushed:
+		if n != 1 {
+			t.Errorf("flushed %d blobs, want 1", n)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("no background flush a minute after the commit, with the store's delay at 1ms (FlushDelay: 1h)")
+	}
+	s.SetFlushDelay(0)
+	if got := s.flushDelay(); got != FlushDelay {
+		t.Errorf("after SetFlushDelay(0) the delay is %v, want FlushDelay (%v)", got, FlushDelay)
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"github.com/modelpack/modelpack/artifact/archive"
 	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/cache"
+	"github.com/modelpack/modelpack/cas"
 	"github.com/modelpack/modelpack/csidriver"
 	"github.com/modelpack/modelpack/csidriver/access"
 	"github.com/modelpack/modelpack/csidriver/cachebackend"
@@ -65,7 +66,7 @@ type csiDriverFlags struct {
 	maxExtractRatio                                 float64
 	registryTimeouts                                remote.Timeouts
 	gcInterval                                      time.Duration
-	verifyInterval, cacheMinAge                     time.Duration
+	verifyInterval, cacheMinAge, flushDelay         time.Duration
 	scrubRate                                       string
 	readahead                                       string
 	readaheadWait                                   time.Duration
@@ -135,6 +136,7 @@ UNAUTHENTICATED; PERMISSION_DENIED registry or signature policy; RESOURCE_EXHAUS
 	fl.IntVar(&f.registryTimeouts.Attempts, "registry-attempts", remote.DefaultTimeouts.Attempts, "attempts in a row without a byte of progress before a download fails")
 	fl.DurationVar(&f.gcInterval, "gc-interval", 5*time.Minute, "how often orphaned volumes and the cache are collected")
 	fl.DurationVar(&f.verifyInterval, "cache-verify-interval", 24*time.Hour, "how often the background scrub re-hashes every cached blob (damaged ones are quarantined and pulled again; 0 = only after an unclean start)")
+	fl.DurationVar(&f.flushDelay, "cache-flush-delay", cas.FlushDelay, "how long after a pull's last blob its bytes are flushed to disk in the background (until then a restart of the machine costs their re-hash, never wrong bytes)")
 	fl.StringVar(&f.scrubRate, "cache-scrub-rate", "128MiB", "most bytes per second the background scrub reads (at idle I/O priority; 0 = no cap)")
 	fl.StringVar(&f.readahead, "readahead", "auto", "read a published volume's files into the page cache at once, in the background, up to a budget per volume: "+
 		"auto (half the node's available memory, and of the driver's cgroup memory limit), off, or a size (e.g. 8GiB)")
@@ -170,6 +172,9 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags, exts []csiDriverExt
 	if err != nil {
 		return fmt.Errorf("--cache-max-size: %w", err)
 	}
+	if f.flushDelay <= 0 {
+		return fmt.Errorf("--cache-flush-delay %s: want a duration above 0 (e.g. %s)", f.flushDelay, cas.FlushDelay)
+	}
 	maxExtract, err := parseByteSize(f.maxExtract)
 	if err != nil || maxExtract <= 0 {
 		return fmt.Errorf("--max-extract-bytes %q: want a size above 0 (e.g. 500GiB)", f.maxExtract)
@@ -204,7 +209,7 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags, exts []csiDriverExt
 
 	c, err := cache.Open(cache.Options{Root: filepath.Join(f.root, "cache"), MaxBytes: maxBytes,
 		Limits:         archive.Limits{MaxBytes: maxExtract, MaxRatio: f.maxExtractRatio},
-		VerifyInterval: f.verifyInterval, ScrubRate: scrubRate, MinAge: minAge(f.cacheMinAge), Logger: log,
+		VerifyInterval: f.verifyInterval, ScrubRate: scrubRate, MinAge: minAge(f.cacheMinAge), FlushDelay: f.flushDelay, Logger: log,
 		VolatileOwnerPrefix: csidriver.OwnerPrefix})
 	if err != nil {
 		return fmt.Errorf("open cache: %w", err)

@@ -23,6 +23,8 @@ func TestCSIDriverHardeningFlags(t *testing.T) {
 		{"--max-extract-bytes", "0"},
 		{"--max-extract-ratio", "0.5"},
 		{"--readahead", "lots"},
+		{"--cache-flush-delay", "0s"},
+		{"--cache-flush-delay", "-1s"},
 	} {
 		_, err := runCLI(t, append([]string{"csi-driver", "--root", t.TempDir(), "--endpoint", "unix://" + t.TempDir() + "/csi.sock", "--metrics-addr", ""}, args...)...)
 		if err == nil || !strings.Contains(err.Error(), args[0]) {

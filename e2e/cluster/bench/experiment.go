@@ -53,32 +53,27 @@ func (b *bench) memoryLimitExperiment() {
 	fmt.Printf("  medians: deployed limit %.2f s, no limit %.2f s\n", stats.Median(res["deployed limit"]), stats.Median(res["no limit"]))
 }
 
-// readaheadExperiment (BENCH_EXPERIMENT=readahead) starts warm pods (the node has the model, page cache dropped)
-// in one cluster: for each setting of the node plugin's readahead a block of CSI pods, each beside a native image
-// volume pod as the yardstick (alternately first), the blocks in one order and then in the reverse. What the
-// readahead does to a warm start, without the noise of comparing runs. A block starts with a CSI pod that is not
-// counted: the first pod after the plugin's restart measured slower reads whatever the setting. The cache
-// survives the restarts (a host path), so every CSI pod is warm.
-func (b *bench) readaheadExperiment() {
+// A driverSetting is the node plugin's deployed arguments plus args (nil: as deployed).
+type driverSetting struct {
+	label string
+	args  []string
+}
+
+// driverSettings returns a function that redeploys the node plugin with a setting (nothing when it has that one
+// already) and waits until the kubelet has it registered; the deployed arguments come back at cleanup. Arguments
+// with the prefixes are dropped from the deployed ones first: a run stopped half way may have left its setting.
+func (b *bench) driverSettings(prefixes ...string) func(driverSetting) {
 	t, c := b.t, b.c
-	type setting struct {
-		label string
-		args  []string
-	}
-	settings := []setting{
-		{"readahead as deployed", nil},
-		{"readahead at mount", []string{"--readahead-wait=0"}},
-		{"readahead off", []string{"--readahead=off"}},
-	}
 	var deployed []string
 	if err := json.Unmarshal([]byte(c.Kubectl(t, "-n", harness.Namespace, "get", "daemonset", "modelpack-node", "-o",
 		"jsonpath={.spec.template.spec.containers[0].args}")), &deployed); err != nil {
 		t.Fatal(err)
 	}
-	// A run stopped half way may have left a setting behind.
-	deployed = slices.DeleteFunc(deployed, func(a string) bool { return strings.HasPrefix(a, "--readahead") })
-	current := ""
-	set := func(s setting) {
+	deployed = slices.DeleteFunc(deployed, func(a string) bool {
+		return slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(a, p) })
+	})
+	current := "\x00" // unknown: the first setting is always applied
+	set := func(s driverSetting) {
 		if s.label == current {
 			return
 		}
@@ -89,7 +84,63 @@ func (b *bench) readaheadExperiment() {
 		c.Kubectl(t, "-n", harness.Namespace, "rollout", "status", "daemonset/modelpack-node", "--timeout=180s")
 		c.WaitDriverRegistered(t, 2*time.Minute)
 	}
-	t.Cleanup(func() { set(settings[0]) })
+	t.Cleanup(func() { set(driverSetting{label: "as deployed"}) })
+	return set
+}
+
+// flushDelayExperiment (BENCH_EXPERIMENT=flushdelay) starts cold Deployments of one replica and of four with the
+// node plugin's background flush as deployed and with --cache-flush-delay=10s, in blocks, the blocks in one order
+// and then in the reverse: whether the flush of the pulled blobs slows the replicas when it begins while they
+// start (the four take longer after the mount than the flush delay).
+func (b *bench) flushDelayExperiment() {
+	settings := []driverSetting{
+		{"flush as deployed", nil},
+		{"flush after 10s", []string{"--cache-flush-delay=10s"}},
+	}
+	set := b.driverSettings("--cache-flush-delay")
+	runs := envInt(b.t, "BENCH_FLEET_RUNS", 4)
+	slowest := map[string][]float64{}
+	fmt.Printf("\nexperiment: cold Deployments of 1 and 4 replicas, the background flush as deployed and after 10 s, %d of each per setting\n", runs)
+	for pass := range 2 {
+		order := slices.Clone(settings)
+		if pass == 1 {
+			slices.Reverse(order)
+		}
+		for _, s := range order {
+			set(s)
+			for k := range (runs + 1 - pass) / 2 {
+				for _, n := range stats.Rotated([]int{1, 4}, k+pass) {
+					r := b.deployment(n, true)
+					key := fmt.Sprintf("%s, %d", s.label, n)
+					slowest[key] = append(slowest[key], r.slowest())
+					fmt.Printf("  %-20s %d replica(s): slowest last byte %5.2f s, mounted %5.2f s, flush %5.2f → %5.2f s\n",
+						s.label, n, r.slowest(), stats.Max(r.published), r.flush[0], r.flush[1])
+				}
+			}
+		}
+	}
+	fmt.Printf("  medians:")
+	for _, s := range settings {
+		one, four := stats.Median(slowest[s.label+", 1"]), stats.Median(slowest[s.label+", 4"])
+		fmt.Printf("  %s: 1 replica %.2f s, 4 replicas %.2f s = %.2fx;", s.label, one, four, four/one)
+	}
+	fmt.Println()
+}
+
+// readaheadExperiment (BENCH_EXPERIMENT=readahead) starts warm pods (the node has the model, page cache dropped)
+// in one cluster: for each setting of the node plugin's readahead a block of CSI pods, each beside a native image
+// volume pod as the yardstick (alternately first), the blocks in one order and then in the reverse. What the
+// readahead does to a warm start, without the noise of comparing runs. A block starts with a CSI pod that is not
+// counted: the first pod after the plugin's restart measured slower reads whatever the setting. The cache
+// survives the restarts (a host path), so every CSI pod is warm.
+func (b *bench) readaheadExperiment() {
+	t := b.t
+	settings := []driverSetting{
+		{"readahead as deployed", nil},
+		{"readahead at mount", []string{"--readahead-wait=0"}},
+		{"readahead off", []string{"--readahead=off"}},
+	}
+	set := b.driverSettings("--readahead")
 	runs := envInt(t, "BENCH_WARM_RUNS", 6)
 	b.measure("csi") // the model onto the node
 	b.measure("image")
@@ -122,7 +173,7 @@ func (b *bench) readaheadExperiment() {
 			}
 		}
 	}
-	summary := func(settings []setting) {
+	summary := func(settings []driverSetting) {
 		yard := stats.Median(res[native])
 		fmt.Printf("  medians (against the native image volume, %.2f s over %d pods):", yard, len(res[native]))
 		for _, s := range settings {
@@ -138,7 +189,7 @@ func (b *bench) readaheadExperiment() {
 	defer func() { b.readAfter = "" }()
 	clear(res)
 	fmt.Printf("\nthe same with pods that sleep %s s before they read (an inference server's imports), %d pairs per setting\n", after, runs/2)
-	late := []setting{settings[0], settings[2]}
+	late := []driverSetting{settings[0], settings[2]}
 	for i, s := range late {
 		set(s)
 		b.measure("csi") // not counted
