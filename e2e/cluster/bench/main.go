@@ -20,7 +20,7 @@
 //	BENCH_MODEL_SIZE=128MiB go run -tags cluster ./e2e/cluster/bench  # a 4 × 128 MiB model, for quick runs
 //
 // BENCH_EXPERIMENT=memlimit, readahead or flushdelay runs one experiment instead (experiment.go).
-// BENCH_COLD_RUNS (default 3) and BENCH_WARM_RUNS (5) set the runs per figure, BENCH_FLEET_RUNS (3) the Deployments
+// BENCH_COLD_RUNS (default 5) and BENCH_WARM_RUNS (5) set the runs per figure, BENCH_FLEET_RUNS (3) the Deployments
 // of each size, BENCH_PARTS (table,fleet,prepulled,othertag) what runs.
 package main
 
@@ -257,7 +257,7 @@ var variants = []variant{
 
 // table runs every variant cold and warm in rotated order and prints the times, the ratios and the breakdown.
 func (b *bench) table() {
-	coldRuns, warmRuns := envInt(b.t, "BENCH_COLD_RUNS", 3), envInt(b.t, "BENCH_WARM_RUNS", 5)
+	coldRuns, warmRuns := envInt(b.t, "BENCH_COLD_RUNS", 5), envInt(b.t, "BENCH_WARM_RUNS", 5)
 	cold, warm := map[string][]float64{}, map[string][]float64{}
 	phases := map[string][]*breakdown{}
 	for i := range coldRuns {
