@@ -5,6 +5,7 @@ package e2e
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
@@ -13,6 +14,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -639,4 +641,57 @@ func TestDriverNodeCredentials(t *testing.T) {
 		t.Fatalf("weights: %q", got)
 	}
 	drvUnpublish(t, node, "vol", target)
+}
+
+// TestDriverDiskFullWhileExtracting: a tar layer that is small on the wire and expands past the node's free space
+// (within the expansion limits, so it is the disk that refuses it) fails the publish with RESOURCE_EXHAUSTED,
+// leaves no half-extracted layer behind to fill the disk, and the node goes on serving the next model.
+func TestDriverDiskFullWhileExtracting(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	drvCleanupMounts(t, dir)
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	var layer bytes.Buffer
+	zw := gzip.NewWriter(&layer)
+	zw.Write(testmodel.Tar(t, "weights/model.safetensors", string(make([]byte, 24<<20))))
+	zw.Close()
+	pushLayers(t, reg.Host, "models/expands", "v1", false,
+		rawLayer{mediaType: "application/vnd.cncf.model.weight.v1.tar+gzip", path: "weights", body: layer.Bytes()})
+	small := randomBytes(t, 1<<20)
+	testmodel.Push(t, reg.Host, "models/small", "v1", drvModel{"model.safetensors": small}, nil)
+	// The node's cache disk: 8 MiB, for a layer of a few KiB that expands to 24 MiB.
+	root := filepath.Join(dir, "node")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", root, "tmpfs", 0, "size=8m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(root, syscall.MNT_DETACH) })
+	used := func() int64 {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(root, &st); err != nil {
+			t.Fatal(err)
+		}
+		return int64(st.Blocks-st.Bfree) * st.Bsize
+	}
+	d := drvStart(t, root, reg.Host)
+	node := d.node()
+	err := drvPublish(node, testenv.PublishRequest("vol-expands", drvKubelet(t, dir, "pod-1"), map[string]string{"reference": reg.Host + "/models/expands:v1"}), time.Minute)
+	drvWantCode(t, err, codes.ResourceExhausted, "no space left on device")
+	// What the failed extraction wrote is gone: the disk holds the driver's files and the small layer blob, not
+	// megabytes of a half model.
+	if u := used(); u > 2<<20 {
+		out, _ := exec.Command("du", "-a", root).CombinedOutput()
+		t.Fatalf("%d bytes used on the node's disk after the refused extraction, want < 2 MiB:\n%s", u, out)
+	}
+	target := drvKubelet(t, dir, "pod-2")
+	if err := drvPublish(node, testenv.PublishRequest("vol-small", target, map[string]string{"reference": reg.Host + "/models/small:v1"}), time.Minute); err != nil {
+		t.Fatalf("the next model, which fits: %v", err)
+	}
+	if got := drvRead(t, filepath.Join(target, "model.safetensors")); got != string(small) {
+		t.Fatal("the next model's weights differ from what was pushed")
+	}
+	drvUnpublish(t, node, "vol-small", target)
+	d.stop()
 }

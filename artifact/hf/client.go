@@ -138,7 +138,7 @@ func (c *Client) do(ctx context.Context, method, rawURL, what string, header htt
 					ue.URL = remote.PlainURL(u)
 				}
 			}
-			return nil, fmt.Errorf("%w: %s: %w", errdef.ErrUnavailable, what, redact(err, c.token))
+			return nil, fmt.Errorf("%w: %s: %w", errUnavailable, what, redact(err, c.token))
 		}
 		if resp.StatusCode != http.StatusTooManyRequests {
 			if resp.StatusCode >= 400 {
@@ -151,10 +151,10 @@ func (c *Client) do(ctx context.Context, method, rawURL, what string, header htt
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		resp.Body.Close()
 		if attempt >= c.RateLimitAttempts {
-			return nil, fmt.Errorf("%w: %s: the Hub is rate limiting (429) after %d attempts; try again later, or set HF_TOKEN (authenticated requests get a higher limit)", errdef.ErrUnavailable, what, attempt)
+			return nil, fmt.Errorf("%w: %s: the Hub is rate limiting (429) after %d attempts; try again later, or set HF_TOKEN (authenticated requests get a higher limit)", errUnavailable, what, attempt)
 		}
 		if wait > c.MaxRetryAfter {
-			return nil, fmt.Errorf("%w: %s: the Hub is rate limiting (429) and asks to wait %s; try again later", errdef.ErrUnavailable, what, wait)
+			return nil, fmt.Errorf("%w: %s: the Hub is rate limiting (429) and asks to wait %s; try again later", errUnavailable, what, wait)
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -217,7 +217,7 @@ func (c *Client) statusError(resp *http.Response, what string) error {
 		}
 		return fmt.Errorf("%w: %s: %s%s", errdef.ErrNotFound, what, hint, msg)
 	case resp.StatusCode >= 500:
-		return fmt.Errorf("%w: %s: %d %s%s", errdef.ErrUnavailable, what, resp.StatusCode, http.StatusText(resp.StatusCode), msg)
+		return fmt.Errorf("%w: %s: %d %s%s", errUnavailable, what, resp.StatusCode, http.StatusText(resp.StatusCode), msg)
 	}
 	return fmt.Errorf("%s: %d %s%s", what, resp.StatusCode, http.StatusText(resp.StatusCode), msg)
 }
@@ -230,7 +230,14 @@ func redact(err error, token string) error {
 	return errors.New(strings.ReplaceAll(err.Error(), token, "<HF_TOKEN>"))
 }
 
-var errUnavailable = errdef.ErrUnavailable
+// errUnavailable is errdef.ErrUnavailable, which callers test for, in the Hub's words: the shared sentinel reads
+// "registry unavailable", and a Hub is not a registry.
+var errUnavailable error = hubUnavailable{}
+
+type hubUnavailable struct{}
+
+func (hubUnavailable) Error() string        { return "Hugging Face Hub unavailable" }
+func (hubUnavailable) Is(target error) bool { return target == errdef.ErrUnavailable }
 
 // jsonError is the message of a Hub error body ({"error": "..."}), or "".
 func jsonError(b []byte) string {

@@ -290,6 +290,9 @@ func TestClientNeverWaitsOnASilentHub(t *testing.T) {
 		if !errors.Is(err, errdef.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v; want ErrUnavailable saying %q", what, err, want)
 		}
+		if err != nil && (!strings.Contains(err.Error(), "Hugging Face Hub unavailable") || strings.Contains(err.Error(), "registry")) {
+			t.Errorf("%s: %v; want it said of the Hub, not of a registry", what, err)
+		}
 	}
 
 	hung := testenv.StartHungServer(t)

@@ -303,7 +303,7 @@ func (t stallBound) RoundTrip(req *http.Request) (*http.Response, error) {
 		return t.next.RoundTrip(req)
 	}
 	ctx, cancel := context.WithCancelCause(req.Context())
-	stalled := fmt.Errorf("%w: %s: no byte for %s", ErrUnavailable, PlainURL(req.URL), t.idle)
+	var stalled error = &stallError{url: PlainURL(req.URL), idle: t.idle}
 	watchdog := time.AfterFunc(t.idle, func() { cancel(stalled) })
 	resp, err := t.next.RoundTrip(req.WithContext(ctx))
 	if err != nil {
@@ -318,6 +318,16 @@ func (t stallBound) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp.Body = &watchedBody{ReadCloser: resp.Body, ctx: ctx, cancel: cancel, watchdog: watchdog, idle: t.idle, stalled: stalled}
 	return resp, nil
 }
+
+// stallError is a request whose server went silent: ErrUnavailable to errors.Is, in words that fit any server
+// (a registry's errors say "registry unavailable" around it; the Hub client says its own).
+type stallError struct {
+	url  string
+	idle time.Duration
+}
+
+func (e *stallError) Error() string        { return fmt.Sprintf("%s: no byte for %s", e.url, e.idle) }
+func (e *stallError) Is(target error) bool { return target == ErrUnavailable }
 
 type watchedBody struct {
 	io.ReadCloser
