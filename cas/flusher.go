@@ -10,11 +10,11 @@ import (
 )
 
 // Flusher makes things durable in the background, in batches. Each Add restarts a countdown of the store's flush
-// delay (FlushDelay unless SetFlushDelay changed it); when it
-// runs out while no ingest of the store is under way, one call of the flush function takes everything added
-// since the previous call. A flush therefore never covers an item added after it started: whoever writes a mark
-// for an item after its flush knows the flush began after the item was complete. The store's blobs use one, and so
-// does the cache for the layers it extracts on the same disk.
+// delay (FlushDelay unless SetFlushDelay changed it); when it runs out while no ingest of the store is under way,
+// one call of the flush function takes everything added since the previous call. A flush therefore never covers
+// an item added after it started: whoever writes a mark for an item after its flush knows the flush began after
+// the item was complete. The store's blobs use one, and so does the cache for the layers it extracts on the same
+// disk.
 type Flusher[T any] struct {
 	store *Store
 	flush func([]T)

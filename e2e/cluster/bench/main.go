@@ -404,6 +404,9 @@ func (b *bench) removeImage() {
 		if out, _ := ctr("content", "ls", "-q"); strings.Contains(out, l.Digest) {
 			b.t.Fatalf("the weights layer %s stays in containerd's content store after its removal", l.Digest)
 		}
+		if out, _ := ctr("snapshots", "ls"); strings.Contains(out, l.Digest) {
+			b.t.Fatalf("the weights layer's snapshot stays after its removal:\n%s", out)
+		}
 	}
 }
 

@@ -196,18 +196,29 @@ func (b *bench) imagePhases(t0 time.Time, pod string) *breakdown {
 	kubelet := b.kubeletTimes(t0, pod)
 	bd.add("kubelet: pod added (SyncLoop ADD)", kubelet["add"], t0)
 	var pullStart, pullEnd time.Time
+	read := ""
+	name := strings.SplitN(b.imageRef, "@", 2)[0]
 	b.containerdLines(t0, func(at time.Time, msg string) {
-		if strings.Contains(msg, `PullImage \"`+b.imageRef) || strings.Contains(msg, `PullImage \"`+strings.SplitN(b.imageRef, "@", 2)[0]) {
+		if strings.Contains(msg, `PullImage \"`+b.imageRef) || strings.Contains(msg, `PullImage \"`+name) {
 			if strings.Contains(msg, "returns image reference") {
 				pullEnd = at
 			} else if pullStart.IsZero() {
 				pullStart = at
 			}
 		}
+		// Whether the pull fetched the layer or found it: a cold pull must read the whole layer.
+		if _, after, ok := strings.Cut(msg, "stop pulling image "+name); ok {
+			if _, n, ok := strings.Cut(after, "bytes read="); ok {
+				read = strings.Trim(n, `"`)
+			}
+		}
 	})
 	b.sandbox(bd, t0, pod)
 	bd.add("containerd: image pull started", pullStart, t0)
 	bd.add("containerd: image pulled and unpacked", pullEnd, t0)
+	if read != "" {
+		bd.notes = append(bd.notes, "containerd's pull read "+read+" bytes from the registry")
+	}
 	return bd
 }
 
