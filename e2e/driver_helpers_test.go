@@ -306,6 +306,21 @@ func drvRead(t *testing.T, p string) string {
 	return string(b)
 }
 
+// drvSmallDisk mounts a tmpfs of size ("6m") at dir/node, a node's cache disk for a test that fills it, and returns
+// its path; it is unmounted at cleanup unless the test did so.
+func drvSmallDisk(t *testing.T, dir, size string) string {
+	t.Helper()
+	root := filepath.Join(dir, "node")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", root, "tmpfs", 0, "size="+size); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(root, syscall.MNT_DETACH) })
+	return root
+}
+
 // drvCleanupMounts fails the test if it leaves anything mounted below dir.
 func drvCleanupMounts(t *testing.T, dir string) { testenv.NoMountsLeftUnder(t, dir) }
 

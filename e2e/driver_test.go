@@ -506,13 +506,7 @@ func TestDriverFullDiskIsResourceExhausted(t *testing.T) {
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
 	testmodel.Push(t, reg.Host, "models/huge", "v1", drvModel{"model.safetensors": randomBytes(t, 16<<20)}, nil)
 	// The node's cache disk: a 6 MiB filesystem for a 16 MiB model.
-	root := filepath.Join(dir, "node")
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Mount("tmpfs", root, "tmpfs", 0, "size=6m"); err != nil {
-		t.Fatal(err)
-	}
+	root := drvSmallDisk(t, dir, "6m")
 	d := drvStart(t, root, reg.Host)
 	node := d.node()
 	target := drvKubelet(t, dir, "pod")
@@ -660,14 +654,7 @@ func TestDriverDiskFullWhileExtracting(t *testing.T) {
 	small := randomBytes(t, 1<<20)
 	testmodel.Push(t, reg.Host, "models/small", "v1", drvModel{"model.safetensors": small}, nil)
 	// The node's cache disk: 8 MiB, for a layer of a few KiB that expands to 24 MiB.
-	root := filepath.Join(dir, "node")
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Mount("tmpfs", root, "tmpfs", 0, "size=8m"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { syscall.Unmount(root, syscall.MNT_DETACH) })
+	root := drvSmallDisk(t, dir, "8m")
 	used := func() int64 {
 		var st syscall.Statfs_t
 		if err := syscall.Statfs(root, &st); err != nil {

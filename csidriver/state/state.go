@@ -14,8 +14,6 @@ package state
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,6 +22,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	digest "github.com/opencontainers/go-digest"
 
 	"github.com/modelpack/modelpack/internal/diskio"
 )
@@ -180,7 +180,7 @@ func Open(path string) (*Store, error) {
 	legacy := len(s.st.Volumes) > 0
 	legacySum := ""
 	if legacy {
-		legacySum = sha256Hex(raw)
+		legacySum = digest.FromBytes(raw).Encoded()
 	}
 	var vols volumesDoc
 	switch _, err := readDoc(s.volPath, &vols); {
@@ -201,11 +201,6 @@ func Open(path string) (*Store, error) {
 		s.durable, s.volumes = s.docs(s.st)
 	}
 	return s, errors.Join(corrupt...)
-}
-
-func sha256Hex(b []byte) string {
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:])
 }
 
 // readDoc decodes the document at path into v and returns its bytes; one that does not parse is moved aside (a

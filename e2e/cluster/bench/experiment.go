@@ -88,6 +88,20 @@ func (b *bench) driverSettings(prefixes ...string) func(driverSetting) {
 	return set
 }
 
+// inBlocks runs a block per setting, the settings in their order and then in the reverse (pass 0 and 1), so that
+// neither drift over the run nor the order favours one; of a setting's runs, pass 0 takes the odd one.
+func inBlocks(settings []driverSetting, runs int, block func(s driverSetting, pass, rounds int)) {
+	for pass := range 2 {
+		order := slices.Clone(settings)
+		if pass == 1 {
+			slices.Reverse(order)
+		}
+		for _, s := range order {
+			block(s, pass, (runs+1-pass)/2)
+		}
+	}
+}
+
 // flushDelayExperiment (BENCH_EXPERIMENT=flushdelay) starts cold Deployments of one replica and of four with the
 // node plugin's background flush as deployed and with --cache-flush-delay=10s, in blocks, the blocks in one order
 // and then in the reverse: whether the flush of the pulled blobs slows the replicas when it begins while they
@@ -101,24 +115,18 @@ func (b *bench) flushDelayExperiment() {
 	runs := envInt(b.t, "BENCH_FLEET_RUNS", 4)
 	slowest := map[string][]float64{}
 	fmt.Printf("\nexperiment: cold Deployments of 1 and 4 replicas, the background flush as deployed and after 10 s, %d of each per setting\n", runs)
-	for pass := range 2 {
-		order := slices.Clone(settings)
-		if pass == 1 {
-			slices.Reverse(order)
-		}
-		for _, s := range order {
-			set(s)
-			for k := range (runs + 1 - pass) / 2 {
-				for _, n := range stats.Rotated([]int{1, 4}, k+pass) {
-					r := b.deployment(n, true)
-					key := fmt.Sprintf("%s, %d", s.label, n)
-					slowest[key] = append(slowest[key], r.slowest())
-					fmt.Printf("  %-20s %d replica(s): slowest last byte %5.2f s, mounted %5.2f s, flush %5.2f → %5.2f s\n",
-						s.label, n, r.slowest(), stats.Max(r.published), r.flush[0], r.flush[1])
-				}
+	inBlocks(settings, runs, func(s driverSetting, pass, rounds int) {
+		set(s)
+		for k := range rounds {
+			for _, n := range stats.Rotated([]int{1, 4}, k+pass) {
+				r := b.deployment(n, true)
+				key := fmt.Sprintf("%s, %d", s.label, n)
+				slowest[key] = append(slowest[key], r.slowest())
+				fmt.Printf("  %-20s %d replica(s): slowest last byte %5.2f s, mounted %5.2f s, flush %5.2f → %5.2f s\n",
+					s.label, n, r.slowest(), stats.Max(r.published), r.flush[0], r.flush[1])
 			}
 		}
-	}
+	})
 	fmt.Printf("  medians:")
 	for _, s := range settings {
 		one, four := stats.Median(slowest[s.label+", 1"]), stats.Median(slowest[s.label+", 4"])
@@ -155,24 +163,18 @@ func (b *bench) readaheadExperiment() {
 		fmt.Printf("  %-20s pod %5.2f s  mounted %5.2f  sandbox asked %5.2f  running %5.2f  container started %5.2f\n", label, r.last,
 			at["driver: NodePublish answered OK (mounted)"], at["containerd: sandbox asked for"], at["containerd: sandbox running"], at["container started"])
 	}
-	for pass := range 2 {
-		order := slices.Clone(settings)
-		if pass == 1 {
-			slices.Reverse(order)
-		}
-		for _, s := range order {
-			set(s)
-			b.measure("csi") // not counted
-			for k := range (runs + 1 - pass) / 2 {
-				for _, v := range stats.Rotated([]string{"image", "csi"}, k) {
-					label := map[string]string{"image": native, "csi": s.label}[v]
-					r := b.measure(v)
-					line(label, r)
-					res[label] = append(res[label], r.last)
-				}
+	inBlocks(settings, runs, func(s driverSetting, _, rounds int) {
+		set(s)
+		b.measure("csi") // not counted
+		for k := range rounds {
+			for _, v := range stats.Rotated([]string{"image", "csi"}, k) {
+				label := map[string]string{"image": native, "csi": s.label}[v]
+				r := b.measure(v)
+				line(label, r)
+				res[label] = append(res[label], r.last)
 			}
 		}
-	}
+	})
 	summary := func(settings []driverSetting) {
 		yard := stats.Median(res[native])
 		fmt.Printf("  medians (against the native image volume, %.2f s over %d pods):", yard, len(res[native]))

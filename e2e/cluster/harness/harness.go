@@ -11,8 +11,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -315,22 +313,6 @@ func (c *Cluster) WaitNodeReady(t testing.TB, timeout time.Duration) {
 		}
 		c.poll()
 	}
-}
-
-// Metrics returns the Prometheus text a node component serves on 127.0.0.1:port (the driver: 29808, the
-// prepull watcher: 29809).
-func (c *Cluster) Metrics(t testing.TB, port int) string {
-	t.Helper()
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
 }
 
 // WaitLog waits until the pod's (first container's) log contains marker, and returns the log.
