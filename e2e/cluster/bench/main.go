@@ -27,6 +27,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -297,6 +298,7 @@ func (b *bench) table() {
 			fmt.Fprintf(os.Stderr, "warm, model evicted %d %-5s %6.2f s\n", i+1, v.key, r.last)
 		}
 	}
+	disk := b.diskAB(2 * warmRuns)
 	med := func(m map[string][]float64, k string) float64 { return stats.Median(m[k]) }
 	b.coldCSI, b.warmCSI = med(cold, "csi"), med(warm, "csi")
 
@@ -314,6 +316,23 @@ func (b *bench) table() {
 	fmt.Println("cold runs:", samples(cold), " warm runs:", samples(warm))
 	fmt.Printf("warm with only the model's pages evicted (the runtime's own files in memory), median of %d: (a) %.2f s, (b) %.2f s = %.2fx; runs: %s\n",
 		warmRuns, med(hot, "csi"), med(hot, "image"), med(hot, "csi")/med(hot, "image"), samples(hot))
+	// A warm start is the pod's start, which the driver's publish is part of, then the read of the model, which is
+	// the disk's: shown apart, with the disk read from the node, no pod, beside.
+	starting, reading := map[string][]float64{}, map[string][]float64{}
+	for _, k := range []string{"csi", "image"} {
+		for _, p := range warmPhases[k] {
+			if added, started, last := p.at("kubelet: pod added (SyncLoop ADD)"), p.at("container started"), p.at("last byte read"); added > 0 && started > 0 {
+				starting[k] = append(starting[k], started-added)
+				reading[k] = append(reading[k], last-started)
+			}
+		}
+	}
+	fmt.Printf("warm, in two parts (medians): kubelet adds the pod → container started: (a) %.2f s, (b) %.2f s = %.2fx; container started → last byte read: (a) %.2f s, (b) %.2f s = %.2fx\n",
+		med(starting, "csi"), med(starting, "image"), med(starting, "csi")/med(starting, "image"),
+		med(reading, "csi"), med(reading, "image"), med(reading, "csi")/med(reading, "image"))
+	fmt.Printf("  runs: start %s; read %s\n", samples(starting), samples(reading))
+	fmt.Printf("the same shards read from the node, no pod (page cache dropped, alternating, %d each): (a) the cache's blobs %.2f s, (b) containerd's snapshot %.2f s = %.2fx; runs: %s\n",
+		len(disk["csi"]), med(disk, "csi"), med(disk, "image"), med(disk, "csi")/med(disk, "image"), samples(disk))
 	fmt.Println("\nwhere the cold time goes: seconds after `kubectl apply`, median over the cold runs")
 	printBreakdown("(a) CSI", phases["csi"])
 	printBreakdown("(b) image", phases["image"])
@@ -441,6 +460,61 @@ func (b *bench) evictModel() {
 			return nil
 		})
 	}
+}
+
+// shardFiles are where the node keeps the model's files of 64 MiB or more for each warm variant: the driver's
+// cache blobs (a layer is one file) and the files of containerd's unpacked snapshot of the image's layer.
+func (b *bench) shardFiles() map[string][]string {
+	sets := map[string][]string{}
+	for _, l := range b.layers {
+		dgst, path, _ := strings.Cut(l, "=")
+		blob := filepath.Join(b.c.Dir, "node-cache", "cache", "blobs", strings.Replace(dgst, ":", "/", 1))
+		fi, err := os.Stat(blob)
+		if err != nil {
+			b.t.Fatal(err)
+		}
+		if fi.Size() < 64<<20 {
+			continue
+		}
+		snaps, _ := filepath.Glob(filepath.Join(b.c.Dir, "containerd", "root", "io.containerd.snapshotter.v1.overlayfs", "snapshots", "*", "fs", "model", path))
+		if len(snaps) != 1 {
+			b.t.Fatalf("disk A/B: want one unpacked copy of %s in containerd's snapshots, found %v", path, snaps)
+		}
+		sets["csi"] = append(sets["csi"], blob)
+		sets["image"] = append(sets["image"], snaps[0])
+	}
+	return sets
+}
+
+// diskAB reads, from the node with no pod, the model's shards as each warm variant finds them on disk — the
+// driver's cache blobs and containerd's unpacked snapshot — the page cache dropped before each read, alternating
+// which goes first: the same disk reads a warm pod makes, without Kubernetes. The seconds per read, per variant.
+func (b *bench) diskAB(pairs int) map[string][]float64 {
+	sets := b.shardFiles()
+	if len(sets["csi"]) == 0 {
+		b.t.Fatalf("disk A/B: the model has no file of 64 MiB or more")
+	}
+	out := map[string][]float64{}
+	buf := make([]byte, 1<<20)
+	for i := range pairs {
+		for _, v := range stats.Rotated(variants[:2], i) {
+			dropCaches(b.t)
+			t0 := time.Now()
+			for _, p := range sets[v.key] {
+				f, err := os.Open(p)
+				if err != nil {
+					b.t.Fatal(err)
+				}
+				_, err = io.CopyBuffer(io.Discard, struct{ io.Reader }{f}, buf)
+				f.Close()
+				if err != nil {
+					b.t.Fatal(err)
+				}
+			}
+			out[v.key] = append(out[v.key], time.Since(t0).Seconds())
+		}
+	}
+	return out
 }
 
 // start starts one pod of variant v (or runs curl) as the node is and returns its times.

@@ -35,6 +35,16 @@ func (b *breakdown) add(label string, at time.Time, t0 time.Time) {
 	}
 }
 
+// at is when the step labelled l happened, 0 if it was not seen.
+func (b *breakdown) at(l string) float64 {
+	for _, p := range b.phases {
+		if p.label == l {
+			return p.at
+		}
+	}
+	return 0
+}
+
 // printBreakdown prints, per step, the median over runs of when it happened and the gap to the step before.
 func printBreakdown(title string, runs []*breakdown) {
 	if len(runs) == 0 {
@@ -255,28 +265,69 @@ func (b *bench) kubeletTimes(t0 time.Time, pod string) map[string]time.Time {
 	return found
 }
 
-// sandbox adds when the kubelet asked containerd for the pod's sandbox (after its volumes are set up) and when
-// containerd had it running.
+// sandbox adds the runtime's steps for the pod: when the kubelet asked containerd for its sandbox (after its
+// volumes are set up), when containerd had it running, and when the container was asked for, created and started.
 func (b *bench) sandbox(bd *breakdown, t0 time.Time, pod string) {
-	asked, ready := b.sandboxTimes(t0, pod)
-	bd.add("containerd: sandbox asked for", asked, t0)
-	bd.add("containerd: sandbox running", ready, t0)
+	rt := b.runtimeTimes(t0, pod)
+	bd.add("containerd: sandbox asked for", rt.sandboxAsked, t0)
+	bd.add("containerd: sandbox running", rt.sandboxReady, t0)
+	bd.add("containerd: container asked for", rt.createAsked, t0)
+	bd.add("containerd: container created", rt.created, t0)
+	bd.add("containerd: container start returned", rt.started, t0)
 }
 
 func (b *bench) sandboxTimes(t0 time.Time, pod string) (asked, ready time.Time) {
-	b.containerdLines(t0, func(when time.Time, msg string) {
-		if !strings.Contains(msg, "RunPodSandbox for name:\\\""+pod+"\\\"") {
-			return
+	rt := b.runtimeTimes(t0, pod)
+	return rt.sandboxAsked, rt.sandboxReady
+}
+
+// runtimeSteps are containerd's CRI steps for one pod, from its log.
+type runtimeSteps struct {
+	sandboxAsked, sandboxReady, createAsked, created, started time.Time
+}
+
+// containerd's CRI log quotes ids inside msg="…", so they appear as \"id\".
+var (
+	sandboxID   = regexp.MustCompile(`returns sandbox id \\"([0-9a-f]+)\\"`)
+	containerIn = regexp.MustCompile(`CreateContainer within sandbox \\"([0-9a-f]+)\\"`)
+	containerID = regexp.MustCompile(`returns container id \\"([0-9a-f]+)\\"`)
+	startOf     = regexp.MustCompile(`StartContainer for \\"([0-9a-f]+)\\"`)
+)
+
+func (b *bench) runtimeTimes(t0 time.Time, pod string) runtimeSteps {
+	var rt runtimeSteps
+	var sandbox, container string
+	set := func(at *time.Time, when time.Time) {
+		if at.IsZero() {
+			*at = when
 		}
-		if !strings.Contains(msg, "returns sandbox id") {
-			if asked.IsZero() {
-				asked = when
+	}
+	b.containerdLines(t0, func(when time.Time, msg string) {
+		switch {
+		case strings.Contains(msg, "RunPodSandbox for name:\\\""+pod+"\\\""):
+			if m := sandboxID.FindStringSubmatch(msg); m != nil {
+				set(&rt.sandboxReady, when)
+				sandbox = m[1]
+			} else {
+				set(&rt.sandboxAsked, when)
 			}
-		} else if ready.IsZero() {
-			ready = when
+		case sandbox != "" && strings.Contains(msg, "CreateContainer within sandbox"):
+			if m := containerIn.FindStringSubmatch(msg); m == nil || m[1] != sandbox {
+				return
+			}
+			if m := containerID.FindStringSubmatch(msg); m != nil {
+				set(&rt.created, when)
+				container = m[1]
+			} else {
+				set(&rt.createAsked, when)
+			}
+		case container != "" && strings.Contains(msg, "StartContainer for"):
+			if m := startOf.FindStringSubmatch(msg); m != nil && m[1] == container && strings.Contains(msg, "returns successfully") {
+				set(&rt.started, when)
+			}
 		}
 	})
-	return asked, ready
+	return rt
 }
 
 var containerdLine = regexp.MustCompile(`^time="([^"]+)" level=\w+ msg="(.*)"`)
