@@ -440,7 +440,7 @@ func (b *bench) removeImage() {
 		}
 	}
 	// Removing content drops its record; the file stays until containerd's garbage collection, and a pull finds it
-	// there and reads nothing from the registry: 4 of the 10 "cold" native pulls of two runs on 2026-12-02 read 0
+	// there and reads nothing from the registry: 6 of the 10 "cold" native pulls of two runs on 2026-12-02 read 0
 	// bytes (containerd's log). Deleting a lease with --sync runs the collection before returning.
 	if out, err := ctr("leases", "create", "--id", "bench-gc"); err != nil {
 		b.t.Fatalf("ctr leases create: %v\n%s", err, out)
