@@ -37,14 +37,14 @@ func (b *bench) scenarios(parts map[string]bool) {
 	}
 }
 
-// fleet: Deployments of one replica and of four, in rotated order, BENCH_FLEET_RUNS (3) of each: on a cold node
+// fleet: Deployments of one replica and of four, in rotated order, BENCH_FLEET_RUNS (5) of each: on a cold node
 // (cache emptied, page cache dropped), where the four share one download and the slowest should read its last byte
 // within 1.1× of the single replica's time; then the same again on the warm node (the model on disk, page cache
 // dropped), where no download is shared and the ratio is Kubernetes' own cost of starting four pods at once. Both
 // go through the Deployment and ReplicaSet controllers, so the ratios are the node's (driver, kubelet, runtime),
 // not the controllers'; one bare pod's time is printed beside.
 func (b *bench) fleet() {
-	runs := envInt(b.t, "BENCH_FLEET_RUNS", 3)
+	runs := envInt(b.t, "BENCH_FLEET_RUNS", 5)
 	slowest, afterMount, flushLead := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
 	answered := map[string][]float64{}
 	last := map[string]*fleetRun{}
@@ -147,19 +147,7 @@ func (b *bench) deployment(replicas int, cold bool) *fleetRun {
 		c.Run("wait", "--for=delete", "pod", "-l", "app="+name, "--timeout=120s")
 	}
 	t.Cleanup(deleteFleet)
-	// One kubectl per poll whatever the replica count: a kubectl per pod, run while the model downloads, took CPU
-	// from the pull on two cores, four times as much for four replicas as for one.
-	marks := map[string][2]float64{}
-	waitFor(t, fmt.Sprintf("%d replicas to read their model", replicas), podTimeout, func() bool {
-		out, _ := c.Run("logs", "-l", "app="+name, "-c", "c", "--prefix", "--ignore-errors", "--tail=-1")
-		for p, log := range podLogs(out) {
-			if _, ok := marks[p]; !ok && strings.Contains(log, "done ") {
-				start, done := clockMarks(t, log)
-				marks[p] = [2]float64{start - up0, done - up0}
-			}
-		}
-		return len(marks) >= replicas
-	})
+	marks := readMarks(t, name+"-", replicas, up0)
 	gets := 0
 	if cold {
 		gets = 1
@@ -283,18 +271,4 @@ func httpDo(t *tb, req *http.Request) []byte {
 		t.Fatalf("%s %s: %s\n%s", req.Method, req.URL, resp.Status, body)
 	}
 	return body
-}
-
-// podLogs splits the output of kubectl logs --prefix ("[pod/NAME/CONTAINER] line") into each pod's log.
-func podLogs(out string) map[string]string {
-	logs := map[string]string{}
-	for _, line := range strings.Split(out, "\n") {
-		prefix, text, ok := strings.Cut(line, "] ")
-		if !ok || !strings.HasPrefix(prefix, "[pod/") {
-			continue
-		}
-		pod, _, _ := strings.Cut(strings.TrimPrefix(prefix, "[pod/"), "/")
-		logs[pod] += text + "\n"
-	}
-	return logs
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -105,4 +106,44 @@ func HostMounts(t testing.TB, prefix string) map[string]string {
 // PodVolumeDir is where the kubelet mounts a pod's CSI volume on the host.
 func PodVolumeDir(uid, volume string) string {
 	return fmt.Sprintf("/var/lib/kubelet/pods/%s/volumes/kubernetes.io~csi/%s/mount", uid, volume)
+}
+
+// NodeLogs reads, from the node's files (/var/log/pods, CRI format), the logs of container in the pods of namespace
+// whose names start with podPrefix, by pod name. Reading a file costs the node almost nothing, where `kubectl logs`
+// starts a process and streams through the API server and the kubelet: a benchmark can poll it while it measures.
+// A pod deleted but not yet cleaned up by the kubelet may still be listed.
+func NodeLogs(t testing.TB, namespace, podPrefix, container string) map[string]string {
+	t.Helper()
+	dirs, err := filepath.Glob(filepath.Join("/var/log/pods", namespace+"_"+podPrefix+"*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := map[string]string{}
+	for _, dir := range dirs {
+		pod := strings.TrimPrefix(filepath.Base(dir), namespace+"_")
+		if i := strings.LastIndexByte(pod, '_'); i > 0 {
+			pod = pod[:i] // the pod's UID follows its name
+		}
+		files, _ := filepath.Glob(filepath.Join(dir, container, "*.log"))
+		var b strings.Builder
+		for _, f := range files {
+			data, err := os.ReadFile(f)
+			if err != nil {
+				continue // rotated or removed since the glob
+			}
+			for _, line := range strings.SplitAfter(string(data), "\n") {
+				// "<RFC 3339 time> <stream> <P|F> <text>"
+				f := strings.SplitN(line, " ", 4)
+				switch {
+				case len(f) < 4:
+				case f[2] == "P": // a partial line: its text goes on in the next record
+					b.WriteString(strings.TrimSuffix(f[3], "\n"))
+				default:
+					b.WriteString(f[3])
+				}
+			}
+		}
+		logs[pod] = b.String()
+	}
+	return logs
 }
