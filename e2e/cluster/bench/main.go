@@ -19,7 +19,7 @@
 //	go run -tags cluster ./e2e/cluster/bench                          # MODEL_DIR, default the 2 GiB bench model
 //	BENCH_MODEL_SIZE=128MiB go run -tags cluster ./e2e/cluster/bench  # a 4 × 128 MiB model, for quick runs
 //
-// BENCH_EXPERIMENT=memlimit, readahead or flushdelay runs one experiment instead (experiment.go).
+// BENCH_EXPERIMENT=memlimit, readahead, flushdelay or fleetcpu runs one experiment instead (experiment.go).
 // BENCH_COLD_RUNS (default 5) and BENCH_WARM_RUNS (5) set the runs per figure, BENCH_FLEET_RUNS (5) the Deployments
 // of each size, BENCH_PARTS (table,fleet,prepulled,othertag) what runs.
 package main
@@ -99,8 +99,8 @@ func run() (rc int) {
 	}()
 
 	experiment := os.Getenv("BENCH_EXPERIMENT")
-	if !slices.Contains([]string{"", "memlimit", "readahead", "flushdelay"}, experiment) {
-		t.Fatalf("BENCH_EXPERIMENT=%q: valid are memlimit, readahead and flushdelay", experiment)
+	if !slices.Contains([]string{"", "memlimit", "readahead", "flushdelay", "fleetcpu"}, experiment) {
+		t.Fatalf("BENCH_EXPERIMENT=%q: valid are memlimit, readahead, flushdelay and fleetcpu", experiment)
 	}
 	model := benchModel(t)
 	if os.Getenv("BENCH_CLUSTER") != "running" {
@@ -118,6 +118,9 @@ func run() (rc int) {
 		return 0
 	case "flushdelay":
 		b.flushDelayExperiment()
+		return 0
+	case "fleetcpu":
+		b.fleetCPUExperiment()
 		return 0
 	}
 	parts := benchParts(t)

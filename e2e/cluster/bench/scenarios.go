@@ -60,7 +60,7 @@ func (b *bench) fleet() {
 					flushLead[key] = append(flushLead[key], r.slowest()-r.flush[0])
 				}
 				last[key] = r
-				fmt.Fprintf(os.Stderr, "fleet %d: %s %6.2f s\n", i+1, key, r.slowest())
+				fmt.Fprintf(os.Stderr, "fleet %d: %s %6.2f s (kubectl apply at uptime %.2f s)\n", i+1, key, r.slowest(), r.up0)
 			}
 		}
 	}
@@ -96,9 +96,11 @@ func (b *bench) fleet() {
 // A fleetRun is one Deployment's start: when each of its pods got where, in seconds after `kubectl apply`.
 type fleetRun struct {
 	pods      []fleetPod
+	firstCall float64    // the driver's first NodePublish call began
 	published []float64  // the driver's NodePublish calls answered OK
 	flush     [2]float64 // the background flush of the pulled blobs began and ended (cold)
 	gets      string
+	up0       float64 // the node's uptime at kubectl apply, to line the run up with other records of the node
 }
 
 type fleetPod struct {
@@ -152,7 +154,7 @@ func (b *bench) deployment(replicas int, cold bool) *fleetRun {
 	if cold {
 		gets = 1
 	}
-	r := &fleetRun{gets: getsPerBlob(b, c.BlobGETs(t, mark), gets)}
+	r := &fleetRun{gets: getsPerBlob(b, c.BlobGETs(t, mark), gets), up0: up0}
 	since := func(at time.Time) float64 {
 		if at.IsZero() {
 			return 0
@@ -170,7 +172,13 @@ func (b *bench) deployment(replicas int, cold bool) *fleetRun {
 		r.flush[0], r.flush[1] = b.flushWindow(t0)
 	}
 	for _, rec := range b.driverRecords(t0) {
-		if rec.Phase == "call" && rec.Method == "NodePublishVolume" && rec.Code == "OK" {
+		if rec.Phase != "call" || rec.Method != "NodePublishVolume" {
+			continue
+		}
+		if at := since(rec.Start); r.firstCall == 0 || at < r.firstCall {
+			r.firstCall = at
+		}
+		if rec.Code == "OK" {
 			r.published = append(r.published, since(rec.end()))
 		}
 	}
