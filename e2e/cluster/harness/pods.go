@@ -114,7 +114,12 @@ func PodVolumeDir(uid, volume string) string {
 // A pod deleted but not yet cleaned up by the kubelet may still be listed.
 func NodeLogs(t testing.TB, namespace, podPrefix, container string) map[string]string {
 	t.Helper()
-	dirs, err := filepath.Glob(filepath.Join("/var/log/pods", namespace+"_"+podPrefix+"*"))
+	return nodeLogsIn(t, "/var/log/pods", namespace, podPrefix, container)
+}
+
+func nodeLogsIn(t testing.TB, root, namespace, podPrefix, container string) map[string]string {
+	t.Helper()
+	dirs, err := filepath.Glob(filepath.Join(root, namespace+"_"+podPrefix+"*"))
 	if err != nil {
 		t.Fatal(err)
 	}
