@@ -302,25 +302,24 @@ func (b *bench) runtimeTimes(t0 time.Time, pod string) runtimeSteps {
 			*at = when
 		}
 	}
+	// containerd logs a request twice: asked for, then answered with the new object's ID.
+	askedOrDone := func(msg string, answer *regexp.Regexp, asked, done *time.Time, when time.Time, id *string) {
+		if m := answer.FindStringSubmatch(msg); m != nil {
+			set(done, when)
+			*id = m[1]
+		} else {
+			set(asked, when)
+		}
+	}
 	b.containerdLines(t0, func(when time.Time, msg string) {
 		switch {
 		case strings.Contains(msg, "RunPodSandbox for name:\\\""+pod+"\\\""):
-			if m := sandboxID.FindStringSubmatch(msg); m != nil {
-				set(&rt.sandboxReady, when)
-				sandbox = m[1]
-			} else {
-				set(&rt.sandboxAsked, when)
-			}
+			askedOrDone(msg, sandboxID, &rt.sandboxAsked, &rt.sandboxReady, when, &sandbox)
 		case sandbox != "" && strings.Contains(msg, "CreateContainer within sandbox"):
 			if m := containerIn.FindStringSubmatch(msg); m == nil || m[1] != sandbox {
 				return
 			}
-			if m := containerID.FindStringSubmatch(msg); m != nil {
-				set(&rt.created, when)
-				container = m[1]
-			} else {
-				set(&rt.createAsked, when)
-			}
+			askedOrDone(msg, containerID, &rt.createAsked, &rt.created, when, &container)
 		case container != "" && strings.Contains(msg, "StartContainer for"):
 			if m := startOf.FindStringSubmatch(msg); m != nil && m[1] == container && strings.Contains(msg, "returns successfully") {
 				set(&rt.started, when)
