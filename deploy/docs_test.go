@@ -18,11 +18,16 @@ type docCommand struct {
 	file, section, text string
 }
 
-// docCommands lists every shell command of the two READMEs.
+// docFiles are the documents whose shell commands this test holds to account: the READMEs and the user's guides
+// under docs/ that the README links.
+var docFiles = []string{"README.md", "deploy/README.md", "docs/usage.md", "docs/operations.md", "docs/security.md",
+	"docs/design.md", "docs/benchmarks.md", "docs/testing.md"}
+
+// docCommands lists every shell command of docFiles.
 func docCommands(t *testing.T) []docCommand {
 	t.Helper()
 	var out []docCommand
-	for _, name := range []string{"README.md", "deploy/README.md"} {
+	for _, name := range docFiles {
 		b, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), name))
 		if err != nil {
 			t.Fatal(err)
@@ -112,7 +117,7 @@ var notRunnable = []struct{ pattern, why string }{
 	{`^helm uninstall modelpack -n modelpack$`, "needs an installed release on a live cluster"},
 }
 
-// Every shell command of README.md and deploy/README.md either runs here, as written, or is listed in notRunnable
+// Every shell command of docFiles either runs here, as written, or is listed in notRunnable
 // with the reason. The README's tour runs in cli's TestReadmeTourRunsAsWritten; kubectl and helm commands run
 // offline (kustomize build, helm template) and their output must decode strictly into Kubernetes types; a helm
 // flag fragment runs as `helm template` of the chart with those flags. A new command that is neither fails here.
