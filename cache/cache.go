@@ -145,6 +145,7 @@ type Cache struct {
 	mu      sync.Mutex
 	flights map[flightKey]*flight
 	pulling map[digest.Digest]int // manifests a running pull is filling
+	held    map[digest.Digest]int // manifests a caller holds between finding them and acquiring a view (Hold)
 
 	// uncleanVerified: the verification an unclean start asked for has completed, so Close may clear the marker.
 	unclean, uncleanVerified atomic.Bool
@@ -197,7 +198,7 @@ func Open(opts Options) (*Cache, error) {
 	c := &Cache{
 		opts: opts, root: root, blobs: blobs, db: db, holds: holds, m: newMetrics(), log: opts.Logger,
 		ctx: ctx, cancel: cancel,
-		flights: map[flightKey]*flight{}, pulling: map[digest.Digest]int{}, lstamps: map[digest.Digest]*layerStamps{},
+		flights: map[flightKey]*flight{}, pulling: map[digest.Digest]int{}, held: map[digest.Digest]int{}, lstamps: map[digest.Digest]*layerStamps{},
 	}
 	c.layerFlusher = cas.NewFlusher(blobs, c.flushLayers)
 	blobs.ObserveFlushes(c.logFlush("blobs"))

@@ -194,13 +194,7 @@ func (c *Cache) gcLocked(ctx context.Context, st *GCStats, remove *digest.Digest
 		if s, err = c.snapshot(tx); err != nil {
 			return err
 		}
-		inUse := map[digest.Digest]bool{}
-		for _, r := range s.refs {
-			inUse[r.Manifest] = true
-		}
-		for d := range c.pulling {
-			inUse[d] = true
-		}
+		inUse := c.inUseLocked(s)
 		if remove != nil {
 			target := *remove
 			if ix, ok := s.indexes[target]; ok {
@@ -214,7 +208,7 @@ func (c *Cache) gcLocked(ctx context.Context, st *GCStats, remove *digest.Digest
 				return fmt.Errorf("%s: %w", *remove, ErrNotFound)
 			}
 			if inUse[target] {
-				return fmt.Errorf("%s: %w by %s", target, ErrInUse, strings.Join(users(s, target, c.pulling), ", "))
+				return fmt.Errorf("%s: %w by %s", target, ErrInUse, strings.Join(c.usersLocked(s, target), ", "))
 			}
 			evict[target] = true
 		} else if c.opts.MaxBytes > 0 && u.Bytes > c.opts.MaxBytes {
@@ -455,7 +449,23 @@ func (c *Cache) removeStaleLocks(partials map[digest.Digest]int64, needed map[di
 	}
 }
 
-func users(s *snapshot, d digest.Digest, pulling map[digest.Digest]int) []string {
+// inUseLocked is the manifests GC must keep: referenced, being pulled, or held by a caller about to acquire them.
+func (c *Cache) inUseLocked(s *snapshot) map[digest.Digest]bool {
+	inUse := map[digest.Digest]bool{}
+	for _, r := range s.refs {
+		inUse[r.Manifest] = true
+	}
+	for d := range c.pulling {
+		inUse[d] = true
+	}
+	for d := range c.held {
+		inUse[d] = true
+	}
+	return inUse
+}
+
+// refOwners are the owners of references to d, sorted.
+func refOwners(s *snapshot, d digest.Digest) []string {
 	var out []string
 	for owner, r := range s.refs {
 		if r.Manifest == d {
@@ -463,8 +473,17 @@ func users(s *snapshot, d digest.Digest, pulling map[digest.Digest]int) []string
 		}
 	}
 	sort.Strings(out)
-	if pulling[d] > 0 {
+	return out
+}
+
+// usersLocked names what keeps d: its owners, a pull, a hold.
+func (c *Cache) usersLocked(s *snapshot, d digest.Digest) []string {
+	out := refOwners(s, d)
+	if c.pulling[d] > 0 {
 		out = append(out, "a running pull")
+	}
+	if c.held[d] > 0 {
+		out = append(out, "a publish about to mount it")
 	}
 	return out
 }
@@ -509,13 +528,7 @@ func (c *Cache) usageLocked() (Usage, error) {
 			u.Layers += st.Bytes
 			u.LayerCount++
 		}
-		inUse := map[digest.Digest]bool{}
-		for _, r := range s.refs {
-			inUse[r.Manifest] = true
-		}
-		for d := range c.pulling {
-			inUse[d] = true
-		}
+		inUse := c.inUseLocked(s)
 		blobs, layers := s.needs(func(m *manifestRecord) bool { return inUse[m.Descriptor.Digest] })
 		for d := range blobs {
 			u.Referenced += sizes[d]
@@ -555,7 +568,7 @@ func (c *Cache) List() ([]Entry, error) {
 				}
 			}
 			sort.Slice(e.Indexes, func(i, j int) bool { return e.Indexes[i] < e.Indexes[j] })
-			e.Refs = users(s, m.Descriptor.Digest, nil)
+			e.Refs = refOwners(s, m.Descriptor.Digest)
 			for _, v := range views {
 				if v.Name() == m.Descriptor.Digest.Encoded() || strings.HasPrefix(v.Name(), m.Descriptor.Digest.Encoded()+"-") {
 					e.Views = append(e.Views, v.Name())

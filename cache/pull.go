@@ -40,6 +40,7 @@ type flight struct {
 	ctx    context.Context
 	done   chan struct{}
 	result ocispec.Descriptor
+	rec    *manifestRecord // what the pull recorded, for its callers' proofs (set with result)
 	err    error
 	cancel context.CancelFunc
 	src    *sourceSet // the sources of every caller, so one that stalls or fails hands over to the next
@@ -103,10 +104,13 @@ func (c *Cache) Pull(ctx context.Context, src oras.ReadOnlyTarget, desc ocispec.
 		return ocispec.Descriptor{}, err
 	}
 	// For a named platform only a manifest pulled as itself counts: an index's record is the node's platform's.
-	if m, ok := c.completeManifest(desc.Digest); ok && (desc.Platform == nil || m.Digest == desc.Digest) {
+	if rec, ok := c.completeRecord(desc.Digest); ok && (desc.Platform == nil || rec.Descriptor.Digest == desc.Digest) {
+		if err := c.prove(ctx, src, desc, rec, nil); err != nil {
+			return ocispec.Descriptor{}, err
+		}
 		c.m.pulls.WithLabelValues("cached").Inc()
-		c.touch(m.Digest)
-		return m, nil
+		c.touch(rec.Descriptor.Digest)
+		return rec.Descriptor, nil
 	}
 	for round := 0; ; round++ {
 		f, own, id := c.joinFlight(desc, src, progress)
@@ -117,6 +121,11 @@ func (c *Cache) Pull(ctx context.Context, src oras.ReadOnlyTarget, desc ocispec.
 			return ocispec.Descriptor{}, fmt.Errorf("pull %s: %w (the transfer continues for %s; a retry joins it)", desc.Digest, ctx.Err(), c.opts.PullLinger)
 		}
 		if f.err == nil {
+			// The pull was shared, and blobs the cache held were not fetched at all: src answers for what it did
+			// not itself deliver.
+			if err := c.proveFlight(ctx, f, own, src, desc); err != nil {
+				return ocispec.Descriptor{}, err
+			}
 			if progress != nil {
 				p := f.progress()
 				progress(Progress{Total: p.Total, Done: p.Total})
@@ -382,6 +391,7 @@ func (c *Cache) pull(ctx context.Context, f *flight, src oras.ReadOnlyTarget, de
 	if err := c.finishPull(rec, top); err != nil {
 		return ocispec.Descriptor{}, err
 	}
+	f.rec = rec
 	return rec.Descriptor, nil
 }
 

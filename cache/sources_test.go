@@ -3,9 +3,11 @@ package cache
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,6 +25,7 @@ type twoSources struct {
 	desc         ocispec.Descriptor
 	weights      digest.Digest
 	config       digest.Digest
+	manifest     []byte
 }
 
 func newTwoSources(t *testing.T) *twoSources {
@@ -34,7 +37,7 @@ func newTwoSources(t *testing.T) *twoSources {
 	if err := json.Unmarshal(mb, &m); err != nil {
 		t.Fatal(err)
 	}
-	s.config = m.Config.Digest
+	s.config, s.manifest = m.Config.Digest, mb
 	modelManifest(t, s.healthy, files)
 	s.desc = s.bad.Manifest(t, "v1", json.RawMessage(mb), ocispec.MediaTypeImageManifest)
 	s.healthy.Manifest(t, "v1", json.RawMessage(mb), ocispec.MediaTypeImageManifest)
@@ -245,5 +248,62 @@ func TestEachCallerGetsItsOwnSourcesError(t *testing.T) {
 	}
 	if err := <-first; mpremote.Classify(err) != mpremote.ErrNotFound {
 		t.Fatalf("the other caller got %v, want its own registry's not found", err)
+	}
+}
+
+// A caller that joins a pull under way, or finds the content complete, gets nothing its own source does not serve:
+// a registry that answers the manifest and 404 for every blob (an attacker who knows another tenant's digests) is
+// refused with ErrNotFound while the pull it joined succeeds for its starter, and again once the content is
+// complete; a source that serves the blobs is given the content with no blob fetched.
+func TestNoCallerGetsBlobsItsSourceDoesNotServe(t *testing.T) {
+	s := newTwoSources(t)
+	evil := testenv.StartHostileRegistry(t)
+	evilDesc := evil.Raw("v1", ocispec.MediaTypeImageManifest, s.manifest)
+	if evilDesc.Digest != s.desc.Digest {
+		t.Fatalf("the copied manifest is %s, want %s", evilDesc.Digest, s.desc.Digest)
+	}
+	arrived, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	s.bad.OnBlob = func(w http.ResponseWriter, r *http.Request, d digest.Digest, _ []byte) bool {
+		if d == s.weights {
+			once.Do(func() { close(arrived) })
+			<-release
+		}
+		return false
+	}
+	c := openCache(t, t.TempDir(), Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	first := make(chan error, 1)
+	go func() {
+		_, err := c.Pull(ctx, s.repo(t, s.bad), s.desc, nil)
+		first <- err
+	}()
+	<-arrived
+	second := make(chan error, 1)
+	go func() {
+		_, err := c.Pull(ctx, s.repo(t, evil), s.desc, nil)
+		second <- err
+	}()
+	waitForSources(t, c, s.desc.Digest, 2)
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatalf("the starter's pull: %v", err)
+	}
+	if err := <-second; !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "does not serve") {
+		t.Fatalf("a caller whose source serves no blob joined the pull and got %v, want ErrNotFound", err)
+	}
+	if _, err := c.Pull(ctx, s.repo(t, evil), s.desc, nil); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("the content complete, a caller whose source serves no blob got %v, want ErrNotFound", err)
+	}
+	if err := c.Prove(ctx, s.repo(t, evil), s.desc.Digest, s.desc.Digest); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Prove for a source that serves no blob: %v, want ErrNotFound", err)
+	}
+	gets := s.healthy.Gets(s.weights)
+	if _, err := c.Pull(ctx, s.repo(t, s.healthy), s.desc, nil); err != nil {
+		t.Fatalf("a source that serves every blob: %v", err)
+	}
+	if n := s.healthy.Gets(s.weights) - gets; n != 0 {
+		t.Fatalf("the content complete, a source that serves it was sent %d GETs of the weights, want 0", n)
 	}
 }

@@ -134,7 +134,7 @@ func TestStalledSourceNeverHoldsAHealthyOne(t *testing.T) {
 				_, err := c.Pull(ctx, newRepo(t, s.healthy.Host, "m/model"), s.desc, nil)
 				healthy <- err
 			}()
-			s.expectServed(t, c, healthy, first, s.stalledOn())
+			s.expectServed(t, c, healthy, first, s.stalledOn(), cancel)
 		})
 		t.Run(mode.name+"/healthy first", func(t *testing.T) {
 			s := newStallCase(t, mode.mode)
@@ -158,16 +158,17 @@ func TestStalledSourceNeverHoldsAHealthyOne(t *testing.T) {
 			blob := "GET /v2/m/model/blobs/" + s.weights.String()
 			waitRequest(t, s.stalled, blob)
 			close(g.gate)
-			s.expectServed(t, c, healthy, second, blob)
+			s.expectServed(t, c, healthy, second, blob, cancel)
 		})
 	}
 }
 
 // expectServed checks that the healthy caller gets the content while the stalled source has been sent nothing past
-// the request (and, its limits being an hour, cannot have been given up on for silence), that the other caller gets
-// it too, and that the stalled transfer is abandoned: the client hangs up rather than keep a connection it does not
-// need.
-func (s *stallCase) expectServed(t *testing.T, c *Cache, healthy, other <-chan error, stalledOn string) {
+// the request (and, its limits being an hour, cannot have been given up on for silence), that the stalled transfer
+// is abandoned once the content arrived (the client hangs up rather than keep a connection it does not need), and
+// that the other caller, whose own source cannot serve the content (it stalls, or has no such blob), is not handed
+// it: its pull waits on its own source's answer and ends in an error when cancelOther cancels it.
+func (s *stallCase) expectServed(t *testing.T, c *Cache, healthy, other <-chan error, stalledOn string, cancelOther func()) {
 	t.Helper()
 	select {
 	case err := <-healthy:
@@ -183,25 +184,24 @@ func (s *stallCase) expectServed(t *testing.T, c *Cache, healthy, other <-chan e
 	if err := c.blobs.Verify(s.weights); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-other:
-		if err != nil {
-			t.Fatalf("the other caller failed although the content arrived: %v", err)
-		}
-	case <-time.After(time.Minute):
-		t.Fatal("the stalled caller's pull never ended although the content arrived")
-	}
 	// Other reads raced with the stalled source (a join races every read still waiting for its first byte) are
 	// abandoned too, in any order.
-	for {
+	for abandoned := false; !abandoned; {
 		select {
 		case line := <-s.stalled.Hangups():
-			if strings.HasPrefix(line, stalledOn) {
-				return
-			}
+			abandoned = strings.HasPrefix(line, stalledOn)
 		case <-time.After(time.Minute):
 			t.Fatalf("the stalled request %q was never abandoned", stalledOn)
 		}
+	}
+	cancelOther()
+	select {
+	case err := <-other:
+		if err == nil {
+			t.Fatal("the caller whose source serves nothing was handed the content")
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the stalled caller's pull never ended once cancelled")
 	}
 }
 
@@ -247,7 +247,7 @@ func TestStalledSourceOfAnotherManifestNeverHoldsASharedBlob(t *testing.T) {
 			_, err := c.Pull(ctx, healthyRepo, healthyDesc, nil)
 			healthy <- err
 		}()
-		s.expectServed(t, c, healthy, first, "GET /v2/m/model/blobs/"+s.weights.String())
+		s.expectServed(t, c, healthy, first, "GET /v2/m/model/blobs/"+s.weights.String(), cancel)
 		cancel()
 	}
 }

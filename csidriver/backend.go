@@ -25,9 +25,19 @@ type Backend interface {
 	// on every publish of content already here (the policy, or the repository, may differ from the one it was
 	// pulled under). An error wrapping ErrDenied refuses the volume.
 	Verify(ctx context.Context, ref string, dgst digest.Digest, creds Credentials) error
+	// Prove asks ref's registry, with creds, whether it serves every part of the content of manifest (chosen from
+	// top: the manifest itself or its index) that the node holds, fetching none: a digest is no right to read, so
+	// content that came under another name, or for another caller, is shared only so. An error wrapping
+	// ErrNotFound names the first part the registry does not serve.
+	Prove(ctx context.Context, ref string, top, manifest digest.Digest, creds Credentials) error
 	// Pull makes the content of dgst complete in the cache and returns the manifest to mount: dgst itself, or,
-	// for an index, the manifest matching platform ("" meaning the node's). It reports progress as it goes.
+	// for an index, the manifest matching platform ("" meaning the node's). It reports progress as it goes. Blobs
+	// the node already held are shared only when ref's registry serves them to creds (see Prove).
 	Pull(ctx context.Context, ref string, dgst digest.Digest, platform string, creds Credentials, progress func(Progress)) (digest.Digest, error)
+	// Hold keeps manifest's content, complete in the cache, from eviction until release is called: a publish
+	// holds what it found from then until its view is acquired. An error wrapping ErrNotFound: it is not (or no
+	// longer) complete.
+	Hold(manifest digest.Digest) (release func(), err error)
 	// Acquire returns a read-only directory showing the selected part of a pulled manifest, held for owner until
 	// Release. Owners of the same manifest and selector share one view. Acquiring again for the same owner returns
 	// the same view.

@@ -12,6 +12,9 @@ import (
 type Credentials struct {
 	// DockerConfigJSON is the content of a kubernetes.io/dockerconfigjson secret.
 	DockerConfigJSON []byte
+	// OwnOnly presents DockerConfigJSON's credential only, and none where it holds none for a host: never the
+	// node's. A pod's publish is made so unless the policy is NeverVerify (see tenancy.go).
+	OwnOnly bool
 }
 
 // String keeps credentials out of logs and error messages.
@@ -31,6 +34,9 @@ func (c Credentials) MarshalJSON() ([]byte, error) { return json.Marshal(c.Strin
 // credentials stay apart: a short hash.
 func (c Credentials) Key() string {
 	sum := sha256.Sum256(c.DockerConfigJSON)
+	if c.OwnOnly {
+		return "own-" + hex.EncodeToString(sum[:8])
+	}
 	return hex.EncodeToString(sum[:8])
 }
 

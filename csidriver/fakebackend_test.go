@@ -37,6 +37,10 @@ type fakeBackend struct {
 	resolves atomic.Int32
 	// unreachable hosts fail every resolve with ErrUnavailable.
 	unreachable map[string]bool
+	// blobless names serve manifests but none of their blobs (Prove fails).
+	blobless map[string]bool
+	// holds counts the holds not yet released.
+	holds atomic.Int32
 	// nodeCreds says the node's own credentials hold one for every host.
 	nodeCreds bool
 }
@@ -205,4 +209,28 @@ func (f *fakeBackend) Verify(ctx context.Context, ref string, d digest.Digest, c
 		return fmt.Errorf("%w: %s is not signed", ErrDenied, d)
 	}
 	return nil
+}
+
+// Prove serves a name's blobs wherever it serves its manifest, unless blobless lists the name.
+func (f *fakeBackend) Prove(ctx context.Context, ref string, top, manifest digest.Digest, creds Credentials) error {
+	if _, err := f.Resolve(ctx, nameOf(ref)+"@"+top.String(), creds); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.blobless[nameOf(ref)] {
+		return fmt.Errorf("blob of %s: %w", manifest, ErrNotFound)
+	}
+	return nil
+}
+
+// Hold counts holds; it fails for content not pulled.
+func (f *fakeBackend) Hold(d digest.Digest) (func(), error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.pulled[d] {
+		return nil, fmt.Errorf("manifest %s: %w", d, ErrNotFound)
+	}
+	f.holds.Add(1)
+	return func() { f.holds.Add(-1) }, nil
 }

@@ -2,6 +2,7 @@ package csidriver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -18,19 +19,50 @@ import (
 type image struct {
 	Digest   string // top-level manifest or index
 	Manifest string // the manifest mounted
+	// release ends the publish's hold on the content (see holdImage); nil for none.
+	release func()
+}
+
+// done releases img's hold, if it has one.
+func (img image) done() {
+	if img.release != nil {
+		img.release()
+	}
+}
+
+// errGone is content the cache let go between its pull and the publish's hold on it: the publish pulls again.
+var errGone = errors.New("the content left the cache before it could be held")
+
+// holdImage keeps img's content from GC for the publish, from the moment it is found until its view is acquired
+// (the caller calls done): a publish never finds its model evicted under it. False: it is no longer complete.
+func (d *Driver) holdImage(img image) (image, bool) {
+	release, err := d.backend.Hold(digest.Digest(img.Manifest))
+	if err != nil {
+		return image{}, false
+	}
+	img.release = release
+	return img, true
 }
 
 func imageKey(ref, platform string) string { return ref + "|" + platform }
 
 // ensureImage finds or pulls the content a volume names and checks it against the node's trust policy.
 func (d *Driver) ensureImage(ctx context.Context, a *Attributes, creds Credentials, namespace string, log *slog.Logger) (image, error) {
+	creds = d.podCredentials(creds)
 	img, verified, err := d.findImage(ctx, a, creds, namespace, log)
+	for try := 0; errors.Is(err, errGone) && try < 3; try++ {
+		img, verified, err = d.findImage(ctx, a, creds, namespace, log)
+	}
+	if errors.Is(err, errGone) {
+		return image{}, fail(errRetry, "%s was evicted from the node's cache three times before it could be mounted: the cache is too small for the models in use (--cache-max-size)", a.Reference)
+	}
 	if err != nil || verified {
 		return img, err
 	}
 	// Content already on the node is checked too: the policy may have changed since it was pulled, and the same
 	// digest may have come from a repository under another rule.
 	if err := d.backend.Verify(ctx, a.Reference, digest.Digest(img.Digest), creds); err != nil {
+		img.done()
 		return image{}, toStatus(err, "verify %s", a.Reference)
 	}
 	return img, nil
@@ -49,15 +81,23 @@ func (d *Driver) findImage(ctx context.Context, a *Attributes, creds Credentials
 		return image{}, false, err
 	}
 	local, haveLocal := d.localImage(a)
+	keepLocal := false
+	defer func() {
+		if !keepLocal {
+			local.done()
+		}
+	}()
 	if haveLocal && a.PullPolicy != PullAlways {
 		key := accessKey(a, local.Digest)
 		if d.allowed(key, who) {
+			keepLocal = true
 			return local, false, nil
 		}
 		if a.PullPolicy == PullNever {
-			if err := d.checkAccess(ctx, key, creds, who); err != nil {
+			if err := d.checkAccess(ctx, key, local, creds, who); err != nil {
 				return image{}, false, err
 			}
+			keepLocal = true
 			return local, false, nil
 		}
 	}
@@ -82,15 +122,18 @@ func (d *Driver) findImage(ctx context.Context, a *Attributes, creds Credentials
 	if err := d.backend.Verify(ctx, a.Reference, dgst, creds); err != nil {
 		return image{}, false, toStatus(err, "verify %s", a.Reference)
 	}
-	// The registry has just served dgst under this name to this caller: content of dgst the node holds, under
-	// whatever name it came, is the caller's to read, as a cross-repository mount would make it.
+	// The registry has just served dgst's manifest under this name to this caller. Content of dgst the node holds,
+	// under whatever name it came, is the caller's to read once the registry serves its blobs too, as a registry
+	// mounts a blob across repositories only for a caller who may read it.
 	key := accessKey(a, dgst.String())
 	if img, ok := d.knownImage(dgst, a.Platform); ok {
-		if err := d.recordImage(a.Reference, a.Platform, img); err != nil {
-			return image{}, false, fail(errNode, "record image: %v", err)
-		}
-		if err := d.grant(ctx, key, who, access.ViaCheck); err != nil {
+		if err := d.checkAccess(ctx, key, img, creds, who); err != nil {
+			img.done()
 			return image{}, false, err
+		}
+		if err := d.recordImage(a.Reference, a.Platform, img); err != nil {
+			img.done()
+			return image{}, false, fail(errNode, "record image: %v", err)
 		}
 		return img, true, nil
 	}
@@ -113,15 +156,21 @@ func (d *Driver) findImage(ctx context.Context, a *Attributes, creds Credentials
 	if err := d.grant(ctx, key, who, access.ViaPull); err != nil {
 		return image{}, false, err
 	}
-	return image{Digest: dgst.String(), Manifest: manifest.String()}, true, nil
+	img, ok := d.holdImage(image{Digest: dgst.String(), Manifest: manifest.String()})
+	if !ok {
+		return image{}, false, errGone
+	}
+	return img, true, nil
 }
 
-// localImage is what the reference names on this node, if that content is complete in the cache: for a tag,
-// what it last resolved to here; for a digest, that digest's content under whatever name it came. Whether the
-// caller may read it under this name is the access records' to say.
+// localImage is what the reference names on this node, if that content is complete in the cache, held (see
+// holdImage): for a tag, what it last resolved to here; for a digest, that digest's content under whatever name it
+// came. Whether the caller may read it under this name is the access records' to say.
 func (d *Driver) localImage(a *Attributes) (image, bool) {
-	if rec, ok := d.state.Snapshot().Images[imageKey(a.Reference, a.Platform)]; ok && d.has(rec.Manifest) {
-		return image{Digest: rec.Digest, Manifest: rec.Manifest}, true
+	if rec, ok := d.state.Snapshot().Images[imageKey(a.Reference, a.Platform)]; ok {
+		if img, ok := d.holdImage(image{Digest: rec.Digest, Manifest: rec.Manifest}); ok {
+			return img, true
+		}
 	}
 	if a.IsDigest() {
 		dgst, _ := a.ref.Digest()
@@ -130,19 +179,21 @@ func (d *Driver) localImage(a *Attributes) (image, bool) {
 		}
 		if a.Platform == "" {
 			if m, ok := d.backend.Local(dgst); ok {
-				return image{Digest: dgst.String(), Manifest: m.String()}, true
+				return d.holdImage(image{Digest: dgst.String(), Manifest: m.String()})
 			}
 		}
 	}
 	return image{}, false
 }
 
-// knownImage finds content already pulled for dgst and platform under any reference. Only callers the registry
-// has just served dgst to, or whom the access records vouch for, may be handed it.
+// knownImage finds content already pulled for dgst and platform under any reference, held. Only callers the
+// registry serves it to (Backend.Prove), or whom the access records vouch for, may be handed it.
 func (d *Driver) knownImage(dgst digest.Digest, platform string) (image, bool) {
 	for _, rec := range d.state.Snapshot().Images {
-		if rec.Digest == dgst.String() && rec.Platform == platform && d.has(rec.Manifest) {
-			return image{Digest: rec.Digest, Manifest: rec.Manifest}, true
+		if rec.Digest == dgst.String() && rec.Platform == platform {
+			if img, ok := d.holdImage(image{Digest: rec.Digest, Manifest: rec.Manifest}); ok {
+				return img, true
+			}
 		}
 	}
 	return image{}, false

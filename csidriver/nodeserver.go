@@ -62,6 +62,7 @@ func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublish
 		}
 		return nil, err
 	}
+	defer img.done() // the view acquired (or the publish failed), the volume's reference holds the content
 	vol := state.Volume{
 		VolumeID:    req.GetVolumeId(),
 		TargetPath:  target,

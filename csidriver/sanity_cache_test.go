@@ -24,7 +24,16 @@ import (
 // startCacheDriver runs the driver on the real node cache, reaching registries over plain HTTP.
 func startCacheDriver(t *testing.T, dir string, plainHTTP ...string) string {
 	t.Helper()
-	c, err := cache.Open(cache.Options{Root: filepath.Join(dir, "cache"), VolatileOwnerPrefix: csidriver.OwnerPrefix})
+	sock, _ := startCacheDriverWith(t, dir, cache.Options{}, nil, plainHTTP...)
+	return sock
+}
+
+// startCacheDriverWith is startCacheDriver with cache options (Root and VolatileOwnerPrefix are set here) and a
+// trust-policy verifier (nil for none); it returns the cache too.
+func startCacheDriverWith(t *testing.T, dir string, copts cache.Options, verifier cachebackend.Verifier, plainHTTP ...string) (string, *cache.Cache) {
+	t.Helper()
+	copts.Root, copts.VolatileOwnerPrefix = filepath.Join(dir, "cache"), csidriver.OwnerPrefix
+	c, err := cache.Open(copts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,8 +44,9 @@ func startCacheDriver(t *testing.T, dir string, plainHTTP ...string) string {
 		NodeID:   "sanity-node",
 		Endpoint: "unix://" + sock,
 		StateDir: filepath.Join(dir, "state"),
-		Backend:  cachebackend.New(c, cachebackend.Options{Remote: remote.Options{RegistryConfig: cfg, PlainHTTPHosts: plainHTTP}}),
-		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Backend: cachebackend.New(c, cachebackend.Options{Verifier: verifier,
+			Remote: remote.Options{RegistryConfig: cfg, PlainHTTPHosts: plainHTTP}}),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +62,7 @@ func startCacheDriver(t *testing.T, dir string, plainHTTP ...string) string {
 	})
 	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
 		if _, err := os.Stat(sock); err == nil {
-			return sock
+			return sock, c
 		}
 		if time.Since(start) > 10*time.Second {
 			t.Fatal("driver socket did not appear")

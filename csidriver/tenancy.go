@@ -2,7 +2,6 @@ package csidriver
 
 import (
 	"context"
-	"fmt"
 
 	digest "github.com/opencontainers/go-digest"
 
@@ -12,8 +11,22 @@ import (
 // The node cache is shared by every pod on the node, so content on disk is handed to a publish only when the
 // access records (package access) say its caller may read it under the name it gives: the registry served that
 // digest, under that host and repository, to the caller's credential (or to anyone), or the policy exempts it.
-// Otherwise the registry is asked first, with the caller's credential — a manifest request, never a blob — and
-// a success is recorded. This file is that seam; findImage calls it.
+// Otherwise the registry is asked first, with the caller's credential, whether it serves the manifest and every
+// blob of it (HEADs, nothing fetched: Backend.Prove), and a success is recorded. This file is that seam;
+// findImage calls it.
+//
+// Whose credentials a pod presents: its volume's pull secret, or nothing. The node's own credentials
+// (--registry-config) are the node's: its prepulls read with them, and the policy says whether what they pulled
+// is open to pods (NeverVerifyPreloadedImages: yes; NeverVerifyAllowlistedImages: for allowlisted names;
+// AlwaysVerify: no). Only under NeverVerify, which trusts every pod of the node alike, do pods without a pull
+// secret read with the node's credentials. So a wrong secret never gets more than no secret, and no publish opens
+// to a later one anything but what that later caller's own credential (or anonymity) is served.
+
+// podCredentials are the credentials a pod's publish presents to registries under the policy.
+func (d *Driver) podCredentials(creds Credentials) Credentials {
+	creds.OwnOnly = d.opts.AccessPolicy.Mode != access.NeverVerify
+	return creds
+}
 
 // accessKey is content as ref's registry serves it.
 func accessKey(a *Attributes, dgst string) access.Key {
@@ -29,6 +42,9 @@ func (d *Driver) identify(ctx context.Context, a *Attributes, creds Credentials,
 		return access.Identity{}, toStatus(err, "pull secret for %s", a.ref.Registry)
 	}
 	if material == nil {
+		if creds.OwnOnly {
+			return access.Identity{Kind: access.Anonymous, Namespace: namespace}, nil
+		}
 		return access.Identity{Kind: access.Node, Namespace: namespace}, nil
 	}
 	return access.Identity{Kind: access.Secret, Hash: d.access.HashCredential(a.ref.Registry, material), Namespace: namespace}, nil
@@ -42,7 +58,7 @@ func (d *Driver) allowed(k access.Key, who access.Identity) bool {
 // grant records that the registry served k to who. A caller without a pull secret for the host is recorded as
 // the node's credentials or, when the node has none for it, as anonymous (the content is public).
 func (d *Driver) grant(ctx context.Context, k access.Key, who access.Identity, via access.Via) error {
-	if who.Kind == access.Node || who.Kind == access.Anonymous {
+	if who.Kind == access.Node {
 		// Either record opens the content to every caller: one is enough, and the node's docker config (maybe a
 		// credential helper) need not be asked again.
 		if d.access.Has(k, access.Identity{Kind: access.Node}) || d.access.Has(k, access.Identity{Kind: access.Anonymous}) {
@@ -67,16 +83,14 @@ func (d *Driver) grant(ctx context.Context, k access.Key, who access.Identity, v
 	return nil
 }
 
-// checkAccess asks k's registry, with the caller's credentials, for k's manifest (a HEAD, no blob) and records
-// the answer when it serves it. A refusal names the content, the credential and the registry's reason.
-func (d *Driver) checkAccess(ctx context.Context, k access.Key, creds Credentials, who access.Identity) error {
+// checkAccess asks k's registry, with the caller's credentials, whether it serves img (the manifest and every
+// blob, HEADs only) and records the answer when it does. A refusal names the content, the credential and the
+// registry's reason.
+func (d *Driver) checkAccess(ctx context.Context, k access.Key, img image, creds Credentials, who access.Identity) error {
 	rctx, cancel := withBudget(ctx)
-	got, err := d.backend.Resolve(rctx, k.String(), creds)
+	err := d.backend.Prove(rctx, k.Name(), k.Digest, digest.Digest(img.Manifest), creds)
 	outOfTime := rctx.Err() != nil
 	cancel()
-	if err == nil && got != k.Digest {
-		err = fmt.Errorf("%w: the registry answered %s for %s", ErrNotFound, got, k.Digest)
-	}
 	if err != nil {
 		if outOfTime {
 			return fail(errRetry, "checking access to %s did not finish before the deadline: %v", k, err)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"oras.land/oras-go/v2/registry/remote/auth"
 
@@ -31,6 +32,52 @@ func (p *drvProxy) totalBlobGets() int {
 		n += c
 	}
 	return n
+}
+
+// drvVolumes publishes volumes as kubelet does, each in a pod and namespace of its own, checks that a success
+// mounted want and a refusal left no target behind, and unpublishes.
+type drvVolumes struct {
+	t    *testing.T
+	dir  string
+	node csi.NodeClient
+	want string // model.safetensors of a mounted volume
+	pod  int
+}
+
+func (v *drvVolumes) publish(ref, policy string, secrets map[string]string) error {
+	v.t.Helper()
+	v.pod++
+	target := drvKubelet(v.t, v.dir, fmt.Sprint("pod-", v.pod))
+	req := testenv.PublishRequest(fmt.Sprint("vol-", v.pod), target, map[string]string{
+		"reference": ref, "pullPolicy": policy, "csi.storage.k8s.io/pod.namespace": fmt.Sprint("ns-", v.pod)})
+	req.Secrets = secrets
+	if err := drvPublish(v.node, req, time.Minute); err != nil {
+		if _, serr := os.Stat(target); !errors.Is(serr, os.ErrNotExist) {
+			v.t.Fatalf("a refused publish of %s left %s behind", ref, target)
+		}
+		return err
+	}
+	if got := drvRead(v.t, filepath.Join(target, "model.safetensors")); got != v.want {
+		v.t.Fatalf("%s mounted %q", ref, got)
+	}
+	drvUnpublish(v.t, v.node, fmt.Sprint("vol-", v.pod), target)
+	return nil
+}
+
+func (v *drvVolumes) must(ref, policy string, secrets map[string]string) {
+	v.t.Helper()
+	if err := v.publish(ref, policy, secrets); err != nil {
+		v.t.Fatalf("%s (%s): %v", ref, policy, err)
+	}
+}
+
+func (v *drvVolumes) refused(ref, policy string, secrets map[string]string, code codes.Code, contains string) {
+	v.t.Helper()
+	drvWantCode(v.t, v.publish(ref, policy, secrets), code, contains)
+}
+
+func drvSecret(host, user, pass string) map[string]string {
+	return map[string]string{".dockerconfigjson": testenv.DockerConfigJSON(host, user, pass)}
 }
 
 // A private model one tenant pulled is mounted for another volume only if the registry serves it to that volume's
@@ -58,9 +105,7 @@ func TestDriverCachedModelOnlyForCallersTheRegistryServes(t *testing.T) {
 	d := drvStart(t, root, proxy.Host, proxy2.Host)
 	node := d.node()
 
-	secret := func(host, user, pass string) map[string]string {
-		return map[string]string{".dockerconfigjson": testenv.DockerConfigJSON(host, user, pass)}
-	}
+	secret := drvSecret
 	var (
 		tag       = proxy.Host + "/models/private:v1"
 		byDigest  = proxy.Host + "/models/private@" + dg.String()
@@ -69,37 +114,8 @@ func TestDriverCachedModelOnlyForCallersTheRegistryServes(t *testing.T) {
 		sWrong    = secret(proxy.Host, "alice", "not-her-password")
 		sStranger = secret(proxy.Host, "mallory", "mallory-pw")
 	)
-	pod := 0
-	publish := func(ref, policy string, secrets map[string]string) error {
-		t.Helper()
-		pod++
-		target := drvKubelet(t, dir, fmt.Sprint("pod-", pod))
-		req := testenv.PublishRequest(fmt.Sprint("vol-", pod), target, map[string]string{
-			"reference": ref, "pullPolicy": policy, "csi.storage.k8s.io/pod.namespace": fmt.Sprint("ns-", pod)})
-		req.Secrets = secrets
-		if err := drvPublish(node, req, time.Minute); err != nil {
-			if _, serr := os.Stat(target); !errors.Is(serr, os.ErrNotExist) {
-				t.Fatalf("a refused publish of %s left %s behind", ref, target)
-			}
-			return err
-		}
-		if got := drvRead(t, filepath.Join(target, "model.safetensors")); got != "weights of private" {
-			t.Fatalf("%s mounted %q", ref, got)
-		}
-		drvUnpublish(t, node, fmt.Sprint("vol-", pod), target)
-		return nil
-	}
-	must := func(ref, policy string, secrets map[string]string) {
-		t.Helper()
-		if err := publish(ref, policy, secrets); err != nil {
-			t.Fatalf("%s (%s): %v", ref, policy, err)
-		}
-	}
-	refused := func(ref, policy string, secrets map[string]string, code codes.Code, contains string) {
-		t.Helper()
-		drvWantCode(t, publish(ref, policy, secrets), code, contains)
-	}
-
+	v := &drvVolumes{t: t, dir: dir, node: node, want: "weights of private"}
+	must, refused := v.must, v.refused
 	must(tag, "IfNotPresent", sAlice)
 	pulled := proxy.totalBlobGets()
 	if pulled != len(files)+1 {
@@ -115,7 +131,7 @@ func TestDriverCachedModelOnlyForCallersTheRegistryServes(t *testing.T) {
 		}
 	}
 	// The pod's event says why: the model is here, and the registry did not confirm this volume's credentials.
-	refused(byDigest, "Never", nil, codes.Unauthenticated, "is on this node, but it is shared only with callers its registry serves it to, and the check for no pull secret for this registry")
+	refused(byDigest, "Never", nil, codes.Unauthenticated, "is on this node, but it is shared only with callers its registry serves it to, and the check for no credentials (no pull secret for this registry")
 	refused(tag, "Never", sWrong, codes.Unauthenticated, "the pull secret of a volume in namespace ns-")
 
 	// Another tenant with its own valid credentials: manifest requests only.
@@ -160,7 +176,7 @@ func TestDriverCachedModelOnlyForCallersTheRegistryServes(t *testing.T) {
 	// The records survive a restart.
 	d.stop()
 	d.restart()
-	node = d.node()
+	v.node = d.node()
 	manifests = proxy.manifestRequests()
 	must(byDigest, "Never", sBob)
 	must(tag, "IfNotPresent", sAlice)

@@ -41,6 +41,10 @@ type Options struct {
 	// Credential, if set, is asked first (e.g. credentials from a Kubernetes dockerconfigjson Secret); the docker
 	// config is the fallback when it returns no credential.
 	Credential auth.CredentialFunc
+	// CredentialOnly makes Credential the only one presented: the docker config is not read, and where Credential
+	// (or a nil one) has none for a host, requests go anonymous. A pod's request on a node is made so: the node's
+	// credentials are the node's, not every pod's.
+	CredentialOnly bool
 	// UserAgent is sent with every request.
 	UserAgent string
 	// Timeouts bound the waits on a registry that stalls; zero fields take DefaultTimeouts.
@@ -151,11 +155,24 @@ func CredentialsFromDockerConfigJSON(b []byte) (auth.CredentialFunc, error) {
 
 // credentialFunc is Options' credentials: the explicit credential, then the docker config.
 func (o Options) credentialFunc() (auth.CredentialFunc, error) {
+	if o.CredentialOnly {
+		return orAnonymous(o.Credential), nil
+	}
 	store, err := NewCredentialStore(o.RegistryConfig)
 	if err != nil {
 		return nil, fmt.Errorf("registry config: %w", err)
 	}
 	return firstCredential(o.Credential, credentials.Credential(store)), nil
+}
+
+// anonymous has no credential for any host.
+func anonymous(context.Context, string) (auth.Credential, error) { return auth.EmptyCredential, nil }
+
+func orAnonymous(cf auth.CredentialFunc) auth.CredentialFunc {
+	if cf == nil {
+		return anonymous
+	}
+	return cf
 }
 
 // firstCredential asks first (when set) and, where it has no credential for the host, then.

@@ -44,7 +44,7 @@ func NewTransports(opts Options) (*Transports, error) {
 // Options' (Options.Credential, then the docker config). A client that authenticates by itself (a write's
 // handshake) asks it, so it presents what the transport would.
 func (t *Transports) Credential(ctx context.Context, host string) (auth.Credential, error) {
-	return firstCredential(CredentialFrom(ctx), t.cred)(ctx, host)
+	return requestCredential(ctx, t.cred)(ctx, host)
 }
 
 // For returns the transport of registry host (host[:port]), built once.
@@ -141,28 +141,52 @@ type mirrorClient struct {
 
 type credentialKey struct{}
 
+// requestCredentials are the credentials a call carries: cf first and, unless only, the fallback after it.
+type requestCredentials struct {
+	cf   auth.CredentialFunc
+	only bool
+}
+
 // WithCredential returns a context carrying a request's own credentials (a volume's pull secret): requests
 // through Transports ask cf first (see Transports.Credential), as a Repository whose Options.Credential is cf does.
 // It is the one way a per-volume credential travels with a call.
 func WithCredential(ctx context.Context, cf auth.CredentialFunc) context.Context {
-	return context.WithValue(ctx, credentialKey{}, cf)
+	return context.WithValue(ctx, credentialKey{}, requestCredentials{cf: cf})
 }
 
-// CredentialFrom returns the credentials WithCredential put in ctx, or nil.
+// WithOnlyCredential is WithCredential with nothing after cf (Options.CredentialOnly): where cf (or a nil cf) has
+// no credential for a host, the request goes anonymous.
+func WithOnlyCredential(ctx context.Context, cf auth.CredentialFunc) context.Context {
+	return context.WithValue(ctx, credentialKey{}, requestCredentials{cf: cf, only: true})
+}
+
+// CredentialFrom returns the credential function WithCredential or WithOnlyCredential put in ctx, or nil.
 func CredentialFrom(ctx context.Context) auth.CredentialFunc {
-	cf, _ := ctx.Value(credentialKey{}).(auth.CredentialFunc)
-	return cf
+	rc, _ := ctx.Value(credentialKey{}).(requestCredentials)
+	return rc.cf
+}
+
+// requestCredential is the credential function of a call made with ctx: its own, then (unless it carries only its
+// own) fallback.
+func requestCredential(ctx context.Context, fallback auth.CredentialFunc) auth.CredentialFunc {
+	rc, ok := ctx.Value(credentialKey{}).(requestCredentials)
+	switch {
+	case !ok:
+		return fallback
+	case rc.only:
+		return orAnonymous(rc.cf)
+	}
+	return firstCredential(rc.cf, fallback)
 }
 
 // requestClient is an endpoint's auth client c for req: c, or, when the request carries its own credentials (asked
 // before cred, Options'), one without a token cache, so a token one volume's secret obtained never serves another
 // volume.
 func requestClient(req *http.Request, c *auth.Client, cred auth.CredentialFunc) *auth.Client {
-	cf := CredentialFrom(req.Context())
-	if cf == nil {
+	if _, ok := req.Context().Value(credentialKey{}).(requestCredentials); !ok {
 		return c
 	}
-	return &auth.Client{Client: c.Client, Header: c.Header, Credential: firstCredential(cf, cred)}
+	return &auth.Client{Client: c.Client, Header: c.Header, Credential: requestCredential(req.Context(), cred)}
 }
 
 func newMirrorTransport(opts Options, host string, mirrors []endpoint, origin http.RoundTripper, cred auth.CredentialFunc, cache auth.Cache) (*mirrorTransport, error) {

@@ -35,8 +35,8 @@ type Kind string
 const (
 	// Anonymous: no credential; a success means the content is public.
 	Anonymous Kind = "anonymous"
-	// Node: the node's own credentials (its docker config); any pod on the node presents them by naming no pull
-	// secret, so content they read is open to every pod, as kubelet treats node-accessible images.
+	// Node: the node's own credentials (its docker config), which a pod without a pull secret presents only under
+	// NeverVerify; the Policy treats what they read as it treats prepulled content.
 	Node Kind = "node"
 	// Secret: a volume's pull secret (nodePublishSecretRef), known by a keyed hash of the credential.
 	Secret Kind = "secret"
@@ -67,7 +67,7 @@ func (i Identity) String() string {
 	case Node:
 		return "no pull secret for this registry (the node's credentials, if it has any)"
 	case Anonymous:
-		return "no credentials (no pull secret, and none on the node for this registry)"
+		return "no credentials (no pull secret for this registry; a pod presents the node's only under " + string(NeverVerify) + ")"
 	case Prepull:
 		return "a prepull"
 	}
@@ -111,6 +111,9 @@ type Record struct {
 // maxRecordsPerKey bounds the records of one key (credentials rotate, tenants come and go); the oldest go first,
 // which costs their owner one manifest request at its next publish.
 const maxRecordsPerKey = 64
+
+// fileVersion is the records' format; records of another version grant nothing.
+const fileVersion = 2
 
 // file is the persisted document.
 type file struct {
@@ -164,6 +167,11 @@ func Open(dir string) (*Store, []Key, error) {
 			return nil, nil, fmt.Errorf("access records %s are corrupt (%v) and cannot be moved aside: %w", s.path, err, rerr)
 		}
 		return s, nil, nil
+	}
+	if f.Version != fileVersion {
+		// Records of version 1 were granted on a manifest request alone, before blobs had to be served too:
+		// none is kept, so each caller is checked once more.
+		f.Records = nil
 	}
 	for k, recs := range f.Records {
 		key, err := parseKey(k)
@@ -319,7 +327,7 @@ func cloneMap(m map[Key][]Record) map[Key][]Record {
 }
 
 func (s *Store) persist() error {
-	f := file{Version: 1, Records: map[string][]Record{}, Intents: map[string][]Record{}}
+	f := file{Version: fileVersion, Records: map[string][]Record{}, Intents: map[string][]Record{}}
 	for k, v := range s.records {
 		f.Records[k.String()] = v
 	}

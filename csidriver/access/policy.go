@@ -115,8 +115,9 @@ func (p Policy) allowlisted(name string) bool {
 }
 
 // Allows reports whether who may read k's content, which the node holds, from the records alone: a record of
-// its own credential, content that is public or was read with the node's credentials (any pod presents them),
-// or prepulled content the mode exempts. False means: ask the registry, with who's credential, first.
+// its own credential, content that is public, or content the node read with its own credentials (a prepull, or a
+// pod's publish under NeverVerify) that the mode exempts. False means: ask the registry, with who's credential,
+// first.
 func (p Policy) Allows(k Key, recs []Record, who Identity) bool {
 	if len(recs) == 0 {
 		return false
@@ -126,13 +127,13 @@ func (p Policy) Allows(k Key, recs []Record, who Identity) bool {
 	}
 	for _, r := range recs {
 		switch r.Kind {
-		case Anonymous, Node:
+		case Anonymous:
 			return true
 		case Secret:
 			if who.Kind == Secret && r.Hash == who.Hash {
 				return true
 			}
-		case Prepull:
+		case Prepull, Node:
 			if p.Mode == NeverVerifyPreloadedImages || (p.Mode == NeverVerifyAllowlistedImages && p.allowlisted(k.Name())) {
 				return true
 			}

@@ -25,7 +25,13 @@ func TestPolicyAllows(t *testing.T) {
 		{"no credential against a secret's record", NeverVerifyPreloadedImages, nil, []Record{{Identity: alice}}, node, false},
 		{"a rotated credential", NeverVerifyPreloadedImages, nil, []Record{{Identity: alice}}, Identity{Kind: Secret, Hash: "a2", Namespace: "team-a"}, false},
 		{"public content", AlwaysVerify, nil, []Record{{Identity: Identity{Kind: Anonymous}}}, bob, true},
-		{"read with the node's credentials", AlwaysVerify, nil, []Record{{Identity: Identity{Kind: Node}}}, bob, true},
+		// The node's credentials vouch for the node's own reads: the mode says whether pods share them, as it
+		// does for prepulls.
+		{"read with the node's credentials, AlwaysVerify", AlwaysVerify, nil, []Record{{Identity: Identity{Kind: Node}}}, bob, false},
+		{"read with the node's credentials, default mode", NeverVerifyPreloadedImages, nil, []Record{{Identity: Identity{Kind: Node}}}, bob, true},
+		{"read with the node's credentials, not allowlisted", NeverVerifyAllowlistedImages, []string{"registry.example.com/other/*"}, []Record{{Identity: Identity{Kind: Node}}}, bob, false},
+		{"read with the node's credentials, NeverVerify", NeverVerify, nil, []Record{{Identity: Identity{Kind: Node}}}, bob, true},
+		{"a wrong secret gets no more than none", AlwaysVerify, nil, []Record{{Identity: alice}, {Identity: Identity{Kind: Prepull}}}, Identity{Kind: Secret, Hash: "wrong"}, false},
 		{"prepulled, default mode", NeverVerifyPreloadedImages, nil, prepulled, node, true},
 		{"prepulled, AlwaysVerify", AlwaysVerify, nil, prepulled, alice, false},
 		{"prepulled, allowlisted by prefix", NeverVerifyAllowlistedImages, []string{"registry.example.com/models/*"}, prepulled, node, true},

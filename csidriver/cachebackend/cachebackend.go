@@ -96,7 +96,7 @@ func (b *Backend) repository(ref string, creds csidriver.Credentials) (*remote.R
 	if err != nil {
 		return nil, registry.Reference{}, err
 	}
-	opts.Credential = cf
+	opts.Credential, opts.CredentialOnly = cf, creds.OwnOnly
 	parsed, err := registry.ParseReference(ref)
 	if err != nil {
 		return nil, registry.Reference{}, fmt.Errorf("%w: %v", csidriver.ErrInvalidReference, err)
@@ -144,7 +144,10 @@ func (b *Backend) Verify(ctx context.Context, ref string, dgst digest.Digest, cr
 	if err != nil {
 		return err
 	}
-	if cf != nil {
+	switch {
+	case creds.OwnOnly:
+		ctx = remote.WithOnlyCredential(ctx, cf)
+	case cf != nil:
 		ctx = remote.WithCredential(ctx, cf)
 	}
 	if err := b.opts.Verifier.Verify(ctx, parsed.Registry+"/"+parsed.Repository+"@"+dgst.String()); err != nil {
@@ -212,6 +215,25 @@ func (b *Backend) Pull(ctx context.Context, ref string, dgst digest.Digest, plat
 	return b.pull(ctx, repo, desc, creds, nil, func(p cache.Progress) {
 		progress(csidriver.Progress{DoneBytes: p.Done, TotalBytes: p.Total})
 	})
+}
+
+// Prove asks ref's registry, with creds, whether it serves every part of the content of manifest (chosen from
+// top) that the node holds, without fetching any.
+func (b *Backend) Prove(ctx context.Context, ref string, top, manifest digest.Digest, creds csidriver.Credentials) error {
+	repo, _, err := b.repository(ref, creds)
+	if err != nil {
+		return err
+	}
+	if err := b.cache.Prove(ctx, source{repo, creds.Key()}, top, manifest); err != nil {
+		return classify(err)
+	}
+	return nil
+}
+
+// Hold keeps manifest's content from GC until release.
+func (b *Backend) Hold(manifest digest.Digest) (func(), error) {
+	_, release, err := b.cache.Hold(manifest)
+	return release, err
 }
 
 // pull brings desc from repo, read with creds, into the cache, its reads held to lim (nil: no limit), and returns
