@@ -4,9 +4,17 @@ import (
 	"context"
 	"io"
 
+	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2"
 )
+
+// Distruster is implemented by a source made of several endpoints (artifact/remote's Repository behind mirrors,
+// a peer network): told that the bytes it last served of d did not match d, it stops reading d from the endpoint
+// that sent them and reports whether another endpoint remains, so the cache fetches d again from there.
+type Distruster interface {
+	Distrust(d digest.Digest) bool
+}
 
 // RangeFetcher is implemented by sources that can start a blob at an offset (an HTTP Range request). The cache
 // uses it to resume a partial download; sources without it are read from the start, or seeked when their reader

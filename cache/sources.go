@@ -161,6 +161,10 @@ func handOver(src oras.ReadOnlyTarget, d digest.Digest, err error) (again, dropp
 	if last.start != 0 {
 		return true, false
 	}
+	// One endpoint of the source lied (a tampering mirror): the source reads d from its next one, and stays.
+	if ds, ok := s.list[last.i].(Distruster); ok && ds.Distrust(d) {
+		return true, true
+	}
 	s.liars[last.i] = true
 	s.errs[last.i] = err
 	s.moveFrom(last.i)

@@ -614,7 +614,9 @@ func TestDriverRepairsBrokenMounts(t *testing.T) {
 	drvUnpublish(t, node, "vol", target)
 }
 
-// TestDriverNodeCredentials pulls a private model with the node's docker config when the pod names no secret.
+// TestDriverNodeCredentials: the node's docker config is the node's. Under the default policy a pod naming no
+// secret presents no credentials and a private model is refused (UNAUTHENTICATED, saying a pod presents the node's
+// credentials only under NeverVerify); under NeverVerify the same pod pulls it with the node's docker config.
 func TestDriverNodeCredentials(t *testing.T) {
 	testenv.RequireRoot(t)
 	dir := t.TempDir()
@@ -625,16 +627,25 @@ func TestDriverNodeCredentials(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(testenv.DockerConfigJSON(private.Host, "e2e", "e2e-secret")), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d := drvStartWith(t, filepath.Join(dir, "node"), []string{"--registry-config", cfg}, private.Host)
-	node := d.node()
-	target := drvKubelet(t, dir, "pod")
-	if err := drvPublish(node, testenv.PublishRequest("vol", target, map[string]string{"reference": private.Host + "/models/private:v1"}), time.Minute); err != nil {
-		t.Fatal(err)
+	for i, mode := range []string{"NeverVerifyPreloadedImages", "NeverVerify"} {
+		d := drvStartWith(t, filepath.Join(dir, fmt.Sprint("node", i)), []string{"--registry-config", cfg, "--image-pull-credentials-verification-policy", mode}, private.Host)
+		node := d.node()
+		target := drvKubelet(t, dir, fmt.Sprint("pod", i))
+		err := drvPublish(node, testenv.PublishRequest("vol", target, map[string]string{"reference": private.Host + "/models/private:v1"}), time.Minute)
+		if mode != "NeverVerify" {
+			drvWantCode(t, err, codes.Unauthenticated, "nodePublishSecretRef")
+			d.stop()
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := drvRead(t, filepath.Join(target, "model.safetensors")); got != "weights of node-creds" {
+			t.Fatalf("weights: %q", got)
+		}
+		drvUnpublish(t, node, "vol", target)
+		d.stop()
 	}
-	if got := drvRead(t, filepath.Join(target, "model.safetensors")); got != "weights of node-creds" {
-		t.Fatalf("weights: %q", got)
-	}
-	drvUnpublish(t, node, "vol", target)
 }
 
 // TestDriverDiskFullWhileExtracting: a tar layer that is small on the wire and expands past the node's free space

@@ -175,8 +175,12 @@ func (e *Error) describe() string {
 			cause = fmt.Sprintf("%s %q: %d %s", resp.Method, resp.URL, resp.StatusCode, http.StatusText(resp.StatusCode))
 		}
 		return fmt.Sprintf("credentials rejected (%s): %s", e.Hints.Credentials, cause)
+	case e.Kind == ErrUnauthorized && e.Hints.Login != "":
+		return fmt.Sprintf("authentication required or credentials rejected (%s): %s", e.Hints.Login, cause)
 	case e.Kind == ErrUnauthorized:
 		return fmt.Sprintf("authentication required or credentials rejected (run `modelpack login %s`): %s", e.Registry, cause)
+	case e.Kind == ErrForbidden && e.Hints.Login != "":
+		return fmt.Sprintf("access denied: the credentials lack permission for this repository (%s): %s", e.Hints.Login, cause)
 	case e.Kind == ErrForbidden:
 		return fmt.Sprintf("access denied: the credentials lack permission for this repository (check `modelpack login %s`): %s", e.Registry, cause)
 	case e.Kind == ErrNotFound && strings.HasSuffix(cause, "not found"):

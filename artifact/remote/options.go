@@ -97,6 +97,9 @@ type Hints struct {
 	// Credentials, if set, is how to fix credentials the registry rejected; empty suggests `modelpack login`.
 	// Credentials given explicitly (-u/-p) are fixed there, not by a login they override.
 	Credentials string
+	// Login, if set, is how to give credentials where `modelpack login` is no answer (a pod on a node); it replaces
+	// that suggestion in refusals (401, 403).
+	Login string
 }
 
 // CLIHints name the modelpack CLI's flags.

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 
+	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/errdef"
 	"oras.land/oras-go/v2/registry"
@@ -34,6 +35,15 @@ type Repository struct {
 
 	pingOnce sync.Once
 	isOCI    bool
+
+	// Which endpoint last served each digest, and those whose bytes of a digest did not match it (Distrust): a
+	// mirror that tampers with or truncates a blob is passed over for it, and the read goes on from the next.
+	mu         sync.Mutex
+	servedBy   map[string]*endpointRepo
+	distrusted map[string]map[*endpointRepo]bool
+	// demoted endpoints broke off a read of a digest (a dropped connection): the reconnect tries the others
+	// first, so a mirror that cuts every transfer short does not hold the read until its attempts run out.
+	demoted map[string]map[*endpointRepo]bool
 }
 
 type endpointRepo struct {
@@ -94,15 +104,77 @@ func (r *Repository) wrap(subject string, err error) error {
 	return wrapErr("", r.Reference.Registry, r.Reference.Repository, subject, r.opts.Hints, err)
 }
 
-// readers returns the endpoints that may serve a read of reference (see endpoint.serves), in order.
+// readers returns the endpoints that may serve a read of reference (see endpoint.serves), in order, without those
+// distrusted for it.
 func (r *Repository) readers(reference string) []*endpointRepo {
-	var out []*endpointRepo
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out, last []*endpointRepo
 	for _, ep := range r.endpoints {
-		if ep.serves(reference) {
+		switch {
+		case !ep.serves(reference) || r.distrusted[reference][ep]:
+		case r.demoted[reference][ep]:
+			last = append(last, ep)
+		default:
 			out = append(out, ep)
 		}
 	}
-	return out
+	return append(out, last...)
+}
+
+// mark sets m[reference][ep], making the maps as needed; r.mu is held.
+func mark(m *map[string]map[*endpointRepo]bool, reference string, ep *endpointRepo) {
+	if *m == nil {
+		*m = map[string]map[*endpointRepo]bool{}
+	}
+	if (*m)[reference] == nil {
+		(*m)[reference] = map[*endpointRepo]bool{}
+	}
+	(*m)[reference][ep] = true
+}
+
+// brokeOff is a blob body that demotes its endpoint for the digest when the transfer breaks (see demoted).
+type brokeOff struct {
+	io.ReadCloser
+	r         *Repository
+	reference string
+	ep        *endpointRepo
+}
+
+func (b *brokeOff) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF && !errors.Is(err, context.Canceled) {
+		b.r.mu.Lock()
+		mark(&b.r.demoted, b.reference, b.ep)
+		b.r.mu.Unlock()
+	}
+	return n, err
+}
+
+// served records that ep answered a read of reference.
+func (r *Repository) served(reference string, ep *endpointRepo) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.servedBy == nil {
+		r.servedBy = map[string]*endpointRepo{}
+	}
+	r.servedBy[reference] = ep
+}
+
+// Distrust is told that the bytes last read of d did not match it (a digest or size mismatch found by the
+// consumer): the endpoint that served them is not asked for d again by this Repository, and Distrust reports
+// whether another endpoint remains to read d from. A lying mirror or peer costs a refetch from the next endpoint,
+// never the pull; the origin is the last, and its bytes failing is the pull's failure.
+func (r *Repository) Distrust(d digest.Digest) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ep := r.servedBy[d.String()]
+	if ep == nil || ep == r.origin {
+		return false
+	}
+	delete(r.servedBy, d.String())
+	mark(&r.distrusted, d.String(), ep)
+	return true
 }
 
 // firstOf runs fn on each endpoint in turn, mirrors first, until one succeeds: the one fallback of reads, for
@@ -186,10 +258,14 @@ func (r *Repository) readManifest(ctx context.Context, fetch func(context.Contex
 func (r *Repository) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
 	if isManifest(desc) {
 		f, err := firstOf(ctx, r.readers(desc.Digest.String()), func(ep *endpointRepo) (fetched, error) {
-			return r.readManifest(ctx, func(ctx context.Context) (ocispec.Descriptor, io.ReadCloser, error) {
+			f, err := r.readManifest(ctx, func(ctx context.Context) (ocispec.Descriptor, io.ReadCloser, error) {
 				rc, err := ep.repo.Fetch(ctx, desc)
 				return desc, rc, err
 			})
+			if err == nil {
+				r.served(desc.Digest.String(), ep)
+			}
+			return f, err
 		})
 		return f.rc, r.manifestErr(ctx, desc.Digest.String(), err)
 	}
@@ -265,7 +341,11 @@ func (r *Repository) openBlob(ctx context.Context, desc ocispec.Descriptor, offs
 	}
 	o, err := firstOf(ctx, r.readers(desc.Digest.String()), func(ep *endpointRepo) (opened, error) {
 		rc, start, err := ep.rangeGet(ctx, desc, offset)
-		return opened{rc, start}, err
+		if err != nil {
+			return opened{}, err
+		}
+		r.served(desc.Digest.String(), ep)
+		return opened{&brokeOff{ReadCloser: rc, r: r, reference: desc.Digest.String(), ep: ep}, start}, nil
 	})
 	if err != nil {
 		return nil, 0, r.blobErr(ctx, desc, err)

@@ -59,6 +59,9 @@ var _ csidriver.Backend = (*Backend)(nil)
 var DriverHints = remote.Hints{
 	PlainHTTP: "list the registry in --plain-http-registries",
 	TLS:       "give the registry's CA with --ca-file, or a hosts.toml for it under --hosts-dir (ca, or skip_verify)",
+	Login: "a pod's credentials are its volume's pull secret: nodePublishSecretRef, a kubernetes.io/dockerconfigjson " +
+		"Secret with credentials for this registry; without one a pod presents none, since the node's --registry-config " +
+		"serves prepulls, and pods only under --image-pull-credentials-verification-policy NeverVerify",
 }
 
 // New returns a backend on an open cache.

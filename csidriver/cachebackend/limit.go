@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 
+	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/time/rate"
 	"oras.land/oras-go/v2"
@@ -73,3 +74,9 @@ func (r *limitedReader) Read(p []byte) (int, error) {
 }
 
 func (r *limitedReader) Close() error { return r.rc.Close() }
+
+// Distrust passes the cache's finding of wrong bytes on to the source, which may read from another endpoint.
+func (t limitedTarget) Distrust(d digest.Digest) bool {
+	ds, ok := t.ReadOnlyTarget.(cache.Distruster)
+	return ok && ds.Distrust(d)
+}
