@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -168,8 +169,46 @@ func (c *Client) Tree(ctx context.Context, repo, commit string) ([]Entry, error)
 		}
 		all = append(all, entries...)
 		next = nextLink(resp.Header.Values("Link"), resp.Request.URL)
+		if next != "" {
+			u, _ := url.Parse(next)
+			if err := checkHop(resp.Request.URL, u); err != nil {
+				return nil, fmt.Errorf("%s: the next page: %w", what, err)
+			}
+		}
+	}
+	if err := checkPaths(all); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return all, nil
+}
+
+// checkPaths refuses a listing no git tree can hold, whatever the filters keep: a path listed twice, or a file
+// that is also a directory (cfg and cfg/w.safetensors), which would pack to an artifact that unpacks to neither.
+func checkPaths(entries []Entry) error {
+	files := make(map[string]bool, len(entries))
+	for _, e := range entries {
+		if e.Type != "file" {
+			continue
+		}
+		if files[e.Path] {
+			return fmt.Errorf("the Hub lists %q twice; refused", e.Path)
+		}
+		files[e.Path] = true
+	}
+	for _, e := range entries {
+		if e.Type == "directory" && files[e.Path] {
+			return fmt.Errorf("the Hub lists %q as a file and as a directory; refused", e.Path)
+		}
+		if e.Type != "file" {
+			continue
+		}
+		for d := path.Dir(e.Path); d != "."; d = path.Dir(d) {
+			if files[d] {
+				return fmt.Errorf("the Hub lists a file %q and a file %q inside it: a path cannot be both a file and a directory; refused", d, e.Path)
+			}
+		}
+	}
+	return nil
 }
 
 // ParseTree parses one page of the tree API and checks what the importer relies on: clean relative paths, sizes,
