@@ -185,27 +185,28 @@ func (c *Client) Tree(ctx context.Context, repo, commit string) ([]Entry, error)
 // checkPaths refuses a listing no git tree can hold, whatever the filters keep: a path listed twice, or a file
 // that is also a directory (cfg and cfg/w.safetensors), which would pack to an artifact that unpacks to neither.
 func checkPaths(entries []Entry) error {
-	files := make(map[string]bool, len(entries))
+	files := make(map[string]int, len(entries))
 	for _, e := range entries {
-		if e.Type != "file" {
-			continue
+		if e.Type == "file" {
+			files[e.Path]++
 		}
-		if files[e.Path] {
-			return fmt.Errorf("the Hub lists %q twice; refused", e.Path)
-		}
-		files[e.Path] = true
 	}
 	for _, e := range entries {
-		if e.Type == "directory" && files[e.Path] {
-			return fmt.Errorf("the Hub lists %q as a file and as a directory; refused", e.Path)
-		}
 		if e.Type != "file" {
 			continue
 		}
 		for d := path.Dir(e.Path); d != "."; d = path.Dir(d) {
-			if files[d] {
+			if files[d] > 0 {
 				return fmt.Errorf("the Hub lists a file %q and a file %q inside it: a path cannot be both a file and a directory; refused", d, e.Path)
 			}
+		}
+	}
+	for _, e := range entries {
+		switch {
+		case e.Type == "file" && files[e.Path] > 1:
+			return fmt.Errorf("the Hub lists the file %q %d times; refused", e.Path, files[e.Path])
+		case e.Type == "directory" && files[e.Path] > 0:
+			return fmt.Errorf("the Hub lists %q as a file and as a directory; refused", e.Path)
 		}
 	}
 	return nil

@@ -53,8 +53,8 @@ type Options struct {
 	Held func(digest.Digest, int64) bool
 }
 
-// maxFileSize bounds the size a listing may claim for one file, whatever the free space: the Hub stores no file
-// above 50 GB (its LFS limit), so ten times that is a listing not to believe.
+// maxFileSize bounds the size a listing may claim for one file, whatever the free space (pack --push writes the
+// weights to no local disk): the Hub takes no file above 50 GB, so ten times that is a listing not to believe.
 var maxFileSize int64 = 500 << 30
 
 // Snapshot is a revision of a model ready to pack: pack.Pack(Dir, …) with Remote, Descriptor, Annotations and
@@ -149,16 +149,11 @@ func (c *Client) Snapshot(ctx context.Context, ref Ref, opts Options) (_ *Snapsh
 }
 
 // checkRoom refuses, before anything is downloaded or allocated, a selection whose sizes, as the Hub states them,
-// cannot be true (above maxFileSize) or cannot fit: the files outside LFS in the staging directory's free space,
-// the LFS files the destination does not hold in its own (both together where they share a file system). The
-// error names the largest file, its claimed size and the free space. A file system whose free space cannot be read
+// cannot fit or cannot be true: the files outside LFS must fit in the staging directory's free space, the LFS files
+// the destination does not hold in its own (both together where they share a file system), and no file may claim
+// more than maxFileSize. The error names the largest file, its claimed size and the free space. A file system whose free space cannot be read
 // is not checked: the writes' own preallocation then refuses.
 func checkRoom(prefix string, files []Entry, staging string, o Options) error {
-	for _, e := range files {
-		if e.Size > maxFileSize {
-			return fmt.Errorf("%s%s: the Hub states a size of %s (%d bytes), above the %s a Hub file can have; refused", prefix, e.Path, humanBytes(e.Size), e.Size, humanBytes(maxFileSize))
-		}
-	}
 	type need struct {
 		dir, what string
 		total     int64
@@ -201,6 +196,11 @@ func checkRoom(prefix string, files []Entry, staging string, o Options) error {
 		}
 		return fmt.Errorf("%s%s: the Hub states a size of %s (%d bytes)%s, more than the %s (%d bytes) free for %s (%s); refused before downloading anything",
 			prefix, n.largest.Path, humanBytes(n.largest.Size), n.largest.Size, also, humanBytes(free), free, n.what, n.dir)
+	}
+	for _, e := range files {
+		if e.Size > maxFileSize {
+			return fmt.Errorf("%s%s: the Hub states a size of %s (%d bytes), above the %s no Hub file reaches; refused before downloading anything", prefix, e.Path, humanBytes(e.Size), e.Size, humanBytes(maxFileSize))
+		}
 	}
 	return nil
 }

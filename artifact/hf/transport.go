@@ -31,11 +31,12 @@ func httpClient(endpoint *url.URL, token string, idle time.Duration) *http.Clien
 	}}
 }
 
-// checkHop refuses a move (a redirect, a next page) from https to anything else: the bytes are checked, but a
-// pre-signed URL or a listing is not for the network to read, and an attacker in the way could answer instead.
+// checkHop refuses a move (a redirect, a next page) from https to anything else, as remote.ErrTLS (not worth a
+// retry): the bytes are checked, but a pre-signed URL or a listing is not for the network to read, and anyone in
+// the way could answer instead.
 func checkHop(from, to *url.URL) error {
 	if from.Scheme == "https" && to.Scheme != "https" {
-		return fmt.Errorf("refusing to follow %s from %s to %s: plain HTTP after HTTPS", to.Scheme, remote.PlainURL(from), remote.PlainURL(to))
+		return fmt.Errorf("%w: refusing to follow %s to %s: plain HTTP after HTTPS", remote.ErrTLS, remote.PlainURL(from), remote.PlainURL(to))
 	}
 	return nil
 }

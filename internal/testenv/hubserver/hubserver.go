@@ -99,6 +99,8 @@ type Server struct {
 	NextPage string
 	// OtherRateLimit answers this many next requests of the other origin with 429 and Retry-After.
 	OtherRateLimit int
+	// ClaimSize makes the listings (tree, paths-info) state this size for a file (by path), whatever it holds.
+	ClaimSize map[string]int64
 
 	hub    *httptest.Server
 	secret []byte
@@ -152,7 +154,7 @@ func StartTLS(t testing.TB, repos ...Repo) (*Server, string) {
 
 func newServer(t testing.TB, repos []Repo) *Server {
 	s := &Server{repos: map[string]*repo{}, secret: []byte(t.Name()), Corrupt: map[string]bool{}, CutAfter: map[string]int64{},
-		StallAfter: map[string]int64{}, StallAPI: map[string]int{}, RetryAfter: "1", Redirect: map[string]Redirect{}}
+		StallAfter: map[string]int64{}, StallAPI: map[string]int{}, RetryAfter: "1", Redirect: map[string]Redirect{}, ClaimSize: map[string]int64{}}
 	for _, r := range repos {
 		s.Add(r)
 	}
@@ -413,6 +415,21 @@ func (rp *repo) entry(p string, expand bool) map[string]any {
 	return nil
 }
 
+// entry is rp.entry as listed, with the size ClaimSize states for it.
+func (s *Server) entry(rp *repo, p string, expand bool) map[string]any {
+	e := rp.entry(p, expand)
+	s.mu.Lock()
+	size, claimed := s.ClaimSize[p]
+	s.mu.Unlock()
+	if e != nil && claimed {
+		e["size"] = size
+		if lfs, ok := e["lfs"].(map[string]any); ok {
+			lfs["size"] = size
+		}
+	}
+	return e
+}
+
 func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, name, kind string, rest []string) {
 	if len(rest) == 0 {
 		hubError(w, http.StatusNotFound, "", "no revision")
@@ -464,7 +481,7 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, name, kind str
 		}
 		out := []map[string]any{}
 		for _, p := range req.Paths {
-			if e := rp.entry(strings.Trim(p, "/"), req.Expand); e != nil {
+			if e := s.entry(rp, strings.Trim(p, "/"), req.Expand); e != nil {
 				out = append(out, e)
 			}
 		}
@@ -515,7 +532,7 @@ func (s *Server) serveTree(w http.ResponseWriter, r *http.Request, rp *repo, und
 	}
 	out := []map[string]any{}
 	for _, p := range paths[start:end] {
-		out = append(out, rp.entry(p, expand))
+		out = append(out, s.entry(rp, p, expand))
 	}
 	writeJSON(w, out)
 }
