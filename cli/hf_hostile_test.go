@@ -104,10 +104,10 @@ func TestPackHFHostileRedirects(t *testing.T) {
 		redirect hubserver.Redirect
 		addr     string // named in the error
 	}{
-		"302 to another loopback port":          {hubserver.Redirect{Location: trap.URL + "/latest/meta-data/iam/security-credentials/"}, "127.0.0.1:" + trapPort},
-		"307 to a kubelet's /pods":              {hubserver.Redirect{Status: 307, Location: trap.URL + "/pods"}, "127.0.0.1:" + trapPort},
-		"308 to [::1]":                          {hubserver.Redirect{Status: 308, Location: trap6.URL + "/pods"}, strings.TrimPrefix(trap6.URL, "http://")},
-		"a DNS name resolving to loopback":      {hubserver.Redirect{Location: "http://localhost:" + trapPort + "/pods"}, "localhost:" + trapPort},
+		"302 to another loopback port":         {hubserver.Redirect{Location: trap.URL + "/latest/meta-data/iam/security-credentials/"}, "127.0.0.1:" + trapPort},
+		"307 to a kubelet's /pods":             {hubserver.Redirect{Status: 307, Location: trap.URL + "/pods"}, "127.0.0.1:" + trapPort},
+		"308 to [::1]":                         {hubserver.Redirect{Status: 308, Location: trap6.URL + "/pods"}, strings.TrimPrefix(trap6.URL, "http://")},
+		"a DNS name resolving to loopback":     {hubserver.Redirect{Location: "http://localhost:" + trapPort + "/pods"}, "localhost:" + trapPort},
 		"the metadata service 169.254.169.254": {hubserver.Redirect{Location: "http://169.254.169.254/latest/meta-data/iam/security-credentials/"}, "169.254.169.254:80"},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -188,7 +188,9 @@ func TestPackHFRefusesPlainHTTPAfterHTTPS(t *testing.T) {
 	u, _ := url.Parse(s.URL)
 	plain := "http://" + u.Host
 	for name, set := range map[string]func(){
-		"redirect":  func() { s.Redirect[hubShard] = hubserver.Redirect{Status: 307, Location: plain + "/acme/gated/resolve/main/" + hubShard} },
+		"redirect": func() {
+			s.Redirect[hubShard] = hubserver.Redirect{Status: 307, Location: plain + "/acme/gated/resolve/main/" + hubShard}
+		},
 		"next page": func() { s.PageSize, s.NextPage = 3, plain },
 	} {
 		t.Run(name, func(t *testing.T) {
