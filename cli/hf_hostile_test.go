@@ -165,7 +165,7 @@ func TestPackHFTokenStaysWithTheHub(t *testing.T) {
 			before := other()
 			code, out, stderr := run(c.viaFile, "--home", t.TempDir(), "pack", "hf://acme/gated", "-t", "gated:bad")
 			// Without the token the other origin refuses the gated repository: the pack fails.
-			if code == 0 || !strings.Contains(stderr, "401") {
+			if code == 0 || !strings.Contains(stderr, "401") || !strings.Contains(stderr, "where the Hub sent it and the token is not sent") {
 				t.Errorf("pack: exit %d\n%s", code, stderr)
 			}
 			if n := other() - before; n < 3 {

@@ -177,6 +177,10 @@ func (c *Client) statusError(resp *http.Response, what string) error {
 	if msg != "" {
 		msg = " (" + redact(errors.New(msg), c.token).Error() + ")"
 	}
+	if resp.Request != nil && origin(resp.Request.URL) != origin(c.endpoint) {
+		// A redirect or next page led away from the Hub: the answer is that host's, which got no token.
+		msg += fmt.Sprintf(" from %s, where the Hub sent it and the token is not sent", remote.PlainURL(resp.Request.URL))
+	}
 	code := resp.Header.Get("X-Error-Code")
 	switch {
 	case code == "RepoNotFound" && c.token == "":
