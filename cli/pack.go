@@ -10,6 +10,7 @@ import (
 
 	humanize "github.com/dustin/go-humanize"
 
+	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/spf13/cobra"
 
@@ -119,8 +120,15 @@ func runPack(cmd *cobra.Command, g *Globals, f *packFlags, dir string, pushSink 
 		opts.Progress = bar
 	}
 	ctx := cmd.Context()
+	var store *layout.Store
+	if !f.push {
+		if store, err = layout.Open(g.Home); err != nil {
+			return err
+		}
+		defer store.Close()
+	}
 	if hf.IsReference(dir) {
-		snap, err := hfSnapshot(ctx, f, dir)
+		snap, err := hfSnapshot(ctx, f, dir, store)
 		if err != nil {
 			return err
 		}
@@ -144,11 +152,6 @@ func runPack(cmd *cobra.Command, g *Globals, f *packFlags, dir string, pushSink 
 		}
 		where = "registry"
 	} else {
-		store, err := layout.Open(g.Home)
-		if err != nil {
-			return err
-		}
-		defer store.Close()
 		sink = store.Sink()
 		if g.ShowLines() && !g.ShowProgress() {
 			sink = &packedLines{Sink: store.Sink(), w: cmd.ErrOrStderr()}
@@ -165,8 +168,9 @@ func runPack(cmd *cobra.Command, g *Globals, f *packFlags, dir string, pushSink 
 	return printPacked(cmd, g, opts.Tag, where, desc, ws.all())
 }
 
-// hfSnapshot resolves an hf:// reference and stages the model's small files.
-func hfSnapshot(ctx context.Context, f *packFlags, s string) (*hf.Snapshot, error) {
+// hfSnapshot resolves an hf:// reference and stages the model's small files; the weights must fit in the free
+// space of store, if set, less what it holds.
+func hfSnapshot(ctx context.Context, f *packFlags, s string, store *layout.Store) (*hf.Snapshot, error) {
 	ref, err := hf.ParseReference(s)
 	if err != nil {
 		return nil, err
@@ -175,7 +179,15 @@ func hfSnapshot(ctx context.Context, f *packFlags, s string) (*hf.Snapshot, erro
 	if err != nil {
 		return nil, err
 	}
-	return client.Snapshot(ctx, ref, hf.Options{Include: f.include, Exclude: f.exclude, Strict: f.strict})
+	opts := hf.Options{Include: f.include, Exclude: f.exclude, Strict: f.strict}
+	if store != nil {
+		opts.Dest = store.Root()
+		opts.Held = func(d digest.Digest, size int64) bool {
+			ok, _ := store.Exists(ctx, ocispec.Descriptor{Digest: d, Size: size})
+			return ok
+		}
+	}
+	return client.Snapshot(ctx, ref, opts)
 }
 
 // applySnapshot puts what the Hub says under what the flags say: a flag that is set wins.

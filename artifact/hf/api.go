@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -168,8 +169,47 @@ func (c *Client) Tree(ctx context.Context, repo, commit string) ([]Entry, error)
 		}
 		all = append(all, entries...)
 		next = nextLink(resp.Header.Values("Link"), resp.Request.URL)
+		if next != "" {
+			u, _ := url.Parse(next)
+			if err := checkHop(resp.Request.URL, u); err != nil {
+				return nil, fmt.Errorf("%s: the next page: %w", what, err)
+			}
+		}
+	}
+	if err := checkPaths(all); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return all, nil
+}
+
+// checkPaths refuses a listing no git tree can hold, whatever the filters keep: a path listed twice, or a file
+// that is also a directory (cfg and cfg/w.safetensors), which would pack to an artifact that unpacks to neither.
+func checkPaths(entries []Entry) error {
+	files := make(map[string]int, len(entries))
+	for _, e := range entries {
+		if e.Type == "file" {
+			files[e.Path]++
+		}
+	}
+	for _, e := range entries {
+		if e.Type != "file" {
+			continue
+		}
+		for d := path.Dir(e.Path); d != "."; d = path.Dir(d) {
+			if files[d] > 0 {
+				return fmt.Errorf("the Hub lists a file %q and a file %q inside it: a path cannot be both a file and a directory; refused", d, e.Path)
+			}
+		}
+	}
+	for _, e := range entries {
+		switch {
+		case e.Type == "file" && files[e.Path] > 1:
+			return fmt.Errorf("the Hub lists the file %q %d times; refused", e.Path, files[e.Path])
+		case e.Type == "directory" && files[e.Path] > 0:
+			return fmt.Errorf("the Hub lists %q as a file and as a directory; refused", e.Path)
+		}
+	}
+	return nil
 }
 
 // ParseTree parses one page of the tree API and checks what the importer relies on: clean relative paths, sizes,

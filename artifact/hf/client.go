@@ -33,7 +33,8 @@ type Client struct {
 }
 
 // NewClient returns a client of the Hub at endpoint, authenticating with token if it is not empty. The token is
-// sent to the endpoint's host only: the download hosts LFS files redirect to get pre-signed URLs, not the token.
+// sent to the endpoint's origin only (scheme, host, port): the download hosts LFS files redirect to get pre-signed
+// URLs, not the token, and no redirect or next page reaches the node itself (see httpClient).
 // No request may wait longer than idle (0: the registries' default, remote.DefaultTimeouts) for its answer or
 // for the next byte of it: a download then resumes on a new connection, any other request fails.
 func NewClient(endpoint, token string, idle time.Duration) (*Client, error) {
@@ -44,19 +45,8 @@ func NewClient(endpoint, token string, idle time.Duration) (*Client, error) {
 	if idle <= 0 {
 		idle = remote.DefaultTimeouts.Idle
 	}
-	c := &Client{endpoint: u, token: token, idle: idle, MaxRetryAfter: 5 * time.Minute, RateLimitAttempts: 5}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.MaxIdleConnsPerHost = 16
-	c.http = &http.Client{Transport: remote.BoundStalls(tr, idle), CheckRedirect: func(req *http.Request, via []*http.Request) error {
-		if len(via) >= 10 {
-			return errors.New("stopped after 10 redirects")
-		}
-		if req.URL.Host != c.endpoint.Host || req.URL.Scheme != c.endpoint.Scheme {
-			req.Header.Del("Authorization")
-		}
-		return nil
-	}}
-	return c, nil
+	return &Client{endpoint: u, token: token, idle: idle, MaxRetryAfter: 5 * time.Minute, RateLimitAttempts: 5,
+		http: httpClient(u, token, idle)}, nil
 }
 
 // FromEnv returns a client configured as huggingface_hub configures itself: HF_ENDPOINT (default the public
@@ -126,10 +116,7 @@ func (c *Client) do(ctx context.Context, method, rawURL, what string, header htt
 		for k, v := range header {
 			req.Header[k] = v
 		}
-		req.Header.Set("User-Agent", "modelpack")
-		if c.token != "" {
-			req.Header.Set("Authorization", "Bearer "+c.token)
-		}
+		req.Header.Set("User-Agent", "modelpack") // the token is the transport's to add (see httpClient)
 		resp, err := c.http.Do(req)
 		if err != nil {
 			var ue *url.Error
@@ -189,6 +176,10 @@ func (c *Client) statusError(resp *http.Response, what string) error {
 	}
 	if msg != "" {
 		msg = " (" + redact(errors.New(msg), c.token).Error() + ")"
+	}
+	if resp.Request != nil && origin(resp.Request.URL) != origin(c.endpoint) {
+		// A redirect or next page led away from the Hub: the answer is that host's, which got no token.
+		msg += fmt.Sprintf(" from %s, where the Hub sent it and the token is not sent", remote.PlainURL(resp.Request.URL))
 	}
 	code := resp.Header.Get("X-Error-Code")
 	switch {

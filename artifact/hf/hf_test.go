@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"path"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -74,6 +75,7 @@ func FuzzParseTree(f *testing.F) {
 	f.Add([]byte(`[{"type":"file","oid":"0123456789012345678901234567890123456789","size":3,"path":"a/b.json"}]`))
 	f.Add([]byte(`[{"type":"file","oid":"0123456789012345678901234567890123456789","size":9,"path":"w.safetensors","lfs":{"oid":"` + strings.Repeat("ab", 32) + `","size":9,"pointerSize":130}},{"type":"directory","path":"a","oid":"x","size":0}]`))
 	f.Add([]byte(`[{"type":"file","path":"../x","size":1,"oid":"0123456789012345678901234567890123456789"}]`))
+	f.Add([]byte(`[{"type":"file","oid":"0123456789012345678901234567890123456789","size":3,"path":"cfg"},{"type":"file","oid":"0123456789012345678901234567890123456789","size":3,"path":"cfg/w"}]`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		entries, err := ParseTree(b)
 		if err != nil {
@@ -91,6 +93,26 @@ func FuzzParseTree(f *testing.F) {
 			}
 			if e.LFS == nil && !isHex(e.OID, 40) {
 				t.Fatalf("accepted oid %q", e.OID)
+			}
+		}
+		// A listing checkPaths accepts unpacks: no file is another's directory, no path comes twice.
+		if checkPaths(entries) != nil {
+			return
+		}
+		files := map[string]bool{}
+		for _, e := range entries {
+			if e.Type == "file" {
+				if files[e.Path] {
+					t.Fatalf("accepted %q twice", e.Path)
+				}
+				files[e.Path] = true
+			}
+		}
+		for p := range files {
+			for d := path.Dir(p); d != "."; d = path.Dir(d) {
+				if files[d] {
+					t.Fatalf("accepted %q inside the file %q", p, d)
+				}
 			}
 		}
 	})

@@ -12,8 +12,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
+	"github.com/dustin/go-humanize"
 	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
@@ -21,6 +23,7 @@ import (
 	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/artifact/pack"
 	"github.com/modelpack/modelpack/artifact/remote"
+	"github.com/modelpack/modelpack/internal/diskio"
 	"github.com/modelpack/modelpack/internal/errdef"
 )
 
@@ -43,7 +46,16 @@ type Options struct {
 	// Strict makes an Include or Exclude glob that matches no file of the revision an error, before anything is
 	// downloaded; otherwise Snapshot.Unmatched lists them.
 	Strict bool
+	// Dest, if set, is a directory on the file system the LFS files will be written to (the local store), and
+	// Held, if set, says which of them it holds already: the others must fit in its free space, checked before
+	// anything is downloaded or allocated. Unset (pack --push), only the staging directory's space is checked.
+	Dest string
+	Held func(digest.Digest, int64) bool
 }
+
+// maxFileSize bounds the size a listing may claim for one file, whatever the free space (pack --push writes the
+// weights to no local disk): the Hub takes no file above 50 GB, so ten times that is a listing not to believe.
+var maxFileSize int64 = 500 << 30
 
 // Snapshot is a revision of a model ready to pack: pack.Pack(Dir, …) with Remote, Descriptor, Annotations and
 // Created in its options.
@@ -111,12 +123,19 @@ func (c *Client) Snapshot(ctx context.Context, ref Ref, opts Options) (_ *Snapsh
 		limit = 8
 	}
 	g.SetLimit(limit)
-	kept := 0
+	var kept []Entry
 	for _, e := range entries {
-		if e.Type != "file" || hidden(e.Path) || !selected(e.Path, opts) {
-			continue
+		if e.Type == "file" && !hidden(e.Path) && selected(e.Path, opts) {
+			kept = append(kept, e)
 		}
-		kept++
+	}
+	if len(kept) == 0 {
+		return nil, fmt.Errorf("%s (commit %s) has no file to pack%s", ref, commit, filterNote(opts))
+	}
+	if err := checkRoom(Scheme+ref.Repo+"@"+commit+"/", kept, dir, opts); err != nil {
+		return nil, err
+	}
+	for _, e := range kept {
 		if e.LFS != nil {
 			s.Remote = append(s.Remote, c.remoteFile(ref.Repo, commit, e))
 			continue
@@ -126,11 +145,85 @@ func (c *Client) Snapshot(ctx context.Context, ref Ref, opts Options) (_ *Snapsh
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	if kept == 0 {
-		return nil, fmt.Errorf("%s (commit %s) has no file to pack%s", ref, commit, filterNote(opts))
-	}
 	return s, nil
 }
+
+// checkRoom refuses, before anything is downloaded or allocated, a selection whose sizes, as the Hub states them,
+// cannot fit or cannot be true: the files outside LFS must fit in the staging directory's free space, the LFS files
+// the destination does not hold in its own (both together where they share a file system), and no file may claim
+// more than maxFileSize. The error names the largest file, its claimed size and the free space. A file system whose free space cannot be read
+// is not checked: the writes' own preallocation then refuses.
+func checkRoom(prefix string, files []Entry, staging string, o Options) error {
+	type need struct {
+		dir, what string
+		total     int64
+		largest   *Entry
+	}
+	var stage, dest need
+	stage.dir, stage.what = staging, "the staging directory"
+	dest.dir, dest.what = o.Dest, "the local store"
+	for i, e := range files {
+		n := &stage
+		if e.LFS != nil {
+			if o.Dest == "" || (o.Held != nil && o.Held(digest.NewDigestFromEncoded(digest.SHA256, e.LFS.OID), e.Size)) {
+				continue
+			}
+			n = &dest
+		}
+		n.total += e.Size
+		if n.largest == nil || e.Size > n.largest.Size {
+			n.largest = &files[i]
+		}
+	}
+	if same, err := sameFS(stage.dir, dest.dir); err == nil && same {
+		stage.total += dest.total
+		if dest.largest != nil && (stage.largest == nil || dest.largest.Size > stage.largest.Size) {
+			stage.largest = dest.largest
+		}
+		stage.what, dest = "the staging directory and the local store", need{}
+	}
+	for _, n := range []need{stage, dest} {
+		if n.largest == nil {
+			continue
+		}
+		free, err := diskio.FreeSpace(n.dir)
+		if err != nil || n.total <= free {
+			continue
+		}
+		also := ""
+		if n.total != n.largest.Size {
+			also = fmt.Sprintf(", %s in all", humanBytes(n.total))
+		}
+		return fmt.Errorf("%s%s: the Hub states a size of %s (%d bytes)%s, more than the %s (%d bytes) free for %s (%s); refused before downloading anything",
+			prefix, n.largest.Path, humanBytes(n.largest.Size), n.largest.Size, also, humanBytes(free), free, n.what, n.dir)
+	}
+	for _, e := range files {
+		if e.Size > maxFileSize {
+			return fmt.Errorf("%s%s: the Hub states a size of %s (%d bytes), above the %s no Hub file reaches; refused before downloading anything", prefix, e.Path, humanBytes(e.Size), e.Size, humanBytes(maxFileSize))
+		}
+	}
+	return nil
+}
+
+// sameFS reports whether a and b are on one file system.
+func sameFS(a, b string) (bool, error) {
+	if a == "" || b == "" {
+		return false, nil
+	}
+	fa, err := os.Stat(a)
+	if err != nil {
+		return false, err
+	}
+	fb, err := os.Stat(b)
+	if err != nil {
+		return false, err
+	}
+	sa, oka := fa.Sys().(*syscall.Stat_t)
+	sb, okb := fb.Sys().(*syscall.Stat_t)
+	return oka && okb && sa.Dev == sb.Dev, nil
+}
+
+func humanBytes(n int64) string { return humanize.IBytes(uint64(max(n, 0))) }
 
 // unmatchedGlobs names the Include and Exclude globs that match no file of entries, as the flags were written.
 func unmatchedGlobs(entries []Entry, o Options) []string {

@@ -301,7 +301,9 @@ func retryable(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) {
 		return false
 	}
-	switch kindOf(err) {
+	// Classify, not kindOf: a source's error that wraps a sentinel itself (the Hub's 401, its refused https→http
+	// hop) is no more worth a retry than the registries' are.
+	switch Classify(err) {
 	case ErrUnauthorized, ErrForbidden, ErrNotFound, ErrSizeMismatch, ErrDigestMismatch, ErrNoSpace, ErrTLS, ErrNotOCI, ErrRedirectRefused:
 		return false
 	}

@@ -132,3 +132,13 @@ func deviceWindow(dev string) int64 {
 	}
 	return kib << 10
 }
+
+// FreeSpace is the bytes an unprivileged writer may still allocate on the file system holding path (statfs's
+// f_bavail blocks).
+func FreeSpace(path string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return 0, &os.PathError{Op: "statfs", Path: path, Err: err}
+	}
+	return int64(st.Bavail) * int64(st.Bsize), nil
+}

@@ -23,3 +23,6 @@ func Background() error { return nil }
 
 // WillNeed does nothing where fadvise(2) does not exist: the reader faults the pages in itself.
 func WillNeed(*os.File, int64, int64) (int64, error) { return 0, nil }
+
+// FreeSpace is unknown here.
+func FreeSpace(string) (int64, error) { return 0, errors.ErrUnsupported }

@@ -2,14 +2,23 @@
 // importer and the official clients (huggingface_hub, @huggingface/hub) use — model info at a revision, the file
 // tree (recursive, paginated, with LFS metadata), paths-info, the commit history, and resolve with HEAD, Range and
 // the redirect of LFS files to a separate download host — with gated repositories and faults (429 with
-// Retry-After, corrupted LFS bytes, connections cut part way) to test against.
+// Retry-After, corrupted LFS bytes, connections cut part way, and a hostile Hub's redirects and next pages to
+// other hosts) to test against.
+//
+// The download host is the Hub's own socket under another name (DownloadURL: localhost where URL says 127.0.0.1),
+// so it is another origin, as the Hub's CDN is, that a client which refuses loopback addresses other than its
+// endpoint's may still reach. Requests there for anything but an LFS file are the other origin's (Host "other"):
+// a hostile Hub's redirects and next pages lead there (Redirect, NextPage) to see what a client sends away from
+// the Hub. Trap is a server elsewhere on loopback that no client should reach at all.
 package hubserver
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/hmac"
 	"crypto/sha1"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -25,6 +34,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/modelpack/modelpack/internal/testenv"
 )
 
 // Repo is a model repository with one commit.
@@ -43,17 +54,19 @@ type Repo struct {
 
 // Request is one request a server received.
 type Request struct {
-	Host   string // "hub" or "download"
+	Host   string // "hub", "download" or "other" (the other origin at OtherURL)
 	Method string
 	Path   string
 	Range  string
 	Auth   string // the Authorization header
 }
 
-// Server is a running local Hub. Its fields other than URL and DownloadURL may be changed while it runs.
+// Server is a running local Hub. Its fields other than URL, DownloadURL and OtherURL may be changed while it runs.
 type Server struct {
 	URL         string // the Hub endpoint (HF_ENDPOINT, hubUrl)
-	DownloadURL string // the host LFS files are redirected to
+	DownloadURL string // the host LFS files are redirected to: another origin, on the same socket
+	OtherURL    string // another origin on the same socket, serving the Hub's API and files to anyone, unauthenticated
+	hubHost     string
 
 	mu       sync.Mutex
 	repos    map[string]*repo
@@ -79,9 +92,24 @@ type Server struct {
 	StallAPI map[string]int
 	// TrickleAPI makes every answer of the Hub's API send its body one byte per TrickleAPI.
 	TrickleAPI time.Duration
+	// Redirect makes resolve of a file (by its path in the repository) answer with this redirect, at any
+	// revision, instead of serving it.
+	Redirect map[string]Redirect
+	// NextPage, if set, is the scheme://host the tree's next-page links name instead of the Hub's (OtherURL, say).
+	NextPage string
+	// OtherRateLimit answers this many next requests of the other origin with 429 and Retry-After.
+	OtherRateLimit int
+	// ClaimSize makes the listings (tree, paths-info) state this size for a file (by path), whatever it holds.
+	ClaimSize map[string]int64
 
-	hub, dl *httptest.Server
-	secret  []byte
+	hub    *httptest.Server
+	secret []byte
+}
+
+// Redirect is a resolve answer of a hostile Hub: Status (default 302 Found) to Location.
+type Redirect struct {
+	Status   int
+	Location string
 }
 
 type repo struct {
@@ -99,23 +127,76 @@ type file struct {
 	lfs    bool
 }
 
-// Start serves repos until the test ends.
+// Start serves repos over plain HTTP until the test ends.
 func Start(t testing.TB, repos ...Repo) *Server {
 	t.Helper()
-	s := &Server{repos: map[string]*repo{}, secret: []byte(t.Name()), Corrupt: map[string]bool{}, CutAfter: map[string]int64{}, StallAfter: map[string]int64{}, StallAPI: map[string]int{}, RetryAfter: "1"}
+	s := newServer(t, repos)
+	s.hub.Start()
+	s.started(t)
+	return s
+}
+
+// StartTLS serves repos over HTTPS (127.0.0.1 and localhost) until the test ends, and returns the file of the CA
+// that signed its certificate (SSL_CERT_FILE for a client).
+func StartTLS(t testing.TB, repos ...Repo) (*Server, string) {
+	t.Helper()
+	s := newServer(t, repos)
+	caFile, certFile, keyFile := testenv.WriteCA(t)
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.hub.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	s.hub.StartTLS()
+	s.started(t)
+	return s, caFile
+}
+
+func newServer(t testing.TB, repos []Repo) *Server {
+	s := &Server{repos: map[string]*repo{}, secret: []byte(t.Name()), Corrupt: map[string]bool{}, CutAfter: map[string]int64{},
+		StallAfter: map[string]int64{}, StallAPI: map[string]int{}, RetryAfter: "1", Redirect: map[string]Redirect{}, ClaimSize: map[string]int64{}}
 	for _, r := range repos {
 		s.Add(r)
 	}
-	s.hub = httptest.NewServer(http.HandlerFunc(s.serveHub))
-	s.dl = httptest.NewServer(http.HandlerFunc(s.serveDownload))
-	s.URL, s.DownloadURL = s.hub.URL, s.dl.URL
+	s.hub = httptest.NewUnstartedServer(http.HandlerFunc(s.serve))
+	return s
+}
+
+func (s *Server) started(t testing.TB) {
+	u, _ := url.Parse(s.hub.URL)
+	s.URL, s.hubHost = s.hub.URL, u.Host
+	s.DownloadURL = u.Scheme + "://localhost:" + u.Port()
+	s.OtherURL = s.DownloadURL
 	t.Cleanup(func() {
 		s.hub.CloseClientConnections()
-		s.dl.CloseClientConnections()
 		s.hub.Close()
-		s.dl.Close()
 	})
-	return s
+}
+
+// serve tells the origins apart by the name the client asked for.
+func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case r.Host == s.hubHost:
+		s.record("hub", r)
+		s.serveHub(w, r)
+	case strings.HasPrefix(r.URL.Path, "/lfs/"):
+		s.serveDownload(w, r)
+	default:
+		s.record("other", r)
+		s.mu.Lock()
+		limited := s.OtherRateLimit > 0
+		if limited {
+			s.OtherRateLimit--
+		}
+		retry := s.RetryAfter
+		s.mu.Unlock()
+		if limited {
+			w.Header().Set("Retry-After", retry)
+			hubError(w, http.StatusTooManyRequests, "", "You have been rate-limited; you can retry this action in a moment.")
+			return
+		}
+		s.serveHub(w, r)
+	}
 }
 
 // Add serves another repository (or replaces one of the same name).
@@ -223,7 +304,6 @@ func splitEscaped(p string) []string {
 }
 
 func (s *Server) serveHub(w http.ResponseWriter, r *http.Request) {
-	s.record("hub", r)
 	s.mu.Lock()
 	limited := s.RateLimit > 0
 	if limited {
@@ -335,6 +415,21 @@ func (rp *repo) entry(p string, expand bool) map[string]any {
 	return nil
 }
 
+// entry is rp.entry as listed, with the size ClaimSize states for it.
+func (s *Server) entry(rp *repo, p string, expand bool) map[string]any {
+	e := rp.entry(p, expand)
+	s.mu.Lock()
+	size, claimed := s.ClaimSize[p]
+	s.mu.Unlock()
+	if e != nil && claimed {
+		e["size"] = size
+		if lfs, ok := e["lfs"].(map[string]any); ok {
+			lfs["size"] = size
+		}
+	}
+	return e
+}
+
 func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, name, kind string, rest []string) {
 	if len(rest) == 0 {
 		hubError(w, http.StatusNotFound, "", "no revision")
@@ -386,7 +481,7 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, name, kind str
 		}
 		out := []map[string]any{}
 		for _, p := range req.Paths {
-			if e := rp.entry(strings.Trim(p, "/"), req.Expand); e != nil {
+			if e := s.entry(rp, strings.Trim(p, "/"), req.Expand); e != nil {
 				out = append(out, e)
 			}
 		}
@@ -417,6 +512,7 @@ func (s *Server) serveTree(w http.ResponseWriter, r *http.Request, rp *repo, und
 	start, _ := strconv.Atoi(q.Get("cursor"))
 	s.mu.Lock()
 	size := s.PageSize
+	nextPage := s.NextPage
 	s.mu.Unlock()
 	if size <= 0 {
 		size = 1000
@@ -428,11 +524,15 @@ func (s *Server) serveTree(w http.ResponseWriter, r *http.Request, rp *repo, und
 		nq := next.Query()
 		nq.Set("cursor", strconv.Itoa(end))
 		next.RawQuery = nq.Encode()
-		w.Header().Set("Link", fmt.Sprintf("<%s%s>; rel=\"next\"", s.URL, next.RequestURI()))
+		base := s.URL
+		if nextPage != "" {
+			base = nextPage
+		}
+		w.Header().Set("Link", fmt.Sprintf("<%s%s>; rel=\"next\"", base, next.RequestURI()))
 	}
 	out := []map[string]any{}
 	for _, p := range paths[start:end] {
-		out = append(out, rp.entry(p, expand))
+		out = append(out, s.entry(rp, p, expand))
 	}
 	writeJSON(w, out)
 }
@@ -451,6 +551,14 @@ func (s *Server) serveResolve(w http.ResponseWriter, r *http.Request, name, rev,
 	f := rp.files[p]
 	if f == nil {
 		hubError(w, http.StatusNotFound, "EntryNotFound", p+" does not exist on \""+rev+"\"")
+		return
+	}
+	s.mu.Lock()
+	redirect, redirected := s.Redirect[p]
+	s.mu.Unlock()
+	if redirected {
+		w.Header().Set("Location", redirect.Location)
+		w.WriteHeader(cmp.Or(redirect.Status, http.StatusFound))
 		return
 	}
 	w.Header().Set("X-Repo-Commit", rp.commit)
@@ -547,4 +655,42 @@ func sortedKeys(m map[string]*file) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// Trap is a server elsewhere on loopback (the node's kubelet, a metadata service) that a hostile Hub points its
+// clients at: it answers 200 to anything, and records what it receives.
+type Trap struct {
+	URL string // http://ADDR
+
+	mu       sync.Mutex
+	requests []Request
+}
+
+// StartTrap listens on addr ("127.0.0.1:0", "[::1]:0") until the test ends.
+func StartTrap(t testing.TB, addr string) *Trap {
+	t.Helper()
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		testenv.Unavailable(t, "listen on %s: %v", addr, err)
+	}
+	tr := &Trap{}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tr.mu.Lock()
+		tr.requests = append(tr.requests, Request{Host: r.Host, Method: r.Method, Path: r.URL.Path, Range: r.Header.Get("Range"), Auth: r.Header.Get("Authorization")})
+		tr.mu.Unlock()
+		w.Write([]byte(`{"AccessKeyId":"trapped"}`))
+	}))
+	srv.Listener.Close()
+	srv.Listener = l
+	srv.Start()
+	tr.URL = srv.URL
+	t.Cleanup(srv.Close)
+	return tr
+}
+
+// Requests returns the requests received so far.
+func (tr *Trap) Requests() []Request {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return append([]Request(nil), tr.requests...)
 }
