@@ -70,35 +70,64 @@ func Listen(path string, log *slog.Logger) (net.Listener, error) {
 
 // checkDir enforces the directory rules of the package comment on dir (resolved) and the directories above it.
 func checkDir(dir string, log *slog.Logger) error {
-	real, err := filepath.EvalSymlinks(dir)
+	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return err
 	}
+	real, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return err
+	}
+	// The path as given may reach the directory through links: whoever could replace one of them could redirect
+	// the socket, so the directories holding them obey the rule for directories above the socket's.
+	if abs != real {
+		if err := checkAbove(filepath.Dir(abs)); err != nil {
+			return err
+		}
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(real, &st); err != nil {
+		return &fs.PathError{Op: "lstat", Path: real, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return fmt.Errorf("%s is not a directory", real)
+	}
+	if me := uint32(os.Geteuid()); st.Uid != 0 && st.Uid != me {
+		return fmt.Errorf("directory %s belongs to uid %d, not to root or the driver's user (uid %d): another user could replace the socket", real, st.Uid, me)
+	}
+	if st.Mode&0o022 != 0 {
+		if st.Mode&unix.S_ISVTX != 0 {
+			return fmt.Errorf("directory %s is shared (mode %04o, sticky): put the socket in a directory of its own", real, st.Mode&0o7777)
+		}
+		fixed := st.Mode & 0o7777 &^ 0o022
+		if err := unix.Chmod(real, fixed); err != nil {
+			return fmt.Errorf("directory %s is writable by others (mode %04o) and cannot be fixed: %w", real, st.Mode&0o7777, err)
+		}
+		log.Warn("socket directory was writable by group or others; write access taken off", "dir", real,
+			"was", fmt.Sprintf("%04o", st.Mode&0o7777), "now", fmt.Sprintf("%04o", fixed))
+	}
+	if real == "/" {
+		return nil
+	}
+	return checkAbove(filepath.Dir(real))
+}
+
+// checkAbove applies the rule for directories above the socket's to p and its parents, as they are named (a link
+// among them is itself in a directory checked; where it leads is checked by checkDir).
+func checkAbove(p string) error {
 	me := uint32(os.Geteuid())
-	for p := real; ; p = filepath.Dir(p) {
+	for ; ; p = filepath.Dir(p) {
 		var st unix.Stat_t
 		if err := unix.Lstat(p, &st); err != nil {
 			return &fs.PathError{Op: "lstat", Path: p, Err: err}
 		}
-		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-			return fmt.Errorf("%s is not a directory", p)
-		}
-		if st.Uid != 0 && st.Uid != me {
-			return fmt.Errorf("directory %s belongs to uid %d, not to root or the driver's user (uid %d): another user could replace the socket", p, st.Uid, me)
-		}
-		writable := st.Mode&0o022 != 0
-		switch {
-		case p == real && writable && st.Mode&unix.S_ISVTX != 0:
-			return fmt.Errorf("directory %s is shared (mode %04o, sticky): put the socket in a directory of its own", p, st.Mode&0o7777)
-		case p == real && writable:
-			fixed := st.Mode & 0o7777 &^ 0o022
-			if err := unix.Chmod(p, fixed); err != nil {
-				return fmt.Errorf("directory %s is writable by others (mode %04o) and cannot be fixed: %w", p, st.Mode&0o7777, err)
+		if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+			if st.Uid != 0 && st.Uid != me {
+				return fmt.Errorf("directory %s belongs to uid %d, not to root or the driver's user (uid %d): another user could replace the socket", p, st.Uid, me)
 			}
-			log.Warn("socket directory was writable by group or others; write access taken off", "dir", p,
-				"was", fmt.Sprintf("%04o", st.Mode&0o7777), "now", fmt.Sprintf("%04o", fixed))
-		case writable && st.Mode&unix.S_ISVTX == 0:
-			return fmt.Errorf("directory %s above the socket is writable by others (mode %04o): they could rename the socket's directory", p, st.Mode&0o7777)
+			if st.Mode&0o022 != 0 && st.Mode&unix.S_ISVTX == 0 {
+				return fmt.Errorf("directory %s above the socket is writable by others (mode %04o): they could rename the socket's directory", p, st.Mode&0o7777)
+			}
 		}
 		if p == "/" {
 			return nil

@@ -210,4 +210,19 @@ func TestSocketDirectory(t *testing.T) {
 	if _, err := Listen(filepath.Join(above, "plugin", "csi.sock"), nil); err == nil || !strings.Contains(err.Error(), "above the socket") {
 		t.Errorf("directory below one others can write to: %v", err)
 	}
+
+	// A good directory reached through a link that sits in a directory others can write to (and so replace).
+	good := filepath.Join(base, "good")
+	os.Mkdir(good, 0o755)
+	if err := os.Symlink(good, filepath.Join(above, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Listen(filepath.Join(above, "link", "csi.sock"), nil); err == nil || !strings.Contains(err.Error(), "above the socket") {
+		t.Errorf("directory reached through a link others can replace: %v", err)
+	}
+	l, err = Listen(filepath.Join(good, "csi.sock"), nil)
+	if err != nil {
+		t.Fatalf("the same directory named directly: %v", err)
+	}
+	l.Close()
 }
