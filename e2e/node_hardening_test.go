@@ -323,3 +323,57 @@ func TestDriverIntactBlobsAfterAnUncleanRestart(t *testing.T) {
 	}
 	drvUnpublish(t, node, "vol-first", first)
 }
+
+// The driver's state files replaced, while it is down, by links to forged files elsewhere (or by files others may
+// write) are set aside at its next start and not believed; the forged files are left as they are.
+func TestDriverForgedStateFilesAreSetAside(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	drvCleanupMounts(t, dir)
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	testmodel.Push(t, reg.Host, "models/tiny", "v1", drvSmallModel("v1"), nil)
+	d := drvStart(t, filepath.Join(dir, "node"), reg.Host)
+	target := drvKubelet(t, dir, "pod")
+	if err := drvPublish(d.node(), testenv.PublishRequest("vol", target, map[string]string{"reference": reg.Host + "/models/tiny:v1"}), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	drvUnpublish(t, d.node(), "vol", target)
+	d.stop()
+	state := filepath.Join(d.Root, "csi")
+	forged := filepath.Join(dir, "forged")
+	os.Mkdir(forged, 0o755)
+	for _, name := range []string{"access.json", "access.key", "state.json", "volumes.json"} {
+		b, err := os.ReadFile(filepath.Join(state, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(forged, name), b, 0o644)
+		os.Remove(filepath.Join(state, name))
+		if name == "volumes.json" {
+			// One of them a file others may write rather than a link.
+			os.WriteFile(filepath.Join(state, name), b, 0o600)
+			os.Chmod(filepath.Join(state, name), 0o666)
+			continue
+		}
+		if err := os.Symlink(filepath.Join(forged, name), filepath.Join(state, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d.restart()
+	for _, name := range []string{"access.json", "access.key", "state.json", "volumes.json"} {
+		if _, err := os.Lstat(filepath.Join(state, name+".corrupt")); err != nil {
+			t.Errorf("%s not set aside: %v", name, err)
+		}
+		if fi, err := os.Lstat(filepath.Join(state, name)); err == nil && (fi.Mode()&os.ModeSymlink != 0 || fi.Mode().Perm()&0o022 != 0) {
+			t.Errorf("%s still the forged one: %v", name, fi.Mode())
+		}
+	}
+	if !strings.Contains(drvRead(t, d.log), "persisted state was unreadable and was set aside") {
+		t.Error("setting the state aside is not logged")
+	}
+	// Still serving: the model mounts again (its access checked with the registry anew).
+	if err := drvPublish(d.node(), testenv.PublishRequest("vol", target, map[string]string{"reference": reg.Host + "/models/tiny:v1"}), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	drvUnpublish(t, d.node(), "vol", target)
+}
