@@ -3,10 +3,10 @@
 // alone (0600) whatever the umask, in a directory nobody else can write to, and never taken from another process.
 //
 // How:
-//   - the directory and every directory above it must belong to root or to the driver's user; the directory
-//     itself must not be writable by group or others (someone who can write there can swap the socket for
-//     theirs), and a directory above it may be only if it is sticky (/tmp), where nobody can rename what is not
-//     theirs. A socket directory of the driver's that group or others may write to (an old 0777 hostPath) is
+//   - the directory and every directory above it (and every one holding a link on the way to it) must belong
+//     to root or to the driver's user; the directory itself must not be writable by group or others (someone
+//     who can write there can swap the socket for theirs), and a directory above it may be only if it is sticky
+//     (/tmp), where nobody can rename what is not theirs. A socket directory of the driver's that group or others may write to (an old 0777 hostPath) is
 //     fixed: those write bits are taken off before anything in it is looked at, and the fix is logged. One of
 //     another owner, or a sticky one, is refused.
 //   - the socket is bound inside a private directory made for it (0700: nobody else can reach it there, even
@@ -37,6 +37,9 @@ import (
 // Mode is every socket's mode: the driver's user only.
 const Mode = 0o600
 
+// maxPath is the longest path a unix socket address holds (sun_path, with its terminating NUL).
+const maxPath = len(unix.RawSockaddrUnix{}.Path)
+
 // Listen serves a unix socket at path as described in the package comment. log receives the fix of a socket
 // directory others could write to (slog.Default() if nil).
 func Listen(path string, log *slog.Logger) (net.Listener, error) {
@@ -45,8 +48,14 @@ func Listen(path string, log *slog.Logger) (net.Listener, error) {
 	}
 	path = filepath.Clean(path)
 	dir, name := filepath.Split(path)
-	if name == "" || name == "." || name == ".." {
+	if name == "" || name == "." || name == ".." || name == "/" {
 		return nil, fmt.Errorf("socket %s: no file name", path)
+	}
+	if dir == "" {
+		dir = "."
+	}
+	if len(path) >= maxPath {
+		return nil, fmt.Errorf("socket %s: longer than the %d bytes a socket address holds", path, maxPath-1)
 	}
 	// 0750 whatever the umask: the umask only ever takes bits away.
 	if err := os.MkdirAll(dir, 0o750); err != nil {
@@ -164,7 +173,18 @@ func bind(path, dir string) (*listener, error) {
 	}
 	defer os.RemoveAll(priv)
 	tmp := filepath.Join(priv, "s")
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+	name := tmp
+	if len(name) >= maxPath {
+		// Longer than a socket address holds (the final name may still fit): bound through the private
+		// directory's descriptor instead, a short name for the same place.
+		d, err := os.Open(priv)
+		if err != nil {
+			return nil, err
+		}
+		defer d.Close()
+		name = fmt.Sprintf("/proc/self/fd/%d/s", d.Fd())
+	}
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: name, Net: "unix"})
 	if err != nil {
 		return nil, err
 	}

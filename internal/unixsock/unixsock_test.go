@@ -226,3 +226,29 @@ func TestSocketDirectory(t *testing.T) {
 	}
 	l.Close()
 }
+
+// A socket name that fits an address but whose private bind name would not is still served.
+func TestLongPath(t *testing.T) {
+	dir := t.TempDir()
+	long := filepath.Join(dir, strings.Repeat("d", maxPath-len(dir)-len("/x.sock")-2))
+	if err := os.Mkdir(long, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(long, "x.sock")
+	l, err := Listen(sock, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if m := mode(t, sock); m&os.ModeSocket == 0 || m.Perm() != Mode {
+		t.Fatalf("mode %v", m)
+	}
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if _, err := Listen(sock+"-and-then-some", nil); err == nil || !strings.Contains(err.Error(), "longer than") {
+		t.Fatalf("a name too long: %v", err)
+	}
+}
