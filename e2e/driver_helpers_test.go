@@ -326,7 +326,8 @@ func drvSmallDisk(t *testing.T, dir, size string) string {
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Mount("tmpfs", root, "tmpfs", 0, "size="+size); err != nil {
+	// mode: a tmpfs root is 1777 by default, a shared directory no socket may live in.
+	if err := syscall.Mount("tmpfs", root, "tmpfs", 0, "size="+size+",mode=0755"); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { syscall.Unmount(root, syscall.MNT_DETACH) })
