@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -92,10 +93,12 @@ func TestDriverSocketsAreRootsAloneUnderAnyUmask(t *testing.T) {
 	drvCleanupMounts(t, dir)
 	csiclient := buildCSIClient(t, dir)
 	bin := testenv.Modelpack(t)
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	testmodel.Push(t, reg.Host, "models/tiny", "v1", drvSmallModel("v1"), nil)
 	for _, umask := range []string{"000", "002"} {
 		t.Run("umask "+umask, func(t *testing.T) {
 			root := filepath.Join(dir, "node-"+umask)
-			d := drvStartUmask(t, root, umask, nil)
+			d := drvStartUmask(t, root, umask, nil, reg.Host)
 			prepullSock := filepath.Join(root, "prepull.sock")
 			waitFor(t, "prepull.sock", func() bool { _, err := os.Lstat(prepullSock); return err == nil })
 			wantPrivateSocket(t, d.Sock)
@@ -118,6 +121,22 @@ func TestDriverSocketsAreRootsAloneUnderAnyUmask(t *testing.T) {
 			if err == nil || !strings.Contains(out, "permission denied") {
 				t.Fatalf("nobody reaching the prepull API: %v\n%s", err, out)
 			}
+
+			// Root (kubelet) publishes as ever, and nothing the driver wrote for it is writable by group or others.
+			own := drvKubelet(t, dir, "pod-"+umask)
+			if err := drvPublish(d.node(), testenv.PublishRequest("vol", own, map[string]string{"reference": reg.Host + "/models/tiny:v1"}), time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			filepath.WalkDir(root, func(p string, de fs.DirEntry, err error) error {
+				if err != nil || de.Type()&fs.ModeSymlink != 0 {
+					return nil
+				}
+				if fi, err := de.Info(); err == nil && fi.Mode().Perm()&0o022 != 0 && p != d.log {
+					t.Errorf("%s is %v under umask %s", p, fi.Mode(), umask)
+				}
+				return nil
+			})
+			drvUnpublish(t, d.node(), "vol", own)
 		})
 	}
 }
