@@ -76,7 +76,7 @@ func resolveInside(root, sub string) (string, error) {
 }
 
 // mountTarget bind-mounts vol.Source read-only onto the target, creating the target directory if needed, on the
-// directory reached without following links (targets.go); errLinkInTarget if there is one.
+// directory reached without following links (targets.go): a link on the way is INVALID_ARGUMENT.
 func (d *Driver) mountTarget(vol state.Volume) error {
 	if err := refuseLinksInTarget(vol.TargetPath); err != nil {
 		return err
