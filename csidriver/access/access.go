@@ -192,12 +192,12 @@ func Open(dir string) (*Store, []Key, error) {
 }
 
 func loadKey(path string) ([]byte, error) {
-	b, err := diskio.ReadPrivate(path)
+	b, err := diskio.ReadSecret(path)
 	if err == nil && len(b) == 32 {
 		return b, nil
 	}
 	if errors.Is(err, diskio.ErrNotOurs) {
-		// A key others could have chosen or read (a link to their file, a file they may write) is no secret.
+		// A key others could have chosen or read (a link to their file, a file they may read or write) is no secret.
 		if rerr := os.Rename(path, path+".corrupt"); rerr != nil {
 			return nil, fmt.Errorf("access key %s: %v, and it cannot be moved aside: %w", path, err, rerr)
 		}

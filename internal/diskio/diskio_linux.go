@@ -134,7 +134,7 @@ func deviceWindow(dev string) int64 {
 	return kib << 10
 }
 
-func readPrivate(path string) ([]byte, error) {
+func readPrivate(path string, deny uint32) ([]byte, error) {
 	// O_NONBLOCK: opening a FIFO swapped in must not hang the driver's start.
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.ELOOP) {
@@ -154,8 +154,8 @@ func readPrivate(path string) ([]byte, error) {
 		return nil, fmt.Errorf("%s: %w: type %#o", path, ErrNotOurs, st.Mode&unix.S_IFMT)
 	case st.Uid != uint32(os.Geteuid()):
 		return nil, fmt.Errorf("%s: %w: owned by uid %d", path, ErrNotOurs, st.Uid)
-	case st.Mode&0o022 != 0:
-		return nil, fmt.Errorf("%s: %w: mode %04o lets others write it", path, ErrNotOurs, st.Mode&0o7777)
+	case st.Mode&deny != 0:
+		return nil, fmt.Errorf("%s: %w: mode %04o lets others at it", path, ErrNotOurs, st.Mode&0o7777)
 	}
 	return io.ReadAll(f)
 }

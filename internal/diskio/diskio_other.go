@@ -24,4 +24,4 @@ func Background() error { return nil }
 // WillNeed does nothing where fadvise(2) does not exist: the reader faults the pages in itself.
 func WillNeed(*os.File, int64, int64) (int64, error) { return 0, nil }
 
-func readPrivate(path string) ([]byte, error) { return os.ReadFile(path) }
+func readPrivate(path string, _ uint32) ([]byte, error) { return os.ReadFile(path) }
