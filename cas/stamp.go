@@ -25,7 +25,11 @@ import (
 //
 // Link and unlink change ctime too. The store's own links and unlinks of a blob's inode (the cache's views) go
 // through Link and Unlink, which carry the stamp over when it matched just before the operation: the only window a
-// write can hide in is that system call's.
+// write can hide in is that system call's. They carry over, the same way, the stat a re-hash under way began from
+// (check.base), which the re-hash compares with the stat after its read: a view linked or deleted while the blob
+// is re-hashed (a publish and an unpublish after an unclean start, beside the scrub) is not taken for a write, so
+// an intact blob is never called corrupt because the store itself linked it. A Link of a blob whose stamp holds
+// goes ahead while the scrub re-hashes it; one of a suspect or changed blob waits for the re-hash.
 //
 // Stamps are kept in memory and in ingest/stamps/<alg>-<hex> (written at commit, and for later changes at Sync;
 // never fsynced: a lost or torn stamp only costs a re-hash). A blob without a stamp (committed by an older
@@ -68,7 +72,8 @@ func parseStamp(b []byte) (Stamp, bool) {
 }
 
 // checkHook, if set (tests), is told when a re-hash of a blob begins ("rehash", in the re-hashing goroutine,
-// before it reads: a gate to hold it) and when a Check or Scrub starts waiting for the re-hash under way ("wait").
+// before it reads: a gate to hold it), when a pass of it has read the blob ("hashed", before it compares the
+// stat with the one it began from) and when a Check or Scrub starts waiting for the re-hash under way ("wait").
 var checkHook atomic.Pointer[func(d digest.Digest, event string)]
 
 // SetCheckHookForTesting installs hook as checkHook; restore undoes it. Tests of packages built on cas gate
@@ -88,6 +93,11 @@ func hookCheck(d digest.Digest, event string) {
 type check struct {
 	done chan struct{}
 	err  error
+	st   Stamp // the stamp recorded, when err is nil
+	// base is the stamp of the file as the current pass of the re-hash began, carried over the store's own links
+	// and unlinks since (carryLocked); set once based. Both under stampMu.
+	base  Stamp
+	based bool
 	// urgent is closed once a use waits for it: a paced re-hash (the scrub) stops pacing itself, at once.
 	urgent     chan struct{}
 	urgentOnce sync.Once
@@ -212,7 +222,7 @@ func (s *Store) Check(d digest.Digest) (int64, error) {
 	if err := d.Validate(); err != nil {
 		return 0, err
 	}
-	for attempt := 0; ; attempt++ {
+	for {
 		fi, err := os.Stat(s.Path(d))
 		if errors.Is(err, fs.ErrNotExist) {
 			return 0, fmt.Errorf("%s: %w", d, ErrNotFound)
@@ -236,16 +246,14 @@ func (s *Store) Check(d digest.Digest) (int64, error) {
 		s.stampMu.Unlock()
 		err = s.await(d, ck, lead, nil)
 		if errors.Is(err, errScrubStopped) {
-			attempt--
 			continue
 		}
 		if err != nil {
 			return 0, err
 		}
-		if attempt == 2 {
-			// Re-hashed right three times and changed each time since: something keeps writing it.
-			return 0, fmt.Errorf("%s: %w: its file keeps changing", d, ErrDigestMismatch)
-		}
+		// The re-hash read these bytes right, and the file did not change (but for the store's own links) from
+		// the start of its read to the stamp it recorded.
+		return ck.st.Size, nil
 	}
 }
 
@@ -277,10 +285,16 @@ func (s *Store) beginCheckLocked(d digest.Digest) (ck *check, lead bool) {
 func (s *Store) rehash(d digest.Digest, ck *check, pace Pace) {
 	hookCheck(d, "rehash")
 	var err error
-	var st Stamp
 	for range 3 {
-		var before fs.FileInfo
-		if before, err = os.Stat(s.Path(d)); err != nil {
+		// The stat and the comparison below are made under stampMu, as the store's own links are, so that each of
+		// those falls wholly before, between (carried over base) or after them.
+		s.stampMu.Lock()
+		before, serr := os.Stat(s.Path(d))
+		if serr == nil {
+			ck.base, ck.based = StampOf(before), true
+		}
+		s.stampMu.Unlock()
+		if err = serr; err != nil {
 			break
 		}
 		if err = s.hash(d, func(n int) error {
@@ -294,26 +308,37 @@ func (s *Store) rehash(d digest.Digest, ck *check, pace Pace) {
 		}); err != nil {
 			break
 		}
+		hookCheck(d, "hashed")
+		s.stampMu.Lock()
 		after, serr := os.Stat(s.Path(d))
+		if serr == nil && StampOf(after) == ck.base {
+			// Right, and unchanged since the read began: recorded before any other link can change it.
+			ck.st = StampOf(after)
+			s.setStampLocked(d, ck.st)
+			delete(s.suspect, d)
+			s.endCheckLocked(d, ck, nil)
+			s.stampMu.Unlock()
+			return
+		}
+		s.stampMu.Unlock()
 		if err = serr; err != nil {
 			break
 		}
-		if st = StampOf(after); st == StampOf(before) {
-			break
-		}
-		// Changed (a link, a write) while it was read: once more, so the stamp recorded is that of the bytes hashed.
+		// Changed by someone else (a write) while it was read: once more, so the stamp recorded is that of the
+		// bytes hashed.
 		err = fmt.Errorf("%s: %w: its file changed while it was re-hashed", d, ErrDigestMismatch)
 	}
 	if errors.Is(err, fs.ErrNotExist) {
 		err = fmt.Errorf("%s: %w", d, ErrNotFound)
 	}
 	s.stampMu.Lock()
-	if err == nil {
-		s.setStampLocked(d, st)
-		delete(s.suspect, d)
-	}
-	delete(s.checks, d)
+	s.endCheckLocked(d, ck, err)
 	s.stampMu.Unlock()
+}
+
+// endCheckLocked ends re-hash ck of d with its verdict. The caller holds stampMu.
+func (s *Store) endCheckLocked(d digest.Digest, ck *check, err error) {
+	delete(s.checks, d)
 	ck.err = err
 	close(ck.done)
 }
@@ -370,10 +395,10 @@ func (s *Store) Scrub(d digest.Digest, pace Pace) error {
 	return s.await(d, ck, lead, pace)
 }
 
-// Link hardlinks blob d at dst (the cache's views), its stamp checked right before (a re-hash first if it changed)
-// and carried over the link's change of ctime.
+// Link hardlinks blob d at dst (the cache's views), its stamp checked right before (a re-hash first if it changed,
+// or the wait for the re-hash under way if it is suspect) and carried over the link's change of ctime.
 func (s *Store) Link(d digest.Digest, dst string) error {
-	for range 2 {
+	for range 3 {
 		linked, err := s.relinkIfStamped(d, func() error { return os.Link(s.Path(d), dst) })
 		if linked || err != nil {
 			return err
@@ -382,11 +407,12 @@ func (s *Store) Link(d digest.Digest, dst string) error {
 			return err
 		}
 	}
+	// Re-hashed right each time, and changed by someone else each time since.
 	return fmt.Errorf("%s: %w: its file keeps changing", d, ErrDigestMismatch)
 }
 
-// relinkIfStamped runs op and carries d's stamp over it only if the stamp matches right before; otherwise it
-// does nothing and reports false.
+// relinkIfStamped runs op and carries d's stamp over it only if the stamp matches right before and d is not
+// suspect; otherwise it does nothing and reports false.
 func (s *Store) relinkIfStamped(d digest.Digest, op func() error) (bool, error) {
 	s.stampMu.Lock()
 	defer s.stampMu.Unlock()
@@ -394,17 +420,14 @@ func (s *Store) relinkIfStamped(d digest.Digest, op func() error) (bool, error) 
 	if errors.Is(err, fs.ErrNotExist) {
 		return false, fmt.Errorf("%s: %w", d, ErrNotFound)
 	}
+	if err != nil {
+		return false, err
+	}
 	rec, ok := s.stamps[d]
-	if err != nil || !ok || rec != StampOf(fi) || s.suspect[d] || s.checks[d] != nil {
-		return false, err
+	if !ok || rec != StampOf(fi) || s.suspect[d] {
+		return false, nil
 	}
-	if err := op(); err != nil {
-		return false, err
-	}
-	if fi, err = os.Stat(s.Path(d)); err == nil {
-		s.setStampLocked(d, StampOf(fi))
-	}
-	return true, nil
+	return true, s.carryLocked(d, fi, op)
 }
 
 // Unlink removes path and reports whether it was a hardlink of a blob, whose stamp it then carries over the change
@@ -415,30 +438,40 @@ func (s *Store) Unlink(path string) (bool, error) {
 		return false, err
 	}
 	s.stampMu.Lock()
+	defer s.stampMu.Unlock()
 	d, ok := s.inodes[StampOf(fi).inode()]
-	s.stampMu.Unlock()
 	if !ok {
 		return false, nil
 	}
-	return true, s.relink(d, func() error { return os.Remove(path) })
+	cur, err := os.Stat(s.Path(d))
+	if err != nil {
+		return true, os.Remove(path)
+	}
+	return true, s.carryLocked(d, cur, func() error { return os.Remove(path) })
 }
 
-// relink runs op, which changes the link count of d's inode, and records d's new stamp if the old one matched
-// right before: op's own system call is the only moment a write could go unseen.
-func (s *Store) relink(d digest.Digest, op func() error) error {
-	s.stampMu.Lock()
-	defer s.stampMu.Unlock()
-	fi, err := os.Stat(s.Path(d))
+// carryLocked runs op, which changes the link count of d's inode (cur is d's stat right before), and carries over
+// its change of ctime whatever matched cur: d's stamp (unless d is suspect) and the base of a re-hash of d under
+// way. op's own system call is the only moment a write could go unseen. The caller holds stampMu.
+func (s *Store) carryLocked(d digest.Digest, cur fs.FileInfo, op func() error) error {
+	was := StampOf(cur)
 	rec, ok := s.stamps[d]
-	carry := err == nil && ok && rec == StampOf(fi) && !s.suspect[d] && s.checks[d] == nil
+	stamp := ok && rec == was && !s.suspect[d]
+	ck := s.checks[d]
+	base := ck != nil && ck.based && ck.base == was
 	if err := op(); err != nil {
 		return err
 	}
-	if !carry {
-		return nil // the next Check re-hashes it, as it would have
+	fi, err := os.Stat(s.Path(d))
+	if err != nil {
+		return nil // the next Check finds what happened
 	}
-	if fi, err = os.Stat(s.Path(d)); err == nil {
-		s.setStampLocked(d, StampOf(fi))
+	now := StampOf(fi)
+	if stamp {
+		s.setStampLocked(d, now)
+	}
+	if base {
+		ck.base = now
 	}
 	return nil
 }

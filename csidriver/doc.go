@@ -49,7 +49,8 @@
 //
 //	INVALID_ARGUMENT     missing field, unknown or bad attribute, bad reference (one carrying credentials is
 //	                     refused without being repeated), subPath not in the model or over the path limits,
-//	                     a target that is a symbolic link or lies in or over the driver's own directories
+//	                     a target that is a symbolic link or has one among its parents, or lies in or over
+//	                     the driver's own directories
 //	                     → fix the volume's attributes
 //	ALREADY_EXISTS       the target is published with other arguments → unpublish it first
 //	ABORTED              the pull continues in the background, or another call on the target is running

@@ -100,7 +100,7 @@ func (d *Driver) publishArgs(req *csi.NodePublishVolumeRequest) (string, *Attrib
 	if err := d.checkTarget(target); err != nil {
 		return bad(err)
 	}
-	if err := refuseLinkTarget(target); err != nil {
+	if err := refuseLinksInTarget(target); err != nil {
 		return bad(err)
 	}
 	if req.GetVolumeCapability() == nil {
@@ -131,6 +131,10 @@ func (s *nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpub
 	}
 	target = filepath.Clean(target)
 	if err := d.checkTarget(target); err != nil {
+		return nil, err
+	}
+	// Unmounting or removing through a link would act on its destination.
+	if err := refuseLinksInParents(target); err != nil {
 		return nil, err
 	}
 	if !d.lockTarget(ctx, target) {

@@ -25,6 +25,7 @@ import (
 	"github.com/modelpack/modelpack/csidriver/access"
 	"github.com/modelpack/modelpack/csidriver/state"
 	"github.com/modelpack/modelpack/internal/readahead"
+	"github.com/modelpack/modelpack/internal/unixsock"
 )
 
 // Defaults the deployment manifests rely on.
@@ -188,7 +189,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	}
 	d.recover(ctx)
 
-	lis, err := listen(d.opts.Endpoint)
+	lis, err := listen(d.opts.Endpoint, d.log)
 	if err != nil {
 		return err
 	}
@@ -330,7 +331,7 @@ func (d *Driver) Wait() {
 	}
 }
 
-func listen(endpoint string) (net.Listener, error) {
+func listen(endpoint string, log *slog.Logger) (net.Listener, error) {
 	path := endpoint
 	if strings.Contains(endpoint, "://") {
 		u, err := url.Parse(endpoint)
@@ -345,16 +346,10 @@ func listen(endpoint string) (net.Listener, error) {
 	if path == "" {
 		return nil, fmt.Errorf("csidriver: endpoint %q has no socket path", endpoint)
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, err
-	}
-	// A socket left by a killed driver would make Listen fail with EADDRINUSE.
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("csidriver: remove stale socket: %w", err)
-	}
-	l, err := net.Listen("unix", path)
+	// Whoever reaches the socket can mount models anywhere on the node: it is root's alone (package unixsock).
+	l, err := unixsock.Listen(path, log)
 	if err != nil {
-		return nil, fmt.Errorf("csidriver: listen on %s: %w", path, err)
+		return nil, fmt.Errorf("csidriver: %w", err)
 	}
 	return l, nil
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"golang.org/x/sys/unix"
 	mount "k8s.io/mount-utils"
 )
 
@@ -56,15 +57,6 @@ func (d *Driver) checkTarget(target string) error {
 		if within(real, dir) || within(dir, real) {
 			return fail(errInvalidArgument, "target path %q lies in or over the driver's own directory %s; kubelet never asks for that", target, dir)
 		}
-	}
-	return nil
-}
-
-// refuseLinkTarget refuses a publish on a target that is a symbolic link: the bind mount would follow it and land
-// wherever it points.
-func refuseLinkTarget(target string) error {
-	if fi, err := os.Lstat(target); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
-		return fail(errInvalidArgument, "target path %q is a symbolic link; kubelet creates a directory or nothing there", target)
 	}
 	return nil
 }
@@ -152,4 +144,96 @@ func (d *Driver) mountedView(target string) (bool, error) {
 		}
 	}
 	return found, nil
+}
+
+// Targets are reached without following symbolic links. kubelet creates a target's parents as directories (and
+// owns them); a link among them, or at the target, would make the driver create and mount at its destination,
+// which whoever could make the link chooses. So the path is walked from / one component at a time, each opened
+// with O_NOFOLLOW, and the mount is made on the directory so opened (its descriptor), not on the path again:
+// nothing can be swapped between the check and the mount.
+
+// errLinkInTarget is a symbolic link met on the way to a target.
+type errLinkInTarget struct{ target, link string }
+
+func (e *errLinkInTarget) Error() string {
+	return fmt.Sprintf("target_path %q: %s is a symbolic link; kubelet creates the target and its parents as directories", e.target, e.link)
+}
+
+// refuseLinksInTarget refuses (InvalidArgument, naming target_path) a target with a symbolic link among its
+// existing parents or at itself. A missing part ends the check: there is nothing there to follow.
+func refuseLinksInTarget(target string) error {
+	return refuseLinks(target, target)
+}
+
+// refuseLinksInParents is refuseLinksInTarget for the target's parents only: an unpublish of a target that is
+// itself a link acts on nothing (unpublishUnknown, unmountTarget) and succeeds, as kubelet needs.
+func refuseLinksInParents(target string) error {
+	return refuseLinks(target, filepath.Dir(target))
+}
+
+func refuseLinks(target, upTo string) error {
+	f, err := walkTarget(upTo, false)
+	if f != nil {
+		f.Close()
+	}
+	var link *errLinkInTarget
+	if !errors.As(err, &link) {
+		return nil // missing parts or other errors: the operation itself meets them
+	}
+	link.target = target
+	return linkStatus(link)
+}
+
+// linkStatus is err as InvalidArgument if it is an errLinkInTarget, else err.
+func linkStatus(err error) error {
+	var link *errLinkInTarget
+	if errors.As(err, &link) {
+		return fail(errInvalidArgument, "%s", link.Error())
+	}
+	return err
+}
+
+// openTargetDir opens the target directory (O_PATH), creating it and missing parents (0750), without following a
+// symbolic link anywhere on the way (errLinkInTarget).
+func openTargetDir(target string) (*os.File, error) {
+	return walkTarget(target, true)
+}
+
+// walkTarget opens each component of the absolute, clean path target in turn from /, refusing symbolic links,
+// and with create makes the missing ones. Without create a missing component ends the walk with its error.
+func walkTarget(target string, create bool) (*os.File, error) {
+	const flags = unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	fd, err := unix.Open("/", flags, 0)
+	if err != nil {
+		return nil, err
+	}
+	walked := "/"
+	for _, name := range strings.Split(strings.TrimPrefix(target, "/"), "/") {
+		if name == "" {
+			continue
+		}
+		next := filepath.Join(walked, name)
+		nfd, err := unix.Openat(fd, name, flags, 0)
+		if errors.Is(err, unix.ENOENT) && create {
+			if err = unix.Mkdirat(fd, name, 0o750); err == nil || errors.Is(err, unix.EEXIST) {
+				nfd, err = unix.Openat(fd, name, flags, 0)
+			}
+		}
+		if errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
+			var st unix.Stat_t
+			if unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
+				err = &errLinkInTarget{target: target, link: next}
+			}
+		}
+		unix.Close(fd)
+		if err != nil {
+			var link *errLinkInTarget
+			if errors.As(err, &link) {
+				return nil, err
+			}
+			return nil, &fs.PathError{Op: "open", Path: next, Err: err}
+		}
+		fd, walked = nfd, next
+	}
+	return os.NewFile(uintptr(fd), target), nil
 }

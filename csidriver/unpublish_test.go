@@ -2,6 +2,7 @@ package csidriver
 
 import (
 	"context"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
@@ -122,6 +123,43 @@ func TestUnpublishActsOnlyOnWhatTheDriverPublished(t *testing.T) {
 			t.Fatal("the model was mounted behind the link")
 		}
 		stillMounted()
+	})
+	t.Run("a target whose parent is a link is refused: nothing is created or mounted behind it", func(t *testing.T) {
+		// The pod's volume directory swapped for a link to a directory elsewhere (a root-only one here).
+		behind := filepath.Join(dir, "root-only")
+		if err := os.Mkdir(behind, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		for _, depth := range []string{"parent", "grandparent"} {
+			target := podTarget(t, dir, "linked-"+depth)
+			swap := filepath.Dir(target)
+			if depth == "grandparent" {
+				swap = filepath.Dir(swap)
+			}
+			if err := os.RemoveAll(swap); err != nil {
+				t.Fatal(err)
+			}
+			dest := filepath.Join(behind, depth)
+			if err := os.MkdirAll(filepath.Join(dest, "model"), 0o750); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(dest, swap); err != nil {
+				t.Fatal(err)
+			}
+			_, err := node.NodePublishVolume(ctx, testenv.PublishRequest("v", target, map[string]string{"reference": ref}))
+			wantCode(t, err, codes.InvalidArgument, "target_path")
+			wantCode(t, err, codes.InvalidArgument, swap+" is a symbolic link")
+			filepath.WalkDir(dest, func(p string, de fs.DirEntry, err error) error {
+				if err == nil && (de.Name() == "mount" || de.Name() == "model.safetensors") {
+					t.Errorf("%s created behind the link", p)
+				}
+				return nil
+			})
+			// Unpublish through it acts on nothing there either.
+			_, err = node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "v", TargetPath: target})
+			wantCode(t, err, codes.InvalidArgument, "symbolic link")
+		}
+		testenv.NoMountsLeftUnder(t, behind)
 	})
 	t.Run("targets in the driver's own directories are refused", func(t *testing.T) {
 		via := filepath.Join(dir, "pods", "via")

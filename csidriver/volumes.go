@@ -13,6 +13,8 @@ import (
 	"time"
 
 	digest "github.com/opencontainers/go-digest"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	mount "k8s.io/mount-utils"
 
 	"github.com/modelpack/modelpack/csidriver/state"
@@ -73,9 +75,10 @@ func resolveInside(root, sub string) (string, error) {
 	return p, nil
 }
 
-// mountTarget bind-mounts vol.Source read-only onto the target, creating the target directory if needed.
+// mountTarget bind-mounts vol.Source read-only onto the target, creating the target directory if needed, on the
+// directory reached without following links (targets.go): a link on the way is INVALID_ARGUMENT.
 func (d *Driver) mountTarget(vol state.Volume) error {
-	if err := os.MkdirAll(vol.TargetPath, 0o750); err != nil {
+	if err := refuseLinksInTarget(vol.TargetPath); err != nil {
 		return err
 	}
 	// A mount left on the target (a lost state) would be hidden under ours; take it off first.
@@ -84,11 +87,26 @@ func (d *Driver) mountTarget(vol state.Volume) error {
 			return err
 		}
 	}
+	dir, err := openTargetDir(vol.TargetPath)
+	if err != nil {
+		return linkStatus(err)
+	}
+	defer dir.Close()
 	opts := []string{"bind", "ro", "nosuid", "nodev"}
 	if vol.NoExec {
 		opts = append(opts, "noexec")
 	}
-	if err := d.mounter.Mount(vol.Source, vol.TargetPath, "", opts); err != nil {
+	err = errors.ErrUnsupported
+	if fm, ok := d.mounter.(fdMounter); ok {
+		err = fm.MountOn(vol.Source, dir, opts)
+	}
+	if errors.Is(err, errors.ErrUnsupported) {
+		// By path (a kernel before 5.12, another mounter): checked again right before.
+		if err = refuseLinksInTarget(vol.TargetPath); err == nil {
+			err = d.mounter.Mount(vol.Source, vol.TargetPath, "", opts)
+		}
+	}
+	if err != nil {
 		// mount-utils binds then remounts read-only: a failed remount must not leave a writable bind behind.
 		d.unmountTarget(vol.TargetPath, false)
 		return err
@@ -96,8 +114,13 @@ func (d *Driver) mountTarget(vol state.Volume) error {
 	return nil
 }
 
-// unmountTarget takes every mount off target (corrupt ones included) and, if remove, deletes the directory.
+// unmountTarget takes every mount off target (corrupt ones included) and, if remove, deletes the directory. A
+// target that is a symbolic link holds no mount of ours (a mount point cannot be replaced): it is left alone, not
+// followed.
 func (d *Driver) unmountTarget(target string, remove bool) error {
+	if fi, err := os.Lstat(target); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+		return nil
+	}
 	for range 8 {
 		mnt, err := d.mounter.IsMountPoint(target)
 		if errors.Is(err, fs.ErrNotExist) {
@@ -275,6 +298,9 @@ func (d *Driver) publish(vol state.Volume, sel Selector, log *slog.Logger, start
 	tAcquire := time.Since(start)
 	vol.Source = source
 	if err := d.mountTarget(vol); err != nil {
+		if status.Code(err) == codes.InvalidArgument {
+			return err
+		}
 		return fail(errNode, "mount %s on %s: %v", source, vol.TargetPath, err)
 	}
 	if killed = d.killed("mounted"); killed {

@@ -115,6 +115,8 @@ type drvProc struct {
 	cmd     *exec.Cmd
 	done    chan struct{}
 	log     string
+	// umask, if set, is the driver's umask (as a DaemonSet's container may have it), set by a shell before exec.
+	umask string
 }
 
 func drvStart(t *testing.T, root string, plainHTTP ...string) *drvProc {
@@ -124,6 +126,12 @@ func drvStart(t *testing.T, root string, plainHTTP ...string) *drvProc {
 
 // drvStartWith starts the driver with extra flags.
 func drvStartWith(t *testing.T, root string, extra []string, plainHTTP ...string) *drvProc {
+	t.Helper()
+	return drvStartUmask(t, root, "", extra, plainHTTP...)
+}
+
+// drvStartUmask starts the driver under umask (as given to sh's umask; "" leaves the test's).
+func drvStartUmask(t *testing.T, root, umask string, extra []string, plainHTTP ...string) *drvProc {
 	t.Helper()
 	testenv.RequireRoot(t)
 	bin := testenv.Modelpack(t)
@@ -138,6 +146,7 @@ func drvStartWith(t *testing.T, root string, extra []string, plainHTTP ...string
 		"--plain-http-registries", strings.Join(plainHTTP, ",")}
 	p.args = append(p.args, extra...)
 	p.cmd = nil
+	p.umask = umask
 	p.start(bin)
 	t.Cleanup(func() {
 		p.stop()
@@ -156,6 +165,9 @@ func (p *drvProc) start(bin string) {
 		p.t.Fatal(err)
 	}
 	p.cmd = exec.Command(bin, p.args...)
+	if p.umask != "" {
+		p.cmd = exec.Command("/bin/sh", append([]string{"-c", `umask ` + p.umask + ` && exec "$0" "$@"`, bin}, p.args...)...)
+	}
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatal(err)
@@ -314,7 +326,8 @@ func drvSmallDisk(t *testing.T, dir, size string) string {
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Mount("tmpfs", root, "tmpfs", 0, "size="+size); err != nil {
+	// mode: a tmpfs root is 1777 by default, a shared directory no socket may live in.
+	if err := syscall.Mount("tmpfs", root, "tmpfs", 0, "size="+size+",mode=0755"); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { syscall.Unmount(root, syscall.MNT_DETACH) })

@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strconv"
 	"time"
+
+	"github.com/modelpack/modelpack/internal/unixsock"
 )
 
 // maxWait bounds a long poll so idle connections do not pile up behind a proxy or a slow client.
@@ -24,20 +24,9 @@ func Serve(ctx context.Context, path string, be Backend, opts Options) error {
 		return err
 	}
 	defer m.close()
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return fmt.Errorf("prepull: %w", err)
-	}
-	// A socket left by a killed driver would make Listen fail; nothing else lives at this path.
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("prepull: %w", err)
-	}
-	l, err := net.Listen("unix", path)
+	// Whoever reaches the socket can make the node pull and pin: it is the driver's user's alone (package unixsock).
+	l, err := unixsock.Listen(path, m.log)
 	if err != nil {
-		return fmt.Errorf("prepull: %w", err)
-	}
-	// Whoever reaches the socket can make the node pull and pin: keep it to the driver's own user.
-	if err := os.Chmod(path, 0o600); err != nil {
-		l.Close()
 		return fmt.Errorf("prepull: %w", err)
 	}
 	srv := &http.Server{
@@ -55,8 +44,7 @@ func Serve(ctx context.Context, path string, be Backend, opts Options) error {
 	}
 	shut, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	_ = srv.Shutdown(shut)
-	os.Remove(path)
+	_ = srv.Shutdown(shut) // closes l, which removes the socket if it is still ours
 	return nil
 }
 

@@ -154,15 +154,20 @@ func Open(dir string) (*Store, []Key, error) {
 		return nil, nil, err
 	}
 	s := &Store{path: filepath.Join(dir, recordsFile), hmacKey: key, records: map[Key][]Record{}, intents: map[Key][]Record{}}
-	b, err := os.ReadFile(s.path)
+	// Not following links, and only a regular file of the driver's user nobody else may write: forged records
+	// (a link to a file elsewhere) are set aside as corrupt ones are, not believed.
+	b, err := diskio.ReadPrivate(s.path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return s, nil, nil
 	}
-	if err != nil {
+	if err != nil && !errors.Is(err, diskio.ErrNotOurs) {
 		return nil, nil, err
 	}
 	var f file
-	if err := json.Unmarshal(b, &f); err != nil {
+	if err == nil {
+		err = json.Unmarshal(b, &f)
+	}
+	if err != nil {
 		if rerr := os.Rename(s.path, s.path+".corrupt"); rerr != nil {
 			return nil, nil, fmt.Errorf("access records %s are corrupt (%v) and cannot be moved aside: %w", s.path, err, rerr)
 		}
@@ -195,11 +200,16 @@ func Open(dir string) (*Store, []Key, error) {
 }
 
 func loadKey(path string) ([]byte, error) {
-	b, err := os.ReadFile(path)
+	b, err := diskio.ReadSecret(path)
 	if err == nil && len(b) == 32 {
 		return b, nil
 	}
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if errors.Is(err, diskio.ErrNotOurs) {
+		// A key others could have chosen or read (a link to their file, a file they may read or write) is no secret.
+		if rerr := os.Rename(path, path+".corrupt"); rerr != nil {
+			return nil, fmt.Errorf("access key %s: %v, and it cannot be moved aside: %w", path, err, rerr)
+		}
+	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
 	}
 	// A missing or damaged key makes every hash new: callers re-check once, nothing is granted by mistake.

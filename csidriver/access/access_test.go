@@ -5,9 +5,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	digest "github.com/opencontainers/go-digest"
+
+	"github.com/modelpack/modelpack/internal/testenv"
 )
 
 var (
@@ -184,5 +187,79 @@ func TestIdentityStringsRevealNoCredential(t *testing.T) {
 	s := id.String()
 	if strings.Contains(s, id.Hash) || !strings.Contains(s, "team-a") || !strings.Contains(s, id.Hash[:12]) {
 		t.Fatalf("%q", s)
+	}
+}
+
+// Records or a key that are not a regular file the driver wrote (a link to a forged file elsewhere, a file others
+// may write or own, a FIFO) are set aside and not believed: real files, a real link, a real FIFO.
+func TestForgedFilesAreSetAside(t *testing.T) {
+	forger := t.TempDir()
+	f, _ := open(t, forger)
+	if err := f.Add(key, alice, ViaPull); err != nil {
+		t.Fatal(err)
+	}
+	forgedHash := f.HashCredential("registry.example.com", []byte("secret"))
+	plant := map[string]func(t *testing.T, p, forged string){
+		"a link to a forged file": func(t *testing.T, p, forged string) {
+			if err := os.Symlink(forged, p); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"a file others may write": func(t *testing.T, p, forged string) {
+			b, _ := os.ReadFile(forged)
+			if err := os.WriteFile(p, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			os.Chmod(p, 0o666)
+		},
+		"a file of another user": func(t *testing.T, p, forged string) {
+			testenv.RequireRoot(t) // to give a file away
+			b, _ := os.ReadFile(forged)
+			if err := os.WriteFile(p, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chown(p, 65534, 65534); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"a file others may read (the key)": func(t *testing.T, p, forged string) {
+			b, _ := os.ReadFile(forged)
+			if err := os.WriteFile(p, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			os.Chmod(p, 0o644)
+		},
+		"a FIFO": func(t *testing.T, p, _ string) {
+			if err := syscall.Mkfifo(p, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		},
+	}
+	for name, put := range plant {
+		t.Run(name, func(t *testing.T) {
+			for _, file := range []string{recordsFile, keyFile} {
+				if strings.HasSuffix(name, "(the key)") && file != keyFile {
+					continue // records are no secret: the node's key keeps credentials from being guessed
+				}
+				dir := t.TempDir()
+				open(t, dir)
+				p := filepath.Join(dir, file)
+				os.Remove(p)
+				put(t, p, filepath.Join(forger, file))
+				s, _ := open(t, dir)
+				if s.Has(key, alice) {
+					t.Errorf("%s: forged records believed", file)
+				}
+				if file == keyFile && s.HashCredential("registry.example.com", []byte("secret")) == forgedHash {
+					t.Errorf("%s: forged key used", file)
+				}
+				if _, err := os.Lstat(p + ".corrupt"); err != nil {
+					t.Errorf("%s: not set aside: %v", file, err)
+				}
+			}
+		})
+	}
+	if g, _ := open(t, forger); !g.Has(key, alice) {
+		t.Fatal("the forged files themselves were changed")
 	}
 }

@@ -203,14 +203,19 @@ func Open(path string) (*Store, error) {
 	return s, errors.Join(corrupt...)
 }
 
-// readDoc decodes the document at path into v and returns its bytes; one that does not parse is moved aside (a
-// CorruptError).
+// readDoc decodes the document at path into v and returns its bytes; one that does not parse, or that is not a
+// regular file the driver wrote, is moved aside (a CorruptError).
 func readDoc(path string, v any) ([]byte, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
+	// Not following links, and only a regular file of the driver's user nobody else may write: a link to a
+	// forged state elsewhere is set aside like a corrupt one, not believed.
+	b, jerr := diskio.ReadPrivate(path)
+	if jerr != nil && !errors.Is(jerr, diskio.ErrNotOurs) {
+		return nil, jerr
 	}
-	if jerr := json.Unmarshal(b, v); jerr != nil {
+	if jerr == nil {
+		jerr = json.Unmarshal(b, v)
+	}
+	if jerr != nil {
 		if err := os.Rename(path, path+".corrupt"); err != nil {
 			return nil, fmt.Errorf("state %s is corrupt (%v) and cannot be moved aside: %w", path, jerr, err)
 		}

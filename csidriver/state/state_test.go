@@ -232,3 +232,53 @@ func TestCorruptVolumesAreSetAside(t *testing.T) {
 		t.Fatalf("corrupt volumes.json not kept for inspection: %v", err)
 	}
 }
+
+// A state document replaced by a link to a forged one elsewhere, or by a file others may write, is set aside (the
+// link itself, not what it points to) and not believed.
+func TestForgedStateIsSetAside(t *testing.T) {
+	forger := t.TempDir()
+	f, err := Open(filepath.Join(forger, "state.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Update(func(st *State) error {
+		st.Volumes["/var/lib/kubelet/pods/x/volumes/kubernetes.io~csi/m/mount"] = Volume{VolumeID: "forged"}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, doc := range []string{"state.json", "volumes.json"} {
+		for _, how := range []string{"link", "writable"} {
+			dir := t.TempDir()
+			p := filepath.Join(dir, doc)
+			forged := filepath.Join(forger, doc)
+			if how == "link" {
+				if err := os.Symlink(forged, p); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				b, _ := os.ReadFile(forged)
+				os.WriteFile(p, b, 0o600)
+				os.Chmod(p, 0o666)
+			}
+			if doc == "state.json" {
+				// A volumes.json of ours beside it: only state.json is forged.
+				os.WriteFile(filepath.Join(dir, "volumes.json"), []byte(`{"volumes": {}}`), 0o600)
+			}
+			s, err := Open(filepath.Join(dir, "state.json"))
+			var ce *CorruptError
+			if !errors.As(err, &ce) || s == nil {
+				t.Fatalf("%s %s: got %v, want a CorruptError and a usable store", doc, how, err)
+			}
+			if len(s.Snapshot().Volumes) != 0 {
+				t.Errorf("%s %s: forged volumes believed", doc, how)
+			}
+			if _, err := os.Lstat(p + ".corrupt"); err != nil {
+				t.Errorf("%s %s: not set aside: %v", doc, how, err)
+			}
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(forger, "volumes.json")); err != nil || !strings.Contains(string(b), "forged") {
+		t.Fatalf("the forged document itself changed: %v", err)
+	}
+}

@@ -63,3 +63,14 @@ func WriteFileAtomic(path string, b []byte, perm os.FileMode) error {
 	}
 	return SyncDir(filepath.Dir(path))
 }
+
+// ErrNotOurs: a private file (ReadPrivate) that is not a regular file this user wrote.
+var ErrNotOurs = errors.New("not a regular file of ours")
+
+// ReadPrivate reads a file only this process's user writes (a state file), without following a symbolic link: a
+// link (to a forged file elsewhere), a FIFO or device, a file of another owner or one group or others may write is
+// ErrNotOurs, for the caller to set aside rather than believe. A missing file is fs.ErrNotExist as for os.ReadFile.
+func ReadPrivate(path string) ([]byte, error) { return readPrivate(path, 0o022) }
+
+// ReadSecret is ReadPrivate for a secret (a key): a file group or others may read is ErrNotOurs too.
+func ReadSecret(path string) ([]byte, error) { return readPrivate(path, 0o077) }

@@ -3,6 +3,7 @@ package diskio
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -141,4 +142,30 @@ func FreeSpace(path string) (int64, error) {
 		return 0, &os.PathError{Op: "statfs", Path: path, Err: err}
 	}
 	return int64(st.Bavail) * int64(st.Bsize), nil
+}
+
+func readPrivate(path string, deny uint32) ([]byte, error) {
+	// O_NONBLOCK: opening a FIFO swapped in must not hang the driver's start.
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ELOOP) {
+		return nil, fmt.Errorf("%s: %w: a symbolic link", path, ErrNotOurs)
+	}
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, &os.PathError{Op: "fstat", Path: path, Err: err}
+	}
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFREG:
+		return nil, fmt.Errorf("%s: %w: type %#o", path, ErrNotOurs, st.Mode&unix.S_IFMT)
+	case st.Uid != uint32(os.Geteuid()):
+		return nil, fmt.Errorf("%s: %w: owned by uid %d", path, ErrNotOurs, st.Uid)
+	case st.Mode&deny != 0:
+		return nil, fmt.Errorf("%s: %w: mode %04o lets others at it", path, ErrNotOurs, st.Mode&0o7777)
+	}
+	return io.ReadAll(f)
 }

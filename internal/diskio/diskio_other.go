@@ -26,3 +26,5 @@ func WillNeed(*os.File, int64, int64) (int64, error) { return 0, nil }
 
 // FreeSpace is unknown here.
 func FreeSpace(string) (int64, error) { return 0, errors.ErrUnsupported }
+
+func readPrivate(path string, _ uint32) ([]byte, error) { return os.ReadFile(path) }
