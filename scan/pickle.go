@@ -300,7 +300,7 @@ func (u *unpickler) str(k pkind, n uint64) (*pval, error) {
 	}
 	keep := n <= maxKeptString && u.captured+int(n) <= u.lim.MaxCapture
 	if !keep && n <= 1<<20 && u.captured+int(n) <= u.lim.MaxCapture && len(u.nested) < maxNested {
-		if b, err := u.r.Peek(2); err == nil && (b[0] == 0x80 && b[1] <= 5) {
+		if b, err := u.r.Peek(3); err == nil && nestedPickle(b) != "" {
 			keep = true
 		}
 	}
@@ -310,8 +310,8 @@ func (u *unpickler) str(k pkind, n uint64) (*pval, error) {
 			return nil, err
 		}
 		u.captured += int(n)
-		if len(b) > 2 && b[0] == 0x80 && b[1] <= 5 && len(u.nested) < maxNested {
-			u.nested = append(u.nested, string(b))
+		if p := nestedPickle(b); p != "" && len(u.nested) < maxNested {
+			u.nested = append(u.nested, p)
 		}
 		return &pval{k: k, s: string(b), whole: true}, nil
 	}
@@ -463,7 +463,8 @@ func (u *unpickler) call(fn *pval, how string) (*pval, error) {
 	case kGlobal:
 		return &pval{k: kObj, s: fn.s}, nil // an import outside the allowlist was reported when it was made
 	case kObj:
-		u.report("("+fn.s+" result)", fmt.Sprintf("%s calls the result of %s", how, fn.s))
+		u.report(fn.s+"(…)", fmt.Sprintf("%s calls what %s returned", how, fn.s))
+		return &pval{k: kObj, s: fn.s + "(…)"}, nil
 	default:
 		u.report("(computed)", fmt.Sprintf("%s calls a value that is not an imported global", how))
 	}
@@ -1045,4 +1046,25 @@ func opName(op byte) string {
 		return n
 	}
 	return fmt.Sprintf("opcode %#x", op)
+}
+
+// nestedPickle returns b as pickle bytes when it starts like one: raw, or as the UTF-8 of the text protocol 2
+// writes bytes as (_codecs.encode(text, 'latin1'), so \x80 arrives as U+0080).
+func nestedPickle(b []byte) string {
+	switch {
+	case len(b) > 2 && b[0] == 0x80 && b[1] <= 5:
+		return string(b)
+	case len(b) > 3 && b[0] == 0xc2 && b[1] == 0x80:
+		out := make([]byte, 0, len(b))
+		for _, r := range string(b) {
+			if r > 0xff {
+				return ""
+			}
+			out = append(out, byte(r))
+		}
+		if len(out) > 2 && out[1] <= 5 {
+			return string(out)
+		}
+	}
+	return ""
 }
