@@ -201,7 +201,7 @@ func kerasLambdas(v any, res *result, depth int) {
 	}
 	switch t := v.(type) {
 	case map[string]any:
-		if c, _ := t["class_name"].(string); c == "Lambda" || c == "__lambda__" {
+		if c, _ := t["class_name"].(string); (c == "Lambda" || c == "__lambda__") && !res.hasCallable("keras.layers.Lambda") {
 			name := "keras.layers.Lambda"
 			if cfg, ok := t["config"].(map[string]any); ok {
 				if n, ok := cfg["name"].(string); ok {
