@@ -58,6 +58,7 @@ const (
 
 type unpickler struct {
 	r     *bufio.Reader
+	ra    io.ReaderAt // the stream's bytes at random offsets, when it has them
 	off   int64
 	size  int64 // bytes available from the start of the stream; -1 when unknown
 	lim   *Limits
@@ -105,6 +106,9 @@ func (s *scanner) pickleFile(r io.ReaderAt, size int64, depth int) (Report, bool
 func (s *scanner) pickleStream(rd io.Reader, size int64, depth int, force bool) (Report, bool) {
 	res := newResult("pickle", s.lim.MaxFindings)
 	u := &unpickler{r: bufio.NewReaderSize(rd, 64<<10), size: size, lim: &s.lim, res: res, seen: map[string]bool{}}
+	if ra, ok := rd.(io.ReaderAt); ok && size >= 0 { // a file (section): payloads are skipped, not read
+		u.ra = ra
+	}
 	started := false
 	if b, err := u.r.Peek(2); err == nil && b[0] == 0x80 && b[1] <= 5 {
 		started = true
@@ -315,9 +319,14 @@ func (u *unpickler) str(k pkind, n uint64) (*pval, error) {
 		}
 		return &pval{k: k, s: string(b), whole: true}, nil
 	}
-	// Read through without keeping it: weights inside a pickle stream cost no memory.
+	// Skip it without keeping it: weights inside a pickle stream cost no memory, and in a file no reads.
 	pre, _ := u.r.Peek(min(int(min(n, 16)), 16))
 	v := &pval{k: k, s: string(pre)}
+	if u.ra != nil && n > uint64(u.r.Buffered()) {
+		u.off += int64(n)
+		u.r.Reset(io.NewSectionReader(u.ra, u.off, u.size-u.off))
+		return v, nil
+	}
 	for left := n; left > 0; {
 		step := int(min(left, 1<<30))
 		d, err := u.r.Discard(step)
