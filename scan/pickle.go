@@ -66,8 +66,8 @@ type unpickler struct {
 	proto int
 
 	stack   []*pval
-	meta    [][]*pval
-	items   int
+	meta    []int
+	scratch [8]byte
 	memo    []*pval
 	memoMap map[uint64]*pval
 	memoLen int
@@ -156,7 +156,7 @@ func (u *unpickler) rest(first *pval) {
 }
 
 func (u *unpickler) reset() {
-	u.stack, u.meta, u.items, u.memo, u.memoMap, u.memoLen, u.proto = nil, nil, 0, nil, nil, 0, 0
+	u.stack, u.meta, u.memo, u.memoMap, u.memoLen, u.proto = u.stack[:0], u.meta[:0], nil, nil, 0, 0
 }
 
 func (u *unpickler) scanNested(s *scanner, depth int) {
@@ -265,7 +265,18 @@ func (u *unpickler) readByte() (byte, error) {
 	return b, nil
 }
 
+// readN reads n bytes; up to 8 land in a scratch buffer valid until the next read.
 func (u *unpickler) readN(n int) ([]byte, error) {
+	if n <= len(u.scratch) {
+		p, err := u.r.Peek(n)
+		if err != nil {
+			return nil, u.fail("pickle data was truncated")
+		}
+		b := u.scratch[:copy(u.scratch[:], p)]
+		u.r.Discard(n)
+		u.off += int64(n)
+		return b, nil
+	}
 	b := make([]byte, n)
 	if _, err := io.ReadFull(u.r, b); err != nil {
 		return nil, u.fail("pickle data was truncated")
@@ -339,50 +350,56 @@ func (u *unpickler) str(k pkind, n uint64) (*pval, error) {
 	return v, nil
 }
 
+// The stack is one slice; marks are positions in it (CPython's fence): values below the last mark are out of
+// reach until POP_MARK or an opcode that pops to the mark.
+func (u *unpickler) fence() int {
+	if len(u.meta) == 0 {
+		return 0
+	}
+	return u.meta[len(u.meta)-1]
+}
+
 func (u *unpickler) push(v *pval) error {
-	if u.items >= u.lim.MaxPickleStack {
+	if len(u.stack)+len(u.meta) >= u.lim.MaxPickleStack {
 		return u.fail("stack over %d items (limit)", u.lim.MaxPickleStack)
 	}
-	u.items++
 	u.stack = append(u.stack, v)
 	return nil
 }
 
 func (u *unpickler) pop() (*pval, error) {
-	if len(u.stack) == 0 {
+	if len(u.stack) <= u.fence() {
 		return nil, u.fail("unpickling stack underflow")
 	}
 	v := u.stack[len(u.stack)-1]
 	u.stack = u.stack[:len(u.stack)-1]
-	u.items--
 	return v, nil
 }
 
 func (u *unpickler) top() (*pval, error) {
-	if len(u.stack) == 0 {
+	if len(u.stack) <= u.fence() {
 		return nil, u.fail("unpickling stack underflow")
 	}
 	return u.stack[len(u.stack)-1], nil
 }
 
 func (u *unpickler) mark() error {
-	if u.items >= u.lim.MaxPickleStack {
+	if len(u.stack)+len(u.meta) >= u.lim.MaxPickleStack {
 		return u.fail("stack over %d items (limit)", u.lim.MaxPickleStack)
 	}
-	u.items++
-	u.meta = append(u.meta, u.stack)
-	u.stack = nil
+	u.meta = append(u.meta, len(u.stack))
 	return nil
 }
 
+// popMark returns the values above the last mark (valid until the next push) and drops them and the mark.
 func (u *unpickler) popMark() ([]*pval, error) {
 	if len(u.meta) == 0 {
 		return nil, u.fail("could not find MARK")
 	}
-	items := u.stack
-	u.items -= len(items) + 1
-	u.stack = u.meta[len(u.meta)-1]
+	m := u.meta[len(u.meta)-1]
 	u.meta = u.meta[:len(u.meta)-1]
+	items := u.stack[m:]
+	u.stack = u.stack[:m]
 	return items, nil
 }
 
@@ -544,7 +561,7 @@ func (u *unpickler) load() (*pval, error) {
 		case opMARK:
 			err = u.mark()
 		case opPOP:
-			if len(u.stack) > 0 {
+			if len(u.stack) > u.fence() {
 				_, err = u.pop()
 			} else {
 				_, err = u.popMark()
