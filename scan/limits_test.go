@@ -129,3 +129,21 @@ func TestBuildOnGlobalIsCode(t *testing.T) {
 		t.Fatalf("%+v", r)
 	}
 }
+
+// Text is not mistaken for a protocol-0 pickle unless it is one: a LICENSE that starts like GLOBAL is text; a
+// protocol-0 payload cut short after its call is code.
+func TestProtocol0OrText(t *testing.T) {
+	for in, want := range map[string]string{
+		"copyright\nMIT\nPermission is hereby granted\n": "text/data",
+		"(c) 2024 Example\n":                              "text/data",
+		"I love models\n":                                 "text/data",
+		"cos\nsystem\n(S'id'\ntR":                         "pickle/code",
+		"cos\nsystem\n(S'id'\ntR\xff\xfe":                 "pickle/code",
+		"N.":                                              "pickle/data",
+	} {
+		r := scan.File(strings.NewReader(in), int64(len(in)))
+		if got := r.Format + "/" + string(r.Verdict); got != want {
+			t.Errorf("%q: %s (%s), want %s", in, got, r.Reason, want)
+		}
+	}
+}

@@ -114,7 +114,10 @@ func (s *scanner) pickleStream(rd io.Reader, size int64, depth int, force bool) 
 		started = true
 	}
 	top, err := u.load()
-	isPickle := started || err == nil || u.globals > 0
+	// A stream with no PROTO is a pickle when it is one to its STOP, or when it calls what it imported before it
+	// fails (a protocol-0 payload followed by garbage). A text file that merely starts like GLOBAL ("copyright\nMIT\n")
+	// and then stops parsing is text: nothing unpickles it.
+	isPickle := started || err == nil || u.calls > 0
 	if !isPickle && !force {
 		return Report{}, false
 	}

@@ -142,7 +142,16 @@ func (s *scanner) zipMember(r io.ReaderAt, e zipEntry, depth int, kerasConfig bo
 	check := func(rd io.Reader) io.Reader { return &crcReader{r: rd, want: e.crc, n: e.usize} }
 	switch {
 	case strings.HasSuffix(e.name, ".pkl"):
-		rep, _ := s.pickleStream(check(open()), int64(e.usize), depth+1, true)
+		// Loaders read the record whole and check its CRC; so does the scan, past the pickle's STOP.
+		cr := &crcReader{r: open(), want: e.crc, n: e.usize}
+		rep, _ := s.pickleStream(cr, int64(e.usize), depth+1, true)
+		io.Copy(io.Discard, cr)
+		if cr.got != cr.n || cr.crc != cr.want {
+			res := newResult(rep.Format, s.lim.MaxFindings)
+			res.merge("", rep)
+			res.malformed("entry has CRC %08x and %d bytes, its headers say %08x and %d", cr.crc, cr.got, cr.want, cr.n)
+			return res.report()
+		}
 		return rep
 	case kerasConfig:
 		return s.kerasConfig(check(open()), e.usize)
