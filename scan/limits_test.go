@@ -135,11 +135,11 @@ func TestBuildOnGlobalIsCode(t *testing.T) {
 func TestProtocol0OrText(t *testing.T) {
 	for in, want := range map[string]string{
 		"copyright\nMIT\nPermission is hereby granted\n": "text/data",
-		"(c) 2024 Example\n":                              "text/data",
-		"I love models\n":                                 "text/data",
-		"cos\nsystem\n(S'id'\ntR":                         "pickle/code",
-		"cos\nsystem\n(S'id'\ntR\xff\xfe":                 "pickle/code",
-		"N.":                                              "pickle/data",
+		"(c) 2024 Example\n":                             "text/data",
+		"I love models\n":                                "text/data",
+		"cos\nsystem\n(S'id'\ntR":                        "pickle/code",
+		"cos\nsystem\n(S'id'\ntR\xff\xfe":                "pickle/code",
+		"N.":                                             "pickle/data",
 	} {
 		r := scan.File(strings.NewReader(in), int64(len(in)))
 		if got := r.Format + "/" + string(r.Verdict); got != want {
