@@ -14,6 +14,10 @@ import (
 	"unicode/utf8"
 )
 
+// Version names the scanner's rules (formats, checks, the allowlist). A cached Report is valid only for the
+// Version that made it: it changes whenever a verdict on some file can change.
+const Version = "modelpack-scan/1"
+
 // Verdict is what loading a file can do.
 type Verdict string
 

@@ -417,6 +417,13 @@ func (p *Policy) AllowsScan(ref, path string, r scan.Report) error {
 	return p.ruleFor(repo).allowsScan(ref, repo, digest, path, r)
 }
 
+// ScanNeeded reports whether AllowsScan can refuse anything of ref: false under a rule with allowCode, so a
+// node need not scan what such a rule governs.
+func (p *Policy) ScanNeeded(ref string) bool {
+	repo, _, err := splitRef(ref)
+	return err != nil || !p.ruleFor(repo).allowCode
+}
+
 // ErrUnsafeContent is wrapped by every refusal of AllowsScan; the driver reports it as FAILED_PRECONDITION.
 var ErrUnsafeContent = errdef.ErrUnsafeContent
 

@@ -70,6 +70,9 @@ rules:
 			t.Errorf("%v does not wrap ErrUnsafeContent", err)
 		}
 	}
+	if p.ScanNeeded("registry.example.com/legacy/x:1") || !p.ScanNeeded("registry.example.com/models/x:1") || !p.ScanNeeded("other.example.com/x:1") {
+		t.Error("ScanNeeded does not follow allowCode")
+	}
 	err = p.AllowsScan("registry.example.com/models/x:1", "pytorch_model.bin", evil)
 	for _, want := range []string{`rule "team"`, `"pytorch_model.bin"`, "code (pytorch-zip)", "posix.system"} {
 		if !strings.Contains(err.Error(), want) {
