@@ -113,7 +113,7 @@ var DefaultLimits = Limits{
 	MaxEntries:     1 << 17,
 	MaxHeader:      100 << 20,
 	MaxPickleStack: 1 << 18,
-	MaxMemo:        1 << 20,
+	MaxMemo:        1 << 18,
 	MaxCapture:     4 << 20,
 	MaxFindings:    64,
 	MaxSpool:       16 << 30,
