@@ -82,8 +82,9 @@ func (r Report) FirstCallable() string {
 	return ""
 }
 
-// Limits bound what one file may cost. A hostile file costs at most the memory these allow (a few MiB with the
-// defaults, see each) and time linear in its size; past a limit the file is malformed, never trusted.
+// Limits bound what one file may cost. A hostile file costs at most the memory these allow (about 32 MiB for a
+// pickle with the defaults: stack, memo and kept strings) and time linear in its size; past a limit the file is
+// malformed, never trusted.
 type Limits struct {
 	// MaxDepth bounds containers inside containers (a pickle in a ZIP in a tar in a gzip is 3).
 	MaxDepth int
