@@ -23,8 +23,9 @@ func Refused(files []FileReport) bool {
 	return false
 }
 
-// Dir scans every regular file under root, in lexical order, with paths relative to root. Symbolic links are
-// reported malformed rather than followed: a model's files are its own.
+// Dir scans every regular file under root, in lexical order, with paths relative to root. A symbolic link to a
+// regular file is scanned as that file (the Hugging Face cache's snapshots are links into its blobs); any other
+// link is malformed, as nothing can say what a loader would find there.
 func (l Limits) Dir(root string) ([]FileReport, error) {
 	var out []FileReport
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
@@ -37,8 +38,10 @@ func (l Limits) Dir(root string) ([]FileReport, error) {
 		case d.IsDir():
 			return nil
 		case d.Type()&fs.ModeSymlink != 0:
-			out = append(out, FileReport{Path: rel, Report: malformedReport("symlink", "a symbolic link: the scan does not follow it")})
-			return nil
+			if st, err := os.Stat(p); err != nil || !st.Mode().IsRegular() {
+				out = append(out, FileReport{Path: rel, Report: malformedReport("symlink", "a symbolic link to no regular file")})
+				return nil
+			}
 		case !d.Type().IsRegular():
 			return nil
 		}

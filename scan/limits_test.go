@@ -147,3 +147,23 @@ func TestProtocol0OrText(t *testing.T) {
 		}
 	}
 }
+
+// Dir follows links to regular files (the Hugging Face cache's layout) and refuses others.
+func TestDirLinks(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(dir+"/blob", []byte(`{"a":1}`), 0o644)
+	os.Mkdir(dir+"/snap", 0o755)
+	os.Symlink("../blob", dir+"/snap/config.json")
+	os.Symlink("/nonexistent", dir+"/snap/dangling")
+	reps, err := scan.Dir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, r := range reps {
+		got[r.Path] = r.Format + "/" + string(r.Verdict)
+	}
+	if got["snap/config.json"] != "json/data" || got["snap/dangling"] != "symlink/malformed" || got["blob"] != "json/data" {
+		t.Fatalf("%v", got)
+	}
+}
