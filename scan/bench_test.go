@@ -20,6 +20,7 @@ func BenchmarkPickleOpcodes(b *testing.B) {
 	}
 	w.WriteString(".")
 	b.SetBytes(int64(w.Len()))
+	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		r := scan.File(bytes.NewReader(w.Bytes()), int64(w.Len()))
 		if r.Verdict != scan.Data {
