@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -8,8 +9,10 @@ import (
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+	"oras.land/oras-go/v2/errdef"
 
 	"github.com/modelpack/modelpack/artifact/layout"
+	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/scan"
 )
 
@@ -21,7 +24,8 @@ type scanResult struct {
 }
 
 func scanCmd(g *Globals) *cobra.Command {
-	return &cobra.Command{
+	var rf remoteFlags
+	cmd := &cobra.Command{
 		Use:   "scan DIR|REF",
 		Short: "Report which of a model's files run code when loaded (pickles, TorchScript, Lambda layers)",
 		Long: `Report every file of a model directory, or of an artifact in the local store, with its format as its
@@ -29,9 +33,13 @@ content says (never its name) and a verdict: data (safetensors, GGUF, ONNX, JSON
 only the callables a state dict of tensors needs), code (any other pickle and what carries one: PyTorch ZIP and
 legacy archives, joblib, NumPy object arrays, Keras Lambda layers, TorchScript) or malformed (truncated, over a
 limit, read differently by different loaders, or no known format). A pickle's report names every callable it
-imports. The exit code is 0 only when every file is data. Nothing is executed.`,
+imports. The exit code is 0 only when every file is data. Nothing is executed.
+
+REF is looked up in the local store; a REF that names a registry and is not in the store is pulled (verified)
+into a temporary store, scanned and deleted. The connection flags are those of pull.`,
 		Example: `  modelpack scan ./llama-3-8b
-  modelpack scan llama3:8b -o json`,
+  modelpack scan llama3:8b -o json
+  modelpack scan registry.local:5000/org/llama3:8b --plain-http`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: completeRefs(g, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -43,7 +51,7 @@ imports. The exit code is 0 only when every file is data. Nothing is executed.`,
 				}
 			} else {
 				res.Reference = args[0]
-				if res.Files, err = scanStored(cmd, g, args[0]); err != nil {
+				if res.Files, err = scanStored(cmd, g.Home, args[0], rf.options()); err != nil {
 					return err
 				}
 			}
@@ -66,21 +74,52 @@ imports. The exit code is 0 only when every file is data. Nothing is executed.`,
 			return nil
 		},
 	}
+	rf.registerConnection(cmd.Flags())
+	return cmd
 }
 
-// scanStored scans the layers of an artifact in the local store, each blob where it lies: a raw layer is its file,
-// a tar layer is scanned member by member by the scanner.
-func scanStored(cmd *cobra.Command, g *Globals, ref string) ([]scan.FileReport, error) {
-	store, err := layout.Open(g.Home)
+// scanStored scans the layers of an artifact in the local store at home, each blob where it lies: a raw layer is
+// its file, a tar layer is scanned member by member by the scanner. A registry reference the store lacks is pulled
+// into a temporary store first.
+func scanStored(cmd *cobra.Command, home, ref string, opts remote.Options) ([]scan.FileReport, error) {
+	store, err := layout.Open(home)
 	if err != nil {
 		return nil, err
 	}
 	defer store.Close()
 	info, err := loadArtifact(cmd.Context(), store, ref)
-	if err != nil {
-		if namesRegistry(ref) {
-			return nil, fmt.Errorf("%w (scan reads the local store: modelpack pull %s first, or fetch it into a directory and scan that)", err, ref)
+	if err != nil && errors.Is(err, errdef.ErrNotFound) && namesRegistry(ref) {
+		tmp, err := os.MkdirTemp("", "modelpack-scan-")
+		if err != nil {
+			return nil, err
 		}
+		defer os.RemoveAll(tmp)
+		parsed, err := registryRef(ref)
+		if err != nil {
+			return nil, err
+		}
+		local, err := layout.ParseReference(parsed.String())
+		if err != nil {
+			return nil, err
+		}
+		src, _, err := remote.NewRepository(parsed.String(), opts)
+		if err != nil {
+			return nil, err
+		}
+		pulled, err := layout.Open(tmp)
+		if err != nil {
+			return nil, err
+		}
+		defer pulled.Close()
+		if _, err := remote.Pull(cmd.Context(), src, pulled, local, remote.TransferOptions{}); err != nil {
+			return nil, err
+		}
+		store = pulled
+		info, err = loadArtifact(cmd.Context(), store, local)
+		if err != nil {
+			return nil, err
+		}
+	} else if err != nil {
 		return nil, err
 	}
 	if info.Manifest == nil {

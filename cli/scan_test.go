@@ -13,7 +13,8 @@ import (
 
 // Item: `modelpack scan DIR` (the built binary) gives every generated hostile and benign vector the verdict
 // expect.json records, exits 1 naming how many files are refused, and exits 0 on a model of data only. The same
-// files packed into the local store give the same verdicts by reference.
+// files packed into the local store give the same verdicts by reference, and pushed to a real registry, by its
+// reference.
 func TestScanVectors(t *testing.T) {
 	run := binaryRunner(t)
 	src := filepath.Join(testenv.RepoRoot(), "scan", "testdata", "vectors")
@@ -80,6 +81,19 @@ func TestScanVectors(t *testing.T) {
 	}
 	code, out, errOut = run("--home", home, "scan", "vectors:v1", "-o", "json")
 	check("scan REF", code, out, errOut)
+
+	// A registry reference the store lacks is pulled into a temporary store, scanned and dropped.
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	remoteRef := reg.Host + "/scan/vectors:v1"
+	if code, _, errOut := run("--home", home, "push", remoteRef, "--from", "vectors:v1", "--plain-http", "-q"); code != 0 {
+		t.Fatalf("push: %s", errOut)
+	}
+	empty := t.TempDir()
+	code, out, errOut = run("--home", empty, "scan", remoteRef, "--plain-http", "-o", "json")
+	check("scan registry REF", code, out, errOut)
+	if blobs, _ := os.ReadDir(filepath.Join(empty, "blobs", "sha256")); len(blobs) > 0 {
+		t.Errorf("scanning a registry reference left %d blobs in the local store", len(blobs))
+	}
 
 	// The table names the file, its format and the first callable.
 	_, out, _ = run("scan", dir)
