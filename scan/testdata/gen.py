@@ -17,6 +17,12 @@ import types
 import zipfile
 import importlib
 
+# ZIP entries carry the time they were written: fix it, so the vectors are the same bytes on every run.
+import time
+os.environ["TZ"] = "UTC"
+time.tzset()
+time.time = lambda: 347155200.0  # 1981-01-01
+
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vectors")
 os.makedirs(OUT, exist_ok=True)
 expect = {}
@@ -202,6 +208,13 @@ def main():
     write("torchscript.pt", torch_zip(sd, [("archive/code/__torch__.py", b"def forward(self):\n  pass\n"),
                                            ("archive/constants.pkl", pickle.dumps((), protocol=2))]),
           "pytorch-zip", "code", "torch.jit")
+    # zip64 local headers (what torch writes for records over 4 GiB), on a small benign archive.
+    b = io.BytesIO()
+    with zipfile.ZipFile(b, "w") as zz:
+        for n, d in (("archive/data.pkl", sd), ("archive/data/0", b"\0" * 16), ("archive/data/1", b"\0" * 8)):
+            with zz.open(n, "w", force_zip64=True) as f:
+                f.write(d)
+    write("zip64_benign.pt", b.getvalue(), "pytorch-zip", "data")
     # Polyglot: a pickle whose end is a ZIP directory (zipfile sees the ZIP, torch.load the pickle).
     write("polyglot.pkl", pickle.dumps(Reduce(os.system, "id"), protocol=2) + torch_zip(sd), "pickle", "code", "posix.system")
 
