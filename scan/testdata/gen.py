@@ -23,7 +23,7 @@ os.environ["TZ"] = "UTC"
 time.tzset()
 time.time = lambda: 347155200.0  # 1981-01-01
 
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vectors")
+OUT = os.environ.get("VECTORS_OUT") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "vectors")
 os.makedirs(OUT, exist_ok=True)
 expect = {}
 
