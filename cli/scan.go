@@ -152,7 +152,7 @@ func printScan(cmd *cobra.Command, files []scan.FileReport) error {
 		for _, x := range f.Findings {
 			if x.Verdict == scan.Code && x.Callable != "" && len(callables) < 5 {
 				if callables == nil {
-					member = x.Member
+					member = strings.Trim(x.File+"/"+x.Member, "/")
 				}
 				callables = append(callables, x.Callable)
 			}

@@ -33,7 +33,7 @@ func (s *scanner) tar(r io.ReaderAt, size int64, depth int) Report {
 		switch h.Typeflag {
 		case tar.TypeReg, '\x00': // regular files (and the old TypeRegA)
 		case tar.TypeGNUSparse:
-			res.add(Finding{Member: h.Name, Verdict: Malformed, Detail: "sparse tar member"})
+			res.add(Finding{File: h.Name, Verdict: Malformed, Detail: "sparse tar member"})
 			continue
 		default:
 			continue
@@ -41,10 +41,10 @@ func (s *scanner) tar(r io.ReaderAt, size int64, depth int) Report {
 		// archive/tar reads headers without buffering ahead: the data starts at the section's position.
 		off, _ := sr.Seek(0, io.SeekCurrent)
 		if h.Size < 0 || off+h.Size > size {
-			res.add(Finding{Member: h.Name, Verdict: Malformed, Detail: "member runs past the end of the archive"})
+			res.add(Finding{File: h.Name, Verdict: Malformed, Detail: "member runs past the end of the archive"})
 			break
 		}
-		res.merge(h.Name, s.file(io.NewSectionReader(r, off, h.Size), h.Size, depth+1))
+		res.mergeFile(h.Name, s.file(io.NewSectionReader(r, off, h.Size), h.Size, depth+1))
 	}
 	return res.report()
 }

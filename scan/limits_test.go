@@ -93,8 +93,8 @@ func TestContainersByContent(t *testing.T) {
 	if r.Format != "tar" || r.Verdict != scan.Code || r.FirstCallable() != "posix.system" {
 		t.Fatalf("tar: %+v", r)
 	}
-	if !strings.HasPrefix(r.Reason, "model/weights.txt/archive/data.pkl: ") {
-		t.Errorf("reason %q does not name the member path", r.Reason)
+	if !strings.HasPrefix(r.Reason, "model/weights.txt: archive/data.pkl: ") || r.Findings[len(r.Findings)-1].File != "model/weights.txt" {
+		t.Errorf("reason %q does not name the file and member: %+v", r.Reason, r.Findings)
 	}
 	var gz bytes.Buffer
 	zw := gzip.NewWriter(&gz)

@@ -56,7 +56,10 @@ type Report struct {
 
 // Finding is one thing the scan found.
 type Finding struct {
-	// Member is the path inside a container (ZIP, tar) the finding is in; empty for the file itself.
+	// File is the model-relative path of the tar member the finding is in, when the scanned file is a tar layer
+	// (its entries are the model's files); empty otherwise.
+	File string `json:"file,omitempty"`
+	// Member is the path inside a file that is itself a container (a ZIP's data.pkl); empty for the file itself.
 	Member  string  `json:"member,omitempty"`
 	Verdict Verdict `json:"verdict"`
 	// Callable is the module.name a pickle imports or calls, when the finding is one.
@@ -68,6 +71,9 @@ func (f Finding) String() string {
 	s := f.Detail
 	if f.Member != "" {
 		s = f.Member + ": " + s
+	}
+	if f.File != "" {
+		s = f.File + ": " + s
 	}
 	return s
 }
@@ -169,9 +175,11 @@ func (r *result) malformed(format string, a ...any) {
 // merge adds a member's report under its path.
 func (r *result) merge(member string, m Report) {
 	for _, f := range m.Findings {
-		if f.Member == "" {
+		switch {
+		case f.File != "" || member == "":
+		case f.Member == "":
 			f.Member = member
-		} else {
+		default:
 			f.Member = member + "/" + f.Member
 		}
 		r.add(f)
@@ -179,6 +187,20 @@ func (r *result) merge(member string, m Report) {
 	if m.Verdict != Data && len(m.Findings) == 0 { // a verdict always comes with a finding; keep it if cut
 		r.add(Finding{Member: member, Verdict: m.Verdict, Detail: m.Reason})
 	}
+}
+
+// mergeFile adds a tar member's report: its findings are in that model file.
+func (r *result) mergeFile(file string, m Report) {
+	for i := range m.Findings {
+		if m.Findings[i].File == "" {
+			m.Findings[i].File = file
+		}
+	}
+	if m.Verdict != Data && len(m.Findings) == 0 {
+		m.Findings = []Finding{{Verdict: m.Verdict, Detail: m.Reason}}
+		m.Findings[0].File = file
+	}
+	r.merge("", m)
 }
 
 func (r *result) report() Report {

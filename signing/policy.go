@@ -431,18 +431,54 @@ func (r *rule) allowsScan(ref, repo, digest, file string, rep scan.Report) error
 	if rep.Verdict == scan.Data || r.allowCode {
 		return nil
 	}
-	clean := path.Clean(strings.TrimPrefix(file, "/"))
-	for _, e := range r.exceptions {
-		if e.repo.MatchString(repo) && (e.digest == "" || e.digest == digest) && e.path.MatchString(clean) {
-			return nil
+	excepted := func(p string) bool {
+		clean := path.Clean(strings.TrimPrefix(p, "/"))
+		for _, e := range r.exceptions {
+			if e.repo.MatchString(repo) && (e.digest == "" || e.digest == digest) && e.path.MatchString(clean) {
+				return true
+			}
+		}
+		return false
+	}
+	// A tar layer's findings name the model file they are in; anything else is in the file itself.
+	// The refusal names a callable when one is refused, else the first fault.
+	refused := scan.Finding{Verdict: rep.Verdict, Detail: rep.Reason}
+	found := false
+	for _, callables := range []bool{true, false} {
+		for _, f := range rep.Findings {
+			p := file
+			if f.File != "" {
+				p = f.File
+			}
+			if f.Verdict == scan.Data || callables && f.Callable == "" || found || excepted(p) {
+				continue
+			}
+			refused, found = f, true
 		}
 	}
-	what := rep.Reason
-	if c := rep.FirstCallable(); c != "" {
-		what = "first callable " + c
+	if !found && (len(rep.Findings) > 0 || excepted(file)) {
+		return nil
+	}
+	where := file
+	if refused.File != "" {
+		where = refused.File
+	}
+	what := refused.Detail
+	if refused.Member != "" {
+		what = refused.Member + ": " + what
+	}
+	if refused.Callable != "" {
+		what = "first callable " + refused.Callable
+		if refused.Member != "" {
+			what += " (in " + refused.Member + ")"
+		}
+	}
+	format := rep.Format
+	if refused.File != "" {
+		format += " layer " + file
 	}
 	return fmt.Errorf("%w: %s: rule %q: file %q is %s (%s): %s; allow it with allowCode: true on the rule or an exception for this file",
-		ErrUnsafeContent, ref, r.name, file, rep.Verdict, rep.Format, what)
+		ErrUnsafeContent, ref, r.name, where, refused.Verdict, format, what)
 }
 
 // splitRef parses a reference into the repository key policy patterns name and its digest ("" for a tag).

@@ -1,6 +1,8 @@
 package signing
 
 import (
+	"archive/tar"
+	"bytes"
 	"errors"
 	"os"
 	"strings"
@@ -97,5 +99,38 @@ func TestScanExceptionErrors(t *testing.T) {
 		if _, err := LoadPolicy(path); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want %q", c.body, err, c.want)
 		}
+	}
+}
+
+// A tar layer holds several model files: each finding is judged by the file it is in, so an exception for one
+// file does not let another through, and the refusal names the file inside the layer.
+func TestAllowsScanTarLayer(t *testing.T) {
+	dir := t.TempDir()
+	path := writeFile(t, dir, "policy.yaml", `
+default:
+  none: true
+  exceptions: [{reference: "registry.example.com/m", path: "ckpt/optimizer.pt"}]
+`)
+	p, err := LoadPolicy(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evil, _ := os.ReadFile("../scan/testdata/vectors/evil_torch.pt")
+	layer := func(names ...string) scan.Report {
+		var b bytes.Buffer
+		tw := tar.NewWriter(&b)
+		for _, n := range names {
+			tw.WriteHeader(&tar.Header{Name: n, Mode: 0o644, Size: int64(len(evil)), Typeflag: tar.TypeReg})
+			tw.Write(evil)
+		}
+		tw.Close()
+		return scan.File(bytes.NewReader(b.Bytes()), int64(b.Len()))
+	}
+	if err := p.AllowsScan("registry.example.com/m:1", "ckpt", layer("ckpt/optimizer.pt")); err != nil {
+		t.Errorf("excepted member refused: %v", err)
+	}
+	err = p.AllowsScan("registry.example.com/m:1", "ckpt", layer("ckpt/optimizer.pt", "ckpt/model.pt"))
+	if err == nil || !strings.Contains(err.Error(), `file "ckpt/model.pt" is code (tar layer ckpt)`) || !strings.Contains(err.Error(), "posix.system (in archive/data.pkl)") {
+		t.Errorf("got %v", err)
 	}
 }
