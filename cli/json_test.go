@@ -169,6 +169,8 @@ func TestEveryCommandPrintsOneJSONDocument(t *testing.T) {
 	run("--home", home, "pack", model, "-t", "every/model:v1")
 	run("--home", home, "list")
 	run("--home", home, "inspect", "every/model:v1")
+	run("--home", home, "scan", "every/model:v1")
+	run("scan", model)
 	run("--home", home, "tag", "every/model:v1", "every/model:v2")
 	run("--home", home, "unpack", "every/model:v1", filepath.Join(t.TempDir(), "u"))
 	run("--home", home, "push", ref, "--from", "every/model:v1", "--plain-http")

@@ -32,7 +32,7 @@ var Revision = ""
 var commands = []func(*Globals) *cobra.Command{
 	packCmd, listCmd, inspectCmd, tagCmd, rmCmd, pruneCmd, unpackCmd,
 	loginCmd, logoutCmd, pushCmd, pullCmd, fetchCmd, copyCmd, tagsCmd,
-	keyCmd, signCmd, verifyCmd,
+	keyCmd, signCmd, verifyCmd, scanCmd,
 	csiDriverCmd, prepullCmd, cacheCmd,
 	versionCmd,
 }

@@ -12,10 +12,16 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"regexp"
 	"strings"
 
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/modelpack/modelpack/internal/errdef"
+	"github.com/modelpack/modelpack/scan"
 )
 
 // Mode says what a rule does with its verdict.
@@ -84,6 +90,21 @@ type Rule struct {
 	CertificateTransparency Check `yaml:"certificateTransparency" json:"certificateTransparency,omitempty"`
 	// OMS requires an OpenSSF Model Signing signature over the model's files as well (see OMSRule).
 	OMS *OMSRule `yaml:"oms" json:"oms,omitempty"`
+	// AllowCode lets the rule's models hold files the scanner (package scan) finds to be code or malformed:
+	// pickles outside its allowlist, TorchScript, Keras Lambda layers, structures it cannot vouch for. False (the
+	// zero value, so every rule that does not say otherwise) refuses them; see Exceptions for single files.
+	AllowCode bool `yaml:"allowCode" json:"allowCode,omitempty"`
+	// Exceptions allow named files of named models whatever their scan verdict.
+	Exceptions []ScanException `yaml:"exceptions" json:"exceptions,omitempty"`
+}
+
+// ScanException allows the files matching Path in the models matching Reference.
+type ScanException struct {
+	// Reference is a registry/repository glob as in Match, optionally pinned to one manifest with @sha256:….
+	Reference string `yaml:"reference" json:"reference"`
+	// Path is a glob over the file's path in the model ("*.pt", "**/training_args.bin"): * stays within a path
+	// segment, ** crosses segments.
+	Path string `yaml:"path" json:"path"`
 }
 
 // Identity is a keyless signer: the OIDC issuer recorded in the certificate and its subject (SAN email or URI).
@@ -216,12 +237,27 @@ type rule struct {
 	none        bool
 	authorities []*authority
 	oms         *omsRule
+	allowCode   bool
+	exceptions  []exception
+}
+
+type exception struct {
+	repo   *regexp.Regexp
+	digest string // "" for any manifest
+	path   *regexp.Regexp
 }
 
 func (l *loader) compileRule(r Rule, path string) (*rule, error) {
-	cr := &rule{name: r.Name, mode: r.Mode, none: r.None}
+	cr := &rule{name: r.Name, mode: r.Mode, none: r.None, allowCode: r.AllowCode}
 	if r.Name != path {
 		path = fmt.Sprintf("%s (%q)", path, r.Name)
+	}
+	for i, e := range r.Exceptions {
+		ex, err := compileException(e)
+		if err != nil {
+			return nil, fmt.Errorf("%s.exceptions[%d]: %v", path, i, err)
+		}
+		cr.exceptions = append(cr.exceptions, ex)
 	}
 	switch cr.mode {
 	case "":
@@ -317,6 +353,12 @@ func compileGlob(g string) (*regexp.Regexp, error) {
 	if strings.HasPrefix(g, "index.docker.io/") {
 		g = "docker.io/" + strings.TrimPrefix(g, "index.docker.io/")
 	}
+	return globRegexp(g)
+}
+
+// globRegexp is the glob syntax of patterns and exception paths: * within a segment, ** across, a trailing /**
+// matching the prefix too.
+func globRegexp(g string) (*regexp.Regexp, error) {
 	var b strings.Builder
 	b.WriteString("^")
 	for i := 0; i < len(g); i++ {
@@ -337,4 +379,116 @@ func compileGlob(g string) (*regexp.Regexp, error) {
 	}
 	b.WriteString("$")
 	return regexp.Compile(b.String())
+}
+
+func compileException(e ScanException) (exception, error) {
+	var ex exception
+	ref := e.Reference
+	if i := strings.IndexByte(ref, '@'); i >= 0 {
+		ex.digest = ref[i+1:]
+		if _, err := v1.NewHash(ex.digest); err != nil {
+			return ex, fmt.Errorf("reference %q: the digest after @ is not sha256:<64 hex>: %v", e.Reference, err)
+		}
+		ref = ref[:i]
+	}
+	var err error
+	if ex.repo, err = compileGlob(ref); err != nil {
+		return ex, fmt.Errorf("reference: %v", err)
+	}
+	if e.Path == "" || strings.HasPrefix(e.Path, "/") {
+		return ex, fmt.Errorf("path %q: a glob over a file's path inside the model (relative, not empty)", e.Path)
+	}
+	if ex.path, err = globRegexp(path.Clean(e.Path)); err != nil {
+		return ex, fmt.Errorf("path: %v", err)
+	}
+	return ex, nil
+}
+
+// AllowsScan decides whether the file at path (its path inside the model) of the model ref may be mounted, given
+// its scan report: data always; code and malformed only under a rule with allowCode or an exception matching ref
+// and path. ref names the model as the node pulls it (repo@sha256:…, or repo:tag where no digest is known yet).
+// A refusal wraps ErrUnsafeContent and names the rule, the file, its format and the first callable (or the
+// structural fault), which is what the pod's event should say. The rule's mode governs signatures, not this.
+func (p *Policy) AllowsScan(ref, path string, r scan.Report) error {
+	repo, digest, err := splitRef(ref)
+	if err != nil {
+		return err
+	}
+	return p.ruleFor(repo).allowsScan(ref, repo, digest, path, r)
+}
+
+// ScanNeeded reports whether AllowsScan can refuse anything of ref: false under a rule with allowCode, so a
+// node need not scan what such a rule governs.
+func (p *Policy) ScanNeeded(ref string) bool {
+	repo, _, err := splitRef(ref)
+	return err != nil || !p.ruleFor(repo).allowCode
+}
+
+// ErrUnsafeContent is wrapped by every refusal of AllowsScan; the driver reports it as FAILED_PRECONDITION.
+var ErrUnsafeContent = errdef.ErrUnsafeContent
+
+func (r *rule) allowsScan(ref, repo, digest, file string, rep scan.Report) error {
+	if rep.Verdict == scan.Data || r.allowCode {
+		return nil
+	}
+	excepted := func(p string) bool {
+		clean := path.Clean(strings.TrimPrefix(p, "/"))
+		for _, e := range r.exceptions {
+			if e.repo.MatchString(repo) && (e.digest == "" || e.digest == digest) && e.path.MatchString(clean) {
+				return true
+			}
+		}
+		return false
+	}
+	// A tar layer's findings name the model file they are in; anything else is in the file itself.
+	// The refusal names a callable when one is refused, else the first fault.
+	refused := scan.Finding{Verdict: rep.Verdict, Detail: rep.Reason}
+	found := false
+	for _, callables := range []bool{true, false} {
+		for _, f := range rep.Findings {
+			p := file
+			if f.File != "" {
+				p = f.File
+			}
+			if f.Verdict == scan.Data || callables && f.Callable == "" || found || excepted(p) {
+				continue
+			}
+			refused, found = f, true
+		}
+	}
+	if !found && (len(rep.Findings) > 0 || excepted(file)) {
+		return nil
+	}
+	where := file
+	if refused.File != "" {
+		where = refused.File
+	}
+	what := refused.Detail
+	if refused.Member != "" {
+		what = refused.Member + ": " + what
+	}
+	if refused.Callable != "" {
+		what = "first callable " + refused.Callable
+		if refused.Member != "" {
+			what += " (in " + refused.Member + ")"
+		}
+	}
+	format := rep.Format
+	if refused.File != "" {
+		format += " layer " + file
+	}
+	return fmt.Errorf("%w: %s: rule %q: file %q is %s (%s): %s; allow it with allowCode: true on the rule or an exception for this file",
+		ErrUnsafeContent, ref, r.name, where, refused.Verdict, format, what)
+}
+
+// splitRef parses a reference into the repository key policy patterns name and its digest ("" for a tag).
+func splitRef(ref string) (repo, digest string, err error) {
+	r, err := name.ParseReference(ref, name.WeakValidation)
+	if err != nil {
+		return "", "", fmt.Errorf("scan policy: %q is not a reference: %w", ref, err)
+	}
+	if d, ok := r.(name.Digest); ok {
+		digest = d.DigestStr()
+	}
+	return repoKey(r.Context()), digest, nil
 }

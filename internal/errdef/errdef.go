@@ -29,6 +29,10 @@ var (
 	ErrNoSpace = errors.New("no space left on device")
 	// ErrDenied: the node's trust policy refused the artifact (unsigned, or signed by no one it trusts).
 	ErrDenied = errors.New("denied by policy")
+	// ErrUnsafeContent: a file whose loading runs code the file chooses (a pickle outside the scanner's allowlist,
+	// TorchScript, a Keras Lambda), or that the scanner cannot vouch for (malformed), under a trust-policy rule
+	// that does not allow it. The content's fault; kubelet gets FAILED_PRECONDITION.
+	ErrUnsafeContent = errors.New("unsafe model content")
 	// ErrUnsupported: content the node cannot serve (a media type, manifest shape or digest algorithm it does not
 	// know): the content's fault, not the registry's or the node's.
 	ErrUnsupported = errors.New("unsupported")

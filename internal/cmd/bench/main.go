@@ -2,7 +2,7 @@
 // default: 2 GiB), starts a real local registry, pushes the model, then runs each area's benchmark side by side
 // with its peer (oras, curl) and prints ratios. Absolute times drift on shared machines; read the ratios.
 //
-//	go run ./internal/cmd/bench [AREA...]     # areas: pack transport cache flush driver prepull cluster
+//	go run ./internal/cmd/bench [AREA...]     # areas: pack transport cache flush driver prepull scan cluster
 //
 // With no arguments it runs BENCH_ONLY (comma-separated) or every area. Other settings, all optional:
 // BENCH_WORK (scratch, /var/tmp/modelpack-bench), BENCH_MODEL_SIZE (shard size of the model: a smaller model for a
@@ -39,6 +39,7 @@ var areas = []area{
 	{"flush", benchFlush},
 	{"driver", benchDriver},
 	{"prepull", benchPrepull},
+	{"scan", benchScan},
 }
 
 func main() {

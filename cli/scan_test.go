@@ -1,0 +1,108 @@
+package cli
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/modelpack/modelpack/internal/testenv"
+)
+
+// Item: `modelpack scan DIR` (the built binary) gives every generated hostile and benign vector the verdict
+// expect.json records, exits 1 naming how many files are refused, and exits 0 on a model of data only. The same
+// files packed into the local store give the same verdicts by reference, and pushed to a real registry, by its
+// reference.
+func TestScanVectors(t *testing.T) {
+	run := binaryRunner(t)
+	src := filepath.Join(testenv.RepoRoot(), "scan", "testdata", "vectors")
+	raw, err := os.ReadFile(filepath.Join(src, "expect.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want map[string]struct{ Format, Verdict, Callable string }
+	if err := json.Unmarshal(raw, &want); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	refused := 0
+	for name, w := range want {
+		b, err := os.ReadFile(filepath.Join(src, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if w.Verdict != "data" {
+			refused++
+		}
+	}
+	type doc struct {
+		Files []struct {
+			Path, Format, Verdict, Reason string
+			Findings                      []struct{ Verdict, Callable string }
+		}
+	}
+	check := func(what string, code int, out, errOut string) {
+		t.Helper()
+		if code != 1 || !strings.Contains(errOut, "of "+strconv.Itoa(len(want))+" files are code or malformed") || !strings.Contains(errOut, strconv.Itoa(refused)+" of") {
+			t.Fatalf("%s: exit %d, stderr %q", what, code, errOut)
+		}
+		var d doc
+		if err := json.Unmarshal([]byte(out), &d); err != nil {
+			t.Fatalf("%s: %v\n%s", what, err, out)
+		}
+		if len(d.Files) != len(want) {
+			t.Fatalf("%s: %d files reported, want %d", what, len(d.Files), len(want))
+		}
+		for _, f := range d.Files {
+			w := want[f.Path]
+			if f.Format != w.Format || f.Verdict != w.Verdict {
+				t.Errorf("%s: %s is %s/%s (%s), want %s/%s", what, f.Path, f.Format, f.Verdict, f.Reason, w.Format, w.Verdict)
+			}
+			named := false
+			for _, x := range f.Findings {
+				named = named || x.Callable == w.Callable
+			}
+			if w.Callable != "" && !named {
+				t.Errorf("%s: %s does not name %s: %+v", what, f.Path, w.Callable, f.Findings)
+			}
+		}
+	}
+	code, out, errOut := run("scan", dir, "-o", "json")
+	check("scan DIR", code, out, errOut)
+
+	home := t.TempDir()
+	if code, _, errOut := run("--home", home, "pack", dir, "-t", "vectors:v1", "-q"); code != 0 {
+		t.Fatalf("pack: %s", errOut)
+	}
+	code, out, errOut = run("--home", home, "scan", "vectors:v1", "-o", "json")
+	check("scan REF", code, out, errOut)
+
+	// A registry reference the store lacks is pulled into a temporary store, scanned and dropped.
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	remoteRef := reg.Host + "/scan/vectors:v1"
+	if code, _, errOut := run("--home", home, "push", remoteRef, "--from", "vectors:v1", "--plain-http", "-q"); code != 0 {
+		t.Fatalf("push: %s", errOut)
+	}
+	empty := t.TempDir()
+	code, out, errOut = run("--home", empty, "scan", remoteRef, "--plain-http", "-o", "json")
+	check("scan registry REF", code, out, errOut)
+	if blobs, _ := os.ReadDir(filepath.Join(empty, "blobs", "sha256")); len(blobs) > 0 {
+		t.Errorf("scanning a registry reference left %d blobs in the local store", len(blobs))
+	}
+
+	// The table names the file, its format and the first callable.
+	_, out, _ = run("scan", dir)
+	for _, line := range []string{"evil_torch.pt", "pytorch-zip", "archive/data.pkl: imports posix.system"} {
+		if !strings.Contains(out, line) {
+			t.Errorf("table lacks %q:\n%s", line, out)
+		}
+	}
+	if code, out, errOut := run("scan", smallModel(t)); code != 0 || !strings.Contains(out, "safetensors  data") {
+		t.Fatalf("a model of data: exit %d\n%s%s", code, out, errOut)
+	}
+}
