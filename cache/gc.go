@@ -371,6 +371,9 @@ func (c *Cache) sweep(s *snapshot, evict map[digest.Digest]bool, st *GCStats) er
 	if err != nil {
 		return err
 	}
+	if err := c.forgetScans(blobs); err != nil {
+		errs = append(errs, err)
+	}
 	partials, err := c.blobs.Partials()
 	if err != nil {
 		return err

@@ -29,7 +29,9 @@ var (
 	bucketDurableLayers = []byte("durableLayers") // layer digest -> empty
 	// bucketLayerStamps holds the stamp of every regular file of each extracted layer (layerstamps.go).
 	bucketLayerStamps = []byte("layerStamps") // layer digest -> {path: cas.Stamp}
-	buckets           = [][]byte{bucketManifests, bucketIndexes, bucketRefs, bucketLayers, bucketState, bucketDurableLayers, bucketLayerStamps}
+	// bucketScans holds each blob's scan report (package scan), with the scanner's version that made it.
+	bucketScans = []byte("scans") // blob digest -> scanRecord
+	buckets     = [][]byte{bucketManifests, bucketIndexes, bucketRefs, bucketLayers, bucketState, bucketDurableLayers, bucketLayerStamps, bucketScans}
 )
 
 type manifestRecord struct {

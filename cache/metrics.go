@@ -5,6 +5,7 @@ import "github.com/prometheus/client_golang/prometheus"
 // metrics are per Cache (so tests can open several); Collector exposes them for the caller to register.
 type metrics struct {
 	pulls          *prometheus.CounterVec
+	scans          *prometheus.CounterVec
 	fetchedBytes   prometheus.Counter
 	extractions    prometheus.Counter
 	extractSeconds prometheus.Histogram
@@ -39,7 +40,9 @@ func newMetrics() *metrics {
 	}
 	return &metrics{
 		pulls: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "pulls_total",
-			Help: "Pull calls by result: pulled, joined (an in-flight pull), cached, error."}, []string{"result"}),
+			Help: "Pull calls by result: pulled, joined (an in-flight pull), cached, unproven (a blob the caller's source does not serve), error."}, []string{"result"}),
+		scans: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "blob_scans_total",
+			Help: "Blob scans by verdict (data, code, malformed), and cached (a report already kept)."}, []string{"result"}),
 		fetchedBytes:   counter("fetched_bytes_total", "Bytes of layers received from registries."),
 		extractions:    counter("layer_extractions_total", "Tar layers extracted."),
 		extractSeconds: hist("layer_extraction_seconds", "Time to extract a tar layer."),
@@ -85,7 +88,7 @@ type collector struct{ m *metrics }
 
 func (c collector) all() []prometheus.Collector {
 	m := c.m
-	return []prometheus.Collector{m.pulls, m.fetchedBytes, m.extractions, m.extractSeconds, m.viewBuilds, m.viewFiles,
+	return []prometheus.Collector{m.pulls, m.scans, m.fetchedBytes, m.extractions, m.extractSeconds, m.viewBuilds, m.viewFiles,
 		m.viewSeconds, m.acquires, m.acquireSeconds, m.gcRuns, m.gcEvictions, m.gcFreed, m.verifyProblems, m.corruptBlobs,
 		m.scrubBytes, m.scrubCorrupt, m.scrubLastCompletion, m.scrubPassBytes, m.scrubPassDone, m.flushing}
 }

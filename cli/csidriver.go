@@ -47,6 +47,8 @@ type CSIDriverEnv struct {
 	Driver *csidriver.Options
 	// Verifier, if set, must accept an artifact before the driver pulls or mounts it.
 	Verifier cachebackend.Verifier
+	// Screen, if set, decides which scanned files a model may hold before the driver mounts it.
+	Screen cachebackend.ScanPolicy
 	// Instance is the driver itself: nil during Setup, since it is built from what every Setup left, and set
 	// before GRPCServices are registered, so what they start may use it.
 	Instance *csidriver.Driver
@@ -255,6 +257,7 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags, exts []csiDriverExt
 	opts.Backend = cachebackend.New(c, cachebackend.Options{
 		Remote:   env.Remote,
 		Verifier: env.Verifier,
+		Screen:   env.Screen,
 	})
 	d, err := csidriver.New(opts)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/csidriver/cachebackend"
+	"github.com/modelpack/modelpack/scan"
 	"github.com/modelpack/modelpack/signing"
 )
 
@@ -20,7 +21,7 @@ func signingExtension() csiDriverExtension {
 		},
 		Setup: func(ctx context.Context, env *CSIDriverEnv) error {
 			if policyPath == "" {
-				env.Logger.Warn("no --policy: model signatures are not verified")
+				env.Logger.Warn("no --policy: model signatures are not verified and model files are not scanned")
 				return nil
 			}
 			p, err := signing.LoadPolicy(policyPath)
@@ -43,8 +44,19 @@ func signingExtension() csiDriverExtension {
 				_, err := v.Verify(ctx, digestRef)
 				return err
 			})
+			// The same policy (as reloaded) says which scanned files a model may hold.
+			env.Screen = currentPolicy{v}
 			env.Logger.Info("trust policy loaded", "path", policyPath, "version", p.Version())
 			return nil
 		},
 	}
+}
+
+// currentPolicy is the verifier's policy of the moment, as a scan policy: a reload applies to the next publish.
+type currentPolicy struct{ v *signing.Verifier }
+
+func (c currentPolicy) ScanNeeded(ref string) bool { return c.v.Policy().ScanNeeded(ref) }
+
+func (c currentPolicy) AllowsScan(ref, path string, r scan.Report) error {
+	return c.v.Policy().AllowsScan(ref, path, r)
 }

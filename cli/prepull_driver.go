@@ -59,6 +59,7 @@ func prepullExtension() csiDriverExtension {
 				be := cachebackend.New(env.Cache, cachebackend.Options{
 					Remote:   env.Remote,
 					Verifier: env.Verifier,
+					Screen:   env.Screen,
 				}).Prepuller(env.Instance, bps)
 				log := env.Logger.With("component", "prepull")
 				if err := prepull.Serve(ctx, socket, be, prepull.Options{Concurrency: concurrency, Logger: log}); err != nil {

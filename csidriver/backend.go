@@ -34,6 +34,9 @@ type Backend interface {
 	// for an index, the manifest matching platform ("" meaning the node's). It reports progress as it goes. Blobs
 	// the node already held are shared only when ref's registry serves them to creds (see Prove).
 	Pull(ctx context.Context, ref string, dgst digest.Digest, platform string, creds Credentials, progress func(Progress)) (digest.Digest, error)
+	// Screen applies the trust policy's content rules to the files of manifest (chosen from top) of ref: what
+	// loading each would run (package scan). An error wrapping ErrUnsafeContent refuses the volume, naming the file.
+	Screen(ctx context.Context, ref string, top, manifest digest.Digest) error
 	// Hold keeps manifest's content, complete in the cache, from eviction until release is called: a publish
 	// holds what it found from then until its view is acquired. An error wrapping ErrNotFound: it is not (or no
 	// longer) complete.
@@ -87,6 +90,9 @@ var (
 	ErrInvalidReference = errors.New("invalid reference")
 	// ErrDenied is a policy refusal (an unsigned or untrusted artifact): signing.ErrDenied.
 	ErrDenied = errdef.ErrDenied
+	// ErrUnsafeContent is a model file whose loading runs code (a pickle outside the scanner's allowlist) or that
+	// the scanner cannot vouch for, under a rule that does not allow it: signing.ErrUnsafeContent.
+	ErrUnsafeContent = errdef.ErrUnsafeContent
 	// ErrUnsupported is content the node cannot mount (an unknown media type, a layer over the size limits):
 	// cache.ErrUnsupported.
 	ErrUnsupported = errdef.ErrUnsupported

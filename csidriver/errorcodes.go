@@ -45,6 +45,7 @@ var errorCodes = []struct {
 	{ErrForbidden, codes.PermissionDenied},
 	{ErrNoSpace, codes.ResourceExhausted},
 	{ErrBadContent, codes.FailedPrecondition},
+	{ErrUnsafeContent, codes.FailedPrecondition},
 	{ErrUnsupported, codes.FailedPrecondition},
 	{ErrNotFound, codes.NotFound},
 	{ErrUnavailable, codes.Unavailable},

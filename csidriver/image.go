@@ -56,14 +56,22 @@ func (d *Driver) ensureImage(ctx context.Context, a *Attributes, creds Credentia
 	if errors.Is(err, errGone) {
 		return image{}, fail(errRetry, "%s was evicted from the node's cache three times before it could be mounted: the cache is too small for the models in use (--cache-max-size)", a.Reference)
 	}
-	if err != nil || verified {
-		return img, err
+	if err != nil {
+		return image{}, err
 	}
 	// Content already on the node is checked too: the policy may have changed since it was pulled, and the same
 	// digest may have come from a repository under another rule.
-	if err := d.backend.Verify(ctx, a.Reference, digest.Digest(img.Digest), creds); err != nil {
+	if !verified {
+		if err := d.backend.Verify(ctx, a.Reference, digest.Digest(img.Digest), creds); err != nil {
+			img.done()
+			return image{}, toStatus(err, "verify %s", a.Reference)
+		}
+	}
+	// What loading the files would run, pulled just now or long ago, under the rule of this name: scanned once
+	// per blob, so a warm publish looks the answer up.
+	if err := d.backend.Screen(ctx, a.Reference, digest.Digest(img.Digest), digest.Digest(img.Manifest)); err != nil {
 		img.done()
-		return image{}, toStatus(err, "verify %s", a.Reference)
+		return image{}, toStatus(err, "scan %s", a.Reference)
 	}
 	return img, nil
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/cache"
 	"github.com/modelpack/modelpack/csidriver"
+	"github.com/modelpack/modelpack/scan"
 )
 
 // Verifier checks an artifact before any of it is pulled (signature policy). It gets the digest reference
@@ -45,6 +46,17 @@ type Options struct {
 	Remote remote.Options
 	// Verifier, if set, must accept an artifact before it is pulled or mounted.
 	Verifier Verifier
+	// Screen, if set, decides which files a model may hold by what loading them runs (package scan): every
+	// layer is scanned once on the node, and a model it refuses is not mounted.
+	Screen ScanPolicy
+}
+
+// ScanPolicy is the trust policy's content rules (signing.Policy: allowCode, exceptions).
+type ScanPolicy interface {
+	// ScanNeeded is false when no scan result could refuse ref (its rule allows code).
+	ScanNeeded(ref string) bool
+	// AllowsScan refuses (wrapping ErrUnsafeContent) a file at path of ref whose report the rule does not allow.
+	AllowsScan(ref, path string, r scan.Report) error
 }
 
 // Backend is a csidriver.Backend on a cache.Cache.
@@ -231,6 +243,81 @@ func (b *Backend) Prove(ctx context.Context, ref string, top, manifest digest.Di
 		return classify(err)
 	}
 	return nil
+}
+
+// Screen applies the scan policy to the files of manifest (chosen from top) of ref's repository: nil when there
+// is no policy, when the rule allows code, or when every file is data; otherwise the first refusal, naming the file,
+// its format and the first callable it would run.
+func (b *Backend) Screen(ctx context.Context, ref string, top, manifest digest.Digest) error {
+	if b.opts.Screen == nil {
+		return nil
+	}
+	parsed, err := registry.ParseReference(ref)
+	if err != nil {
+		return fmt.Errorf("%w: %v", csidriver.ErrInvalidReference, err)
+	}
+	model := parsed.Registry + "/" + parsed.Repository + "@" + top.String()
+	if !b.opts.Screen.ScanNeeded(model) {
+		return nil
+	}
+	layers, err := b.cache.Scan(manifest)
+	if err != nil {
+		return classify(err)
+	}
+	for _, l := range layers {
+		for _, f := range perFile(l) {
+			if err := b.opts.Screen.AllowsScan(model, f.path, f.report); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+type fileReport struct {
+	path   string
+	report scan.Report
+}
+
+// perFile splits a layer's report into its files': a raw layer is one file; a tar layer's findings name theirs,
+// and a fault of the archive itself stays with the layer's path.
+func perFile(l cache.ScannedLayer) []fileReport {
+	r := l.Report
+	if r.Verdict == scan.Data {
+		return nil
+	}
+	if l.Format == artifact.FormatRaw {
+		return []fileReport{{l.Path, r}}
+	}
+	byFile := map[string]*scan.Report{}
+	var order []string
+	for _, f := range r.Findings {
+		if f.Verdict == scan.Data {
+			continue
+		}
+		fr := byFile[f.File]
+		if fr == nil {
+			fr = &scan.Report{Format: r.Format, Verdict: f.Verdict, Reason: f.Detail}
+			byFile[f.File] = fr
+			order = append(order, f.File)
+		}
+		if f.Verdict == scan.Code {
+			fr.Verdict = scan.Code
+		}
+		fr.Findings = append(fr.Findings, f)
+	}
+	if len(order) == 0 {
+		return []fileReport{{l.Path, r}}
+	}
+	out := make([]fileReport, 0, len(order))
+	for _, name := range order {
+		p := name
+		if p == "" {
+			p = l.Path
+		}
+		out = append(out, fileReport{p, *byFile[name]})
+	}
+	return out
 }
 
 // Hold keeps manifest's content from GC until release.

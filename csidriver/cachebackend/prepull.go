@@ -65,6 +65,11 @@ func (p *Prepuller) Pull(ctx context.Context, ref string, desc ocispec.Descripto
 	if err != nil {
 		return "", err
 	}
+	// Prepulls obey the scan policy as mounts do: a model no pod may mount is not prepared for one. Its verified
+	// blobs stay cached (GC takes them), its report with them.
+	if err := p.b.Screen(ctx, ref, desc.Digest, got); err != nil {
+		return "", err
+	}
 	if p.images != nil {
 		// Platform "": the cache narrowed an index to the node's platform, as for a mount that names none.
 		if err := p.images.RecordImage(ref, "", desc.Digest, got); err != nil {
