@@ -56,6 +56,8 @@
 //	ABORTED              the pull continues in the background, or another call on the target is running
 //	                     → nothing: kubelet retries and joins the pull
 //	FAILED_PRECONDITION  pullPolicy Never and absent → prepull it, or allow pulls;
+//	                     a model file the scan rules refuse (code, malformed; named with its format and first
+//	                     callable) → republish it as safetensors, or allowCode / an exception in the rule;
 //	                     content the node cannot mount (unknown media type, a manifest, signature manifest or
 //	                     referrers list over artifact's document limits, a layer over the extract limits
 //	                     --max-extract-bytes / --max-extract-ratio) → republish it, or raise the limits;

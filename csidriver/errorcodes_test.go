@@ -27,6 +27,7 @@ func TestErrorTableMapsEveryCause(t *testing.T) {
 		ErrForbidden:             codes.PermissionDenied,
 		ErrNoSpace:               codes.ResourceExhausted,
 		ErrBadContent:            codes.FailedPrecondition,
+		ErrUnsafeContent:         codes.FailedPrecondition,
 		ErrUnsupported:           codes.FailedPrecondition,
 		ErrNotFound:              codes.NotFound,
 		ErrUnavailable:           codes.Unavailable,

@@ -399,8 +399,8 @@ func TestPrepullTrustPolicy(t *testing.T) {
 	drvCleanupMounts(t, dir)
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
 	proxy := drvStartProxy(t, reg.Host)
-	signed := drvModel{"model.safetensors": randomBytes(t, 1<<20)}
-	unsigned := drvModel{"model.safetensors": randomBytes(t, 1<<20)}
+	signed := drvModel{"model.safetensors": testmodel.Shard(t, 1<<20, 1)}
+	unsigned := drvModel{"model.safetensors": testmodel.Shard(t, 1<<20, 2)}
 	testmodel.Push(t, reg.Host, "models/signed", "v1", signed, nil)
 	testmodel.Push(t, reg.Host, "models/unsigned", "v1", unsigned, nil)
 	refSigned, refUnsigned := proxy.Host+"/models/signed:v1", proxy.Host+"/models/unsigned:v1"

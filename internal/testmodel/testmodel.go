@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"testing"
 )
 
 // Spec says what to generate.
@@ -67,30 +68,43 @@ func Generate(dir string, s Spec) error {
 
 // WriteShard writes a safetensors file of exactly size bytes holding one BF16 tensor of pseudo-random data.
 func WriteShard(path string, size int64, seed uint64) error {
-	header, data, err := shardLayout(size, seed)
+	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
-	f, err := os.Create(path)
+	if err := writeShard(f, size, seed); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// Shard is WriteShard's file as bytes: a valid safetensors file of pseudo-random weights, for tests whose node
+// scans what it mounts (random bytes are no format the scanner vouches for).
+func Shard(t testing.TB, size int64, seed uint64) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	if err := writeShard(&b, size, seed); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+func writeShard(w io.Writer, size int64, seed uint64) error {
+	header, data, err := shardLayout(size, seed)
 	if err != nil {
 		return err
 	}
 	var n [8]byte
 	binary.LittleEndian.PutUint64(n[:], uint64(len(header)))
-	if _, err := f.Write(n[:]); err != nil {
-		f.Close()
+	if _, err := w.Write(n[:]); err != nil {
 		return err
 	}
-	if _, err := f.Write(header); err != nil {
-		f.Close()
+	if _, err := w.Write(header); err != nil {
 		return err
 	}
-	rng := rand.NewChaCha8(seed32(seed))
-	if _, err := io.CopyN(f, rng, data); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	_, err = io.CopyN(w, rand.NewChaCha8(seed32(seed)), data)
+	return err
 }
 
 // shardLayout returns a header padded with spaces (safetensors allows it) so the data is a whole number of BF16
