@@ -23,7 +23,8 @@ type Layer struct {
 	Image bool
 }
 
-// Other formats met in the wild (field notes §1).
+// Other packagings of models met in the wild (KitOps ModelKits, Jozu, Docker Model Runner), read so that their
+// artifacts mount too.
 const (
 	kitopsPrefix       = "application/vnd.kitops.modelkit."
 	jozuPrefix         = "application/vnd.jozu.model."

@@ -13,14 +13,15 @@
 //	views/<hex>[-<sel>]/   one read-only tree per manifest (and selector), assembled with hardlinks, shared by
 //	                       every volume of that manifest
 //	tmp/, trash/           trees being built or deleted; emptied at Open
-//	meta.db                bbolt: manifests, their state and last use, the index→manifest choices, references
+//	meta.db                bbolt: manifests, their state and last use, the index→manifest choices, references,
+//	                       each blob's scan report
 //	holds/<boot id>.db     bbolt, never flushed: the references of volatile owners (mounts) taken in this boot
 //
 // The API:
 //
 //	func Open(opts Options) (*Cache, error)
-//	    Options{Root; MaxBytes; Limits archive.Limits; Platform; Concurrency; PullLinger; MinAge; LockTimeout;
-//	    VerifyInterval; ScrubRate; Logger; VolatileOwnerPrefix}.
+//	    Options{Root; MaxBytes; Limits archive.Limits; Platform; Concurrency; PullLinger; MinAge; FlushDelay;
+//	    LockTimeout; VerifyInterval; ScrubRate; Logger; VolatileOwnerPrefix}.
 //	    Opens (creating) the cache and runs crash recovery: half-built views and layers are deleted, complete
 //	    blobs and views and resumable partial downloads are kept. One process holds a root at a time.
 //	func (c *Cache) Close() error
@@ -31,7 +32,11 @@
 //	    content is refused. Concurrent Pulls of one digest share one transfer; a Pull whose ctx ends returns, and
 //	    the transfer goes on for Options.PullLinger so that a retry joins it (the CSI deadline pattern). A partial
 //	    blob resumes with an HTTP Range (a RangeFetcher such as artifact/remote's Repository) or a seek.
-//	    Progress{Total, Done int64}; callbacks are serialised and never run after their Pull returned.
+//	    Progress{Total, Done int64}; callbacks are serialised and never run after their Pull returned. Blobs the
+//	    cache already held are handed to a caller only when its own src serves them (HEADs; see Prove).
+//	func (c *Cache) Prove(ctx, src, top, manifest digest.Digest) error   // src serves every part, fetching none
+//	func (c *Cache) Hold(d digest.Digest) (manifest digest.Digest, release func(), err error) // kept from GC
+//	func (c *Cache) Scan(d digest.Digest) ([]ScannedLayer, error)        // each layer's scan report, once per blob
 //	func (c *Cache) Has(d digest.Digest) bool                            // a complete manifest, or index -> manifest
 //	func (c *Cache) Resolve(d digest.Digest) (ocispec.Descriptor, error) // manifest or index digest -> manifest
 //	func (c *Cache) Acquire(owner string, manifest digest.Digest, sel Selector) (viewDir string, err error)
@@ -41,7 +46,7 @@
 //	func (c *Cache) Release(owner string) error                          // idempotent
 //	func (c *Cache) GC(ctx) (GCStats, error)
 //	    Evicts whole manifests, least recently used first, until usage is under MaxBytes; never one a reference
-//	    or a running pull uses, or one used within MinAge. Deletes blobs, layers, views and partials no kept
+//	    or a running pull or a Hold uses, or one used within MinAge. Deletes blobs, layers, views and partials no kept
 //	    manifest needs, and selector views nothing references. Safe concurrently with Pull and Acquire.
 //	func (c *Cache) Remove(d digest.Digest) error                        // ErrInUse while referenced or pulling
 //	func (c *Cache) List() ([]Entry, error)

@@ -167,11 +167,10 @@ func (s *Store) makeDurable(batch []commit) error {
 
 // flushChunk is how much of a blob the flusher writes back before it flushes the disk's write cache. Every fsync
 // on the disk sends that cache flush too, and waits for whatever was written back since the last one: a publish's
-// metadata commit or the driver's volume record waited behind a whole blob's bytes when the flush wrote a blob back
-// at once (issue 20: p99 270–295 ms), and still 40–100 ms when it wrote 8 MiB chunks with one cache flush per blob
-// (on this project's VMs the host writes back what the guest flushes). With a cache flush after every 2 MiB, a
-// concurrent record write's p99 is what it is with no flush running (7–16 ms against 63–104 ms; 8 MiB chunks 23 ms,
-// 16 MiB 58 ms) and the flush takes no longer (e2e/flushpace: the measurement).
+// metadata commit or the driver's volume record waits behind a whole blob's bytes when the flush writes a blob back
+// at once, and still behind large chunks with one cache flush per blob. Small chunks with a cache flush after each
+// keep a concurrent record write as fast as with no flush running, and the flush itself takes no longer (the flush
+// area of `make bench` measures both; docs/benchmarks.md has the figures).
 var flushChunk int64 = 2 << 20
 
 // rangeHook, if set (tests), runs before each chunk a flush writes back: a gate to hold a flush half way.
