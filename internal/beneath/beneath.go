@@ -26,7 +26,7 @@ var (
 	// ErrNotRegular: the path is not a regular file (a directory, fifo, socket or device).
 	ErrNotRegular = errors.New("not a regular file")
 	// ErrChanged: the file is not the one seen before, or changed while it was read.
-	ErrChanged = errors.New("changed while being read")
+	ErrChanged = errors.New("file changed")
 	// ErrNotLocal: the path is absolute or has a ".." component.
 	ErrNotLocal = errors.New("not a path inside the directory")
 )
@@ -191,7 +191,7 @@ func (f *File) Unchanged() error {
 		return &fs.PathError{Op: "fstat", Path: f.Name(), Err: err}
 	}
 	if why := f.stat.diff(statOf(&st)); why != "" {
-		return &fs.PathError{Op: "read", Path: f.Name(), Err: fmt.Errorf("%w: %s", ErrChanged, why)}
+		return &fs.PathError{Op: "read", Path: f.Name(), Err: fmt.Errorf("%w while it was read: %s", ErrChanged, why)}
 	}
 	return nil
 }
