@@ -140,6 +140,10 @@ func (t *tree) walk(name func(rel string) string, skip map[string]bool, more boo
 // file opens the regular file at src (below the root), as listed, to record what a later read must find there.
 func (t *tree) file(name func(string) string, rel, src string, listed beneath.Stat) (node, error) {
 	f, err := t.root.Open(src)
+	if errors.Is(err, beneath.ErrSymlink) || errors.Is(err, beneath.ErrNotRegular) {
+		// Listed as a regular file, now a link or something else: replaced since the listing.
+		return node{}, badInput(name(rel), "file changed since it was listed: it %v", unwrapPathError(err))
+	}
 	if err != nil {
 		return node{}, badInput(name(rel), "unreadable: %v", unwrapPathError(err))
 	}
@@ -156,6 +160,9 @@ func (t *tree) file(name func(string) string, rel, src string, listed beneath.St
 func (t *tree) link(name func(string) string, rel string) (node, error) {
 	at := path.Join(t.prefix, rel)
 	target, err := t.root.Readlink(at)
+	if errors.Is(err, beneath.ErrChanged) {
+		return node{}, badInput(name(rel), "%v", unwrapPathError(err))
+	}
 	if err != nil {
 		return node{}, badInput(name(rel), "unreadable: %v", unwrapPathError(err))
 	}

@@ -24,7 +24,7 @@ var (
 	// ErrSymlink: the path, or a directory on the way to it, is a symbolic link.
 	ErrSymlink = errors.New("is a symbolic link, or lies under one")
 	// ErrNotRegular: the path is not a regular file (a directory, fifo, socket or device).
-	ErrNotRegular = errors.New("not a regular file")
+	ErrNotRegular = errors.New("is not a regular file")
 	// ErrChanged: the file is not the one seen before, or changed while it was read.
 	ErrChanged = errors.New("file changed")
 	// ErrNotLocal: the path is absolute or has a ".." component.
@@ -165,6 +165,10 @@ func (d *Dir) Readlink(rel string) (string, error) {
 	for size := 256; ; size *= 2 {
 		buf := make([]byte, size)
 		n, err := unix.Readlinkat(parent, base, buf)
+		if err == unix.EINVAL {
+			// Not a link: what the caller saw as one was replaced since.
+			return "", &fs.PathError{Op: "readlink", Path: d.join(rel), Err: fmt.Errorf("%w since it was listed: it is no longer a symbolic link", ErrChanged)}
+		}
 		if err != nil {
 			return "", &fs.PathError{Op: "readlink", Path: d.join(rel), Err: err}
 		}
