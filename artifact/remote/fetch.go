@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"sort"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/gofrs/flock"
@@ -47,8 +48,8 @@ type FetchOptions struct {
 // matches, a tar layer is extracted into a staging directory moved into place only when its digest matches.
 // Container-image layers are applied in order (whiteouts included) and moved into place together. Downloads
 // resume with HTTP Range after a dropped connection. Raw layers that share a digest are downloaded once. It is all
-// or nothing: on failure dir is as it was (a directory it created is removed), but for DIR/.modelpack-partial,
-// which keeps what was downloaded, verified or not yet, for the next run.
+// or nothing: on failure dir is as it was (a directory it created is removed), but that an interrupted or cut-off
+// fetch keeps what it downloaded, verified or not yet, in DIR/.modelpack-partial for the next run.
 func Fetch(ctx context.Context, src *Repository, dir string, opts FetchOptions) (*Result, error) {
 	res, err := fetch(ctx, src, dir, opts)
 	if err != nil {
@@ -92,7 +93,7 @@ func fetch(ctx context.Context, src *Repository, dir string, opts FetchOptions) 
 		return nil, err
 	}
 	// Every layer lands in a staging tree inside dir, moved into place only once all verified, all or nothing
-	// (archive.MergeInto): a failed fetch leaves dir as it was, but for the resumable downloads it keeps aside.
+	// (archive.MergeInto): a failed fetch leaves dir as it was, but for the downloads an interrupted one keeps aside.
 	staging, err := os.MkdirTemp(dir, ".modelpack-fetch-")
 	if err != nil {
 		removeDir()
@@ -102,7 +103,7 @@ func fetch(ctx context.Context, src *Repository, dir string, opts FetchOptions) 
 	f := &fetcher{src: src, dir: dir, staging: staging, partials: partials, opts: opts, t: t}
 	defer func() {
 		if err != nil {
-			f.keepDownloads()
+			f.abandon(err)
 		}
 		os.RemoveAll(staging)
 		os.Remove(partials) // once empty: nothing left to resume
@@ -240,18 +241,33 @@ type fetcher struct {
 	// placed are the verified downloads moved from partials into the staging tree: moved back if the fetch
 	// fails, so the next run need not download them again.
 	placed []placedFile
+	begun  []string // partial files this run created
 }
 
 type placedFile struct{ staged, partial string }
 
-// keepDownloads moves the verified downloads back among the partial files, for the next run.
-func (f *fetcher) keepDownloads() {
+// abandon handles the downloads of a failed fetch. One interrupted or cut off keeps them among the partial files
+// (the verified ones moved back there), so the next run resumes; one that failed on the content (a blob that
+// does not match its digest, paths that conflict, an unsafe archive) or on a full disk removes those this run
+// began, since running it again as it is cannot succeed: the directory is left exactly as it was.
+func (f *fetcher) abandon(err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for _, p := range f.placed {
-		os.Rename(p.staged, p.partial)
+	content := false
+	for _, e := range []error{ErrDigestMismatch, ErrSizeMismatch, artifact.ErrPathConflict, archive.ErrUnsafePath,
+		archive.ErrLinkEscape, archive.ErrSpecialFile, archive.ErrTooLarge, syscall.ENOSPC, syscall.EDQUOT} {
+		content = content || errors.Is(err, e)
 	}
-	f.placed = nil
+	if !content {
+		for _, p := range f.placed {
+			os.Rename(p.staged, p.partial)
+		}
+	} else {
+		for _, name := range f.begun {
+			os.Remove(name)
+		}
+	}
+	f.placed, f.begun = nil, nil
 }
 
 // verifiedStream reads a layer through cas's verifier: its end is an error unless size and digest match. finish
@@ -369,6 +385,11 @@ func (f *fetcher) rawFile(ctx context.Context, ls []artifact.Layer) (err error) 
 		lock.Unlock()
 		os.Remove(name + ".lock")
 	}()
+	if _, err := os.Lstat(name); errors.Is(err, fs.ErrNotExist) {
+		f.mu.Lock()
+		f.begun = append(f.begun, name)
+		f.mu.Unlock()
+	}
 	tmp, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return err
