@@ -2,6 +2,7 @@ package beneath
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -155,5 +156,49 @@ func TestWalk(t *testing.T) {
 	must(t, err)
 	if target != "sub" {
 		t.Fatalf("readlink: %q", target)
+	}
+}
+
+// The seam between a check and a use: a file listed as regular and swapped for a link to an outside file right
+// before it is opened is refused, in both resolutions; so is a parent directory swapped for a link.
+func TestSwapBeforeOpen(t *testing.T) {
+	for _, fallback := range []bool{false, true} {
+		for _, swapped := range []string{"file", "sub"} {
+			t.Run(fmt.Sprint(swapped, fallback), func(t *testing.T) {
+				noOpenat2 = fallback
+				dir, outside := tree(t)
+				os.MkdirAll(filepath.Join(filepath.Dir(outside), "odir"), 0o755)
+				os.WriteFile(filepath.Join(filepath.Dir(outside), "odir", "file"), []byte("SECRET"), 0o644)
+				target := outside
+				if swapped == "sub" {
+					target = filepath.Join(filepath.Dir(outside), "odir")
+				}
+				openHook = func(string) {
+					must(t, os.Symlink(target, filepath.Join(dir, ".swap")))
+					must(t, os.Rename(filepath.Join(dir, ".swap"), filepath.Join(dir, swapped)))
+				}
+				t.Cleanup(func() { openHook, noOpenat2 = nil, false })
+				d, err := OpenDir(dir)
+				must(t, err)
+				defer d.Close()
+				rel := "file"
+				if swapped == "sub" {
+					os.RemoveAll(filepath.Join(dir, "sub"))
+					rel = "sub/file"
+				}
+				if _, err := d.Lstat(rel); err != nil && swapped == "file" {
+					t.Fatal(err)
+				}
+				f, err := d.Open(rel)
+				if err == nil {
+					b, _ := io.ReadAll(f)
+					f.Close()
+					t.Fatalf("opened through the swapped link: %q", b)
+				}
+				if !errors.Is(err, ErrSymlink) {
+					t.Fatalf("got %v, want ErrSymlink", err)
+				}
+			})
+		}
 	}
 }
