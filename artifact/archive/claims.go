@@ -139,6 +139,11 @@ func MergeInto(src, dst string) (_ []string, err error) {
 			case !errors.Is(err, fs.ErrNotExist):
 				return err
 			}
+			if mergeHook != nil {
+				if err := mergeHook(r); err != nil {
+					return err
+				}
+			}
 			if err := root.Rename(from, r); err != nil {
 				return err
 			}
@@ -161,6 +166,9 @@ func MergeInto(src, dst string) (_ []string, err error) {
 	}
 	return files, walk("")
 }
+
+// mergeHook, if set, runs before each rename into dst: the tests' way to make one fail.
+var mergeHook func(rel string) error
 
 // journal records what a merge did to dst, to undo it.
 type journal struct {
