@@ -45,7 +45,7 @@ func snapshotDir(t *testing.T, dir string) map[string]string {
 // a directory it would have created does not exist, files already there (with --force, files it would replace)
 // are untouched, and nothing of the model lands (fetch keeps no download aside: running again cannot help).
 func TestUnpackFetchIdenticalFilesAllOrNothing(t *testing.T) {
-	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{AccessLog: true})
 	t.Setenv("DOCKER_CONFIG", t.TempDir())
 	model := filepath.Join(t.TempDir(), "model")
 	os.MkdirAll(filepath.Join(model, "shards"), 0o755)
@@ -68,7 +68,22 @@ func TestUnpackFetchIdenticalFilesAllOrNothing(t *testing.T) {
 	for name, args := range map[string]func(string, ...string) []string{"unpack": unpack, "fetch": fetch} {
 		t.Run(name, func(t *testing.T) {
 			out := filepath.Join(t.TempDir(), "out")
+			logBefore, _ := os.ReadFile(reg.LogPath)
 			mustRemoteCLI(t, args(out, "-q")...)
+			if name == "fetch" {
+				// One download of the four identical files.
+				log, _ := os.ReadFile(reg.LogPath)
+				sum := sha256.Sum256(weights)
+				gets := 0
+				for _, line := range strings.Split(string(log[len(logBefore):]), "\n") {
+					if strings.Contains(line, fmt.Sprintf("GET /v2/org/dup/blobs/sha256:%x", sum)) && (strings.Contains(line, `" 200 `) || strings.Contains(line, `" 206 `)) {
+						gets++
+					}
+				}
+				if gets != 1 {
+					t.Errorf("the shared weight blob was downloaded %d times", gets)
+				}
+			}
 			for i := range 4 {
 				b, err := os.ReadFile(filepath.Join(out, "shards", fmt.Sprintf("model-%d.safetensors", i)))
 				if err != nil || !bytes.Equal(b, weights) {
