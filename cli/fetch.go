@@ -25,8 +25,10 @@ corrupt or interrupted download never leaves a partial file under a final name. 
 HTTP Range. --filter and --include select layers as for unpack.
 
 Files that already exist in DIR are refused before anything is written, unless --force; files already there
-byte for byte are skipped, and a file interrupted part way (Ctrl-C) is kept aside in DIR/.modelpack-partial, so a
-fetch run again asks the registry only for the bytes it lacks (HTTP Range). A container image is refused
+byte for byte are skipped. All or nothing: the files are moved into place only once every layer verified, so a
+fetch that fails leaves DIR as it was; files that share a digest are downloaded once and copied. What an
+interrupted (Ctrl-C) or cut-off fetch downloaded is kept aside in DIR/.modelpack-partial, so a fetch run again
+asks the registry only for the bytes it lacks (HTTP Range). A container image is refused
 unless --image-rootfs. Files get the modification time the artifact records.`,
 		Example: `  modelpack fetch registry.local:5000/org/llama3:8b ./llama3
   modelpack fetch registry.local:5000/org/llama3:8b ./cfg --filter config,docs

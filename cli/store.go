@@ -286,7 +286,8 @@ func unpackCmd(g *Globals) *cobra.Command {
 		Long: `Write an artifact's files into DIR: raw layers as files, tar layers extracted. Every blob is verified
 against its digest as it is written, and layer paths that would land outside DIR are refused. Files that already
 exist in DIR are refused before anything is written, unless --force; files already there byte for byte are
-skipped. A container image is refused unless --image-rootfs. Files get the modification time the artifact
+skipped. All or nothing: the files are moved into place only once every layer verified, so an unpack that fails
+leaves DIR as it was; files that share a digest are written once and copied. A container image is refused unless --image-rootfs. Files get the modification time the artifact
 records (the epoch for a reproducible pack), as fetch gives them.`,
 		Example: `  modelpack unpack llama3:8b ./llama3
   modelpack unpack llama3:8b ./cfg --filter config --filter docs

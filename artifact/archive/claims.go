@@ -82,8 +82,9 @@ func FilesUnder(dir string) ([]string, error) {
 }
 
 // MergeInto moves the tree under src into dst with renames, replacing what is in the way (directories merge),
-// and returns the regular files moved, relative to dst.
-func MergeInto(src, dst string) ([]string, error) {
+// and returns the regular files moved, relative to dst. It is all or nothing: what it replaces is set aside until
+// the last rename, and on any failure every rename is undone and dst is left as it was (src keeps the rest).
+func MergeInto(src, dst string) (_ []string, err error) {
 	// src is inside dst (its staging directory). Everything in dst is reached through its root, so a symlink
 	// already there (an image layer's, say) is not followed out of it.
 	root, err := os.OpenRoot(dst)
@@ -95,6 +96,13 @@ func MergeInto(src, dst string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	j := &journal{root: root, dst: dst}
+	defer func() {
+		if err != nil {
+			j.undo()
+		}
+		j.drop()
+	}()
 	var files []string
 	var walk func(rel string) error
 	walk = func(rel string) error {
@@ -117,20 +125,29 @@ func MergeInto(src, dst string) ([]string, error) {
 				if err != nil {
 					return err
 				}
-				if err := root.Chmod(r, si.Mode().Perm()); err != nil {
-					return err
+				if si.Mode().Perm() != fi.Mode().Perm() {
+					if err := root.Chmod(r, si.Mode().Perm()); err != nil {
+						return err
+					}
+					j.ops = append(j.ops, op{rel: r, mode: fi.Mode().Perm(), chmod: true})
 				}
 				continue
 			case err == nil:
-				if err := root.RemoveAll(r); err != nil {
+				if err := j.setAside(r); err != nil {
 					return err
 				}
 			case !errors.Is(err, fs.ErrNotExist):
 				return err
 			}
+			if mergeHook != nil {
+				if err := mergeHook(r); err != nil {
+					return err
+				}
+			}
 			if err := root.Rename(from, r); err != nil {
 				return err
 			}
+			j.ops = append(j.ops, op{rel: r, from: from})
 			if e.IsDir() {
 				if err := filepath.WalkDir(to, func(p string, d fs.DirEntry, err error) error {
 					if err == nil && d.Type().IsRegular() {
@@ -148,4 +165,96 @@ func MergeInto(src, dst string) ([]string, error) {
 		return nil
 	}
 	return files, walk("")
+}
+
+// mergeHook, if set, runs before each rename into dst: the tests' way to make one fail.
+var mergeHook func(rel string) error
+
+// journal records what a merge did to dst, to undo it.
+type journal struct {
+	root  *os.Root
+	dst   string
+	aside string // dst-relative directory holding what the merge replaced, made when first needed
+	ops   []op
+}
+
+// op is one change: an entry renamed in from src (from), an entry set aside (aside), or a directory's mode changed.
+type op struct {
+	rel, from, aside string
+	chmod            bool
+	mode             fs.FileMode
+}
+
+// setAside moves the entry at rel out of the way, into the journal's directory in dst.
+func (j *journal) setAside(rel string) error {
+	if j.aside == "" {
+		d, err := os.MkdirTemp(j.dst, ".modelpack-replaced-")
+		if err != nil {
+			return err
+		}
+		j.aside = filepath.Base(d)
+	}
+	to := filepath.Join(j.aside, fmt.Sprint(len(j.ops)))
+	if err := j.root.Rename(rel, to); err != nil {
+		return err
+	}
+	j.ops = append(j.ops, op{rel: rel, aside: to})
+	return nil
+}
+
+// undo reverses the changes, newest first: dst is as before the merge, and what came from src is back in it.
+func (j *journal) undo() {
+	for i := len(j.ops) - 1; i >= 0; i-- {
+		o := j.ops[i]
+		switch {
+		case o.chmod:
+			j.root.Chmod(o.rel, o.mode)
+		case o.from != "":
+			j.root.Rename(o.rel, o.from)
+		case o.aside != "":
+			j.root.Rename(o.aside, o.rel)
+		}
+	}
+	j.ops = nil
+}
+
+// drop deletes what was set aside (nothing, after undo).
+func (j *journal) drop() {
+	if j.aside != "" {
+		if err := j.root.RemoveAll(j.aside); err != nil {
+			// A read-only directory set aside: make it removable, as the caller's own cleanup would.
+			fs.WalkDir(j.root.FS(), j.aside, func(p string, d fs.DirEntry, err error) error {
+				if err == nil && d.IsDir() {
+					j.root.Chmod(p, 0o700)
+				}
+				return nil
+			})
+			j.root.RemoveAll(j.aside)
+		}
+	}
+}
+
+// MakeDir creates dir and its missing parents, and returns remove, which deletes the directories it created as
+// long as they are empty: a failed unpack or fetch into a new directory leaves no trace of it.
+func MakeDir(dir string) (remove func(), err error) {
+	var created []string
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		if _, err := os.Lstat(d); err == nil || !errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		created = append(created, d)
+		if filepath.Dir(d) == d {
+			break
+		}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	return func() {
+		for _, d := range created {
+			if os.Remove(d) != nil {
+				return
+			}
+		}
+	}, nil
 }

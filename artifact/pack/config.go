@@ -2,7 +2,9 @@ package pack
 
 import (
 	"context"
-	"os"
+	"fmt"
+	"io"
+	"io/fs"
 	"path"
 	"path/filepath"
 	"sort"
@@ -95,7 +97,7 @@ func inferModel(ctx context.Context, dir string, layers []layerPlan, warn func(s
 		m.Config.Architecture = "transformer" // every GGUF architecture llama.cpp runs is a transformer variant
 	}
 
-	if data, err := os.ReadFile(filepath.Join(dir, "config.json")); err == nil {
+	if data, err := readSmall(ctx, layers, "config.json"); err == nil {
 		hf, err := parseHFConfig(data)
 		if err != nil {
 			if warn != nil {
@@ -175,4 +177,29 @@ func set(dst *string, v string) {
 	if v != "" {
 		*dst = v
 	}
+}
+
+// maxSmallFile bounds what readSmall reads: a config.json is a few KiB.
+const maxSmallFile = 16 << 20
+
+// readSmall reads the model file at rel as the pack reads it (from the tree, the file the walk listed), or fails
+// with fs.ErrNotExist if the model has none.
+func readSmall(ctx context.Context, layers []layerPlan, rel string) ([]byte, error) {
+	for _, l := range layers {
+		for _, n := range l.nodes {
+			if n.rel != rel || n.dir {
+				continue
+			}
+			if n.size > maxSmallFile {
+				return nil, fmt.Errorf("%s: %d bytes, over the %d read for inference", rel, n.size, maxSmallFile)
+			}
+			rc, err := n.open(ctx, nil)
+			if err != nil {
+				return nil, err
+			}
+			defer rc.Close()
+			return io.ReadAll(rc)
+		}
+	}
+	return nil, fs.ErrNotExist
 }

@@ -30,6 +30,7 @@ import (
 
 	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/artifact/schema"
+	"github.com/modelpack/modelpack/internal/beneath"
 )
 
 // Sink receives packed blobs. The local store's sink hashes and writes in one pass (cas.Write);
@@ -112,10 +113,12 @@ func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Des
 			return ocispec.Descriptor{}, err
 		}
 	}
-	if err := checkDir(dir); err != nil {
+	t, err := openTree(dir)
+	if err != nil {
 		return ocispec.Descriptor{}, err
 	}
-	mf, mfRel, err := loadModelfile(dir, opts.Modelfile)
+	defer t.Close()
+	mf, mfRel, err := loadModelfile(t, dir, opts.Modelfile)
 	if err != nil {
 		return ocispec.Descriptor{}, err
 	}
@@ -125,13 +128,13 @@ func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Des
 	if mfRel != "" {
 		skip[mfRel] = true
 	}
-	nodes, err := walk(dir, skip, len(opts.Remote) > 0)
-	if err != nil {
-		return ocispec.Descriptor{}, err
-	}
 	shown, name := dir, func(rel string) string { return filepath.Join(dir, filepath.FromSlash(rel)) }
 	if opts.Source != "" {
 		shown, name = opts.Source, func(rel string) string { return opts.Source + "/" + rel }
+	}
+	nodes, err := t.walk(name, skip, len(opts.Remote) > 0)
+	if err != nil {
+		return ocispec.Descriptor{}, err
 	}
 	if nodes, err = addRemote(name, nodes, opts.Remote); err != nil {
 		return ocispec.Descriptor{}, err
@@ -150,7 +153,7 @@ func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Des
 		}
 	}
 	model := inferModel(ctx, dir, layers, opts.Warn)
-	model.Descriptor.Revision = hubSnapshotCommit(dir)
+	model.Descriptor.Revision = t.commit
 	applyModelfile(&model, mf)
 	applyOverrides(&model, opts)
 
@@ -283,18 +286,21 @@ func planWarnings(dir string, layers []layerPlan, unused []Rule, modelfile bool)
 	return msgs
 }
 
-// loadModelfile reads the Modelfile named by the options, or DIR/Modelfile if present. It returns the
-// model-relative path of a Modelfile inside dir, which is not packed.
-func loadModelfile(dir, name string) (*Modelfile, string, error) {
-	explicit := name != ""
-	if !explicit {
+// loadModelfile reads the Modelfile named by the options, or DIR/Modelfile if present (read from the tree, as
+// the model's files are). It returns the model-relative path of a Modelfile inside dir, which is not packed.
+func loadModelfile(t *tree, dir, name string) (*Modelfile, string, error) {
+	var f io.ReadCloser
+	var err error
+	if name == "" {
 		name = filepath.Join(dir, ModelfileName)
-	}
-	f, err := os.Open(name)
-	if err != nil {
-		if !explicit && errors.Is(err, os.ErrNotExist) {
+		f, err = t.root.Open(path.Join(t.prefix, ModelfileName))
+		if errors.Is(err, os.ErrNotExist) {
 			return &Modelfile{}, "", nil
 		}
+	} else {
+		f, err = os.Open(name)
+	}
+	if err != nil {
 		return nil, "", badInput(name, "cannot read Modelfile: %v", unwrapPathError(err))
 	}
 	defer f.Close()
@@ -414,10 +420,11 @@ func (w *layerWriter) diffID() digest.Digest {
 	return w.diff
 }
 
-// checkedFile reads a file and fails at the end if its size changed since the walk: a file rewritten while being
-// packed must not be stored under a descriptor that claims otherwise.
+// checkedFile reads a file opened from the tree and fails at its end if the file changed since the walk listed
+// it or while it was read (package beneath): a file rewritten or swapped while being packed must not be stored
+// under a descriptor that claims otherwise.
 type checkedFile struct {
-	f        *os.File
+	f        *beneath.File
 	n, want  int64
 	progress Progress
 }
@@ -428,8 +435,13 @@ func (c *checkedFile) Read(p []byte) (int, error) {
 	if c.progress != nil && n > 0 {
 		c.progress.Add(int64(n))
 	}
-	if err == io.EOF && c.n != c.want {
-		return n, fmt.Errorf("file changed while packing: read %d bytes, expected %d", c.n, c.want)
+	if err == io.EOF {
+		if c.n != c.want {
+			return n, fmt.Errorf("file changed while it was read: read %d bytes, expected %d", c.n, c.want)
+		}
+		if err := c.f.Unchanged(); err != nil {
+			return n, unwrapPathError(err)
+		}
 	}
 	return n, err
 }

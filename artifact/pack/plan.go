@@ -11,15 +11,19 @@ import (
 	"strings"
 
 	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/internal/beneath"
 )
 
 // node is a file or directory found in the model directory.
 type node struct {
 	rel  string      // model-relative, slash-separated
-	src  string      // the path read: the file itself, or a symlink's target inside the model directory
+	src  string      // the path read, below tree's root: the file itself, or a symlink's target in the model
 	mode fs.FileMode // permission bits
 	size int64       // bytes; 0 for directories
 	dir  bool
+	// tree is the directory src is opened from and stat what the walk saw there: a file read is that file.
+	tree *tree
+	stat beneath.Stat
 	// remote is set for a file read from elsewhere (Options.Remote); src is then its model-relative path.
 	remote *RemoteFile
 }
@@ -45,121 +49,6 @@ func (e *UserError) Error() string { return e.Path + ": " + e.Reason }
 
 func badInput(p, format string, args ...any) error {
 	return &UserError{Path: p, Reason: fmt.Sprintf(format, args...)}
-}
-
-// walk lists what dir holds, refusing what cannot be packed: special files, symlinks leading out of dir or to
-// directories, unreadable files and directories. Hidden entries (".git", ".cache", …) and skip are left out.
-// With more files to come (Options.Remote), an empty directory is no error.
-func walk(dir string, skip map[string]bool, more bool) ([]node, error) {
-	if err := checkDir(dir); err != nil {
-		return nil, err
-	}
-	real, err := filepath.EvalSymlinks(dir)
-	if err != nil {
-		return nil, badInput(dir, "%v", unwrapPathError(err))
-	}
-	real, err = filepath.Abs(real)
-	if err != nil {
-		return nil, err
-	}
-	if err := refuseHubCacheRoot(dir, real); err != nil {
-		return nil, err
-	}
-	blobs := hubCacheBlobs(real)
-	var nodes []node
-	files := 0
-	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return badInput(p, "unreadable: %v", unwrapPathError(err))
-		}
-		rel, _ := filepath.Rel(dir, p)
-		if rel == "." {
-			return nil
-		}
-		rel = filepath.ToSlash(rel)
-		if strings.HasPrefix(d.Name(), ".") || skip[rel] {
-			if d.IsDir() {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		src := p
-		info, err := d.Info()
-		if err != nil {
-			return badInput(p, "unreadable: %v", unwrapPathError(err))
-		}
-		if info.Mode()&fs.ModeSymlink != 0 {
-			target, err := filepath.EvalSymlinks(p)
-			if err != nil {
-				return badInput(p, "broken symlink: %v", unwrapPathError(err))
-			}
-			if target, err = filepath.Abs(target); err != nil {
-				return err
-			}
-			if !within(real, target) && (blobs == "" || !within(blobs, target)) {
-				return badInput(p, "symlink points outside the model directory (to %s)", target)
-			}
-			if info, err = os.Stat(target); err != nil {
-				return badInput(p, "unreadable: %v", unwrapPathError(err))
-			}
-			if info.IsDir() {
-				return badInput(p, "symlink to a directory; only symlinks to files can be packed")
-			}
-			src = target
-		}
-		switch {
-		case info.IsDir():
-			nodes = append(nodes, node{rel: rel, src: src, mode: info.Mode().Perm(), dir: true})
-		case info.Mode().IsRegular():
-			f, err := os.Open(src)
-			if err != nil {
-				return badInput(p, "unreadable: %v", unwrapPathError(err))
-			}
-			f.Close()
-			nodes = append(nodes, node{rel: rel, src: src, mode: info.Mode().Perm(), size: info.Size()})
-			files++
-		default:
-			return badInput(p, "%s; only regular files, directories and symlinks to files can be packed", describeMode(info.Mode()))
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	if files == 0 && !more {
-		return nil, badInput(dir, "directory holds no files to pack")
-	}
-	return nodes, nil
-}
-
-// hubCacheBlobs is, for a snapshot of a Hugging Face Hub cache (CACHE/models--ORG--NAME/snapshots/COMMIT), the
-// blobs/ directory its files are symlinks into, which may then be followed; "" for any other directory. The
-// snapshot holds nothing but those links, so refusing them would make every cache unpackable, while following
-// links anywhere else would let a model directory pull in files its owner did not put there.
-func hubCacheBlobs(real string) string {
-	snapshots := filepath.Dir(real)
-	repo := filepath.Dir(snapshots)
-	if filepath.Base(snapshots) != "snapshots" || !isHubRepoDir(filepath.Base(repo)) {
-		return ""
-	}
-	blobs := filepath.Join(repo, "blobs")
-	if fi, err := os.Lstat(blobs); err != nil || !fi.IsDir() {
-		return ""
-	}
-	return blobs
-}
-
-// hubSnapshotCommit is the commit a Hub cache snapshot directory is named after, or "".
-func hubSnapshotCommit(dir string) string {
-	real, err := filepath.EvalSymlinks(dir)
-	if err != nil || hubCacheBlobs(real) == "" {
-		return ""
-	}
-	name := filepath.Base(real)
-	if len(name) != 40 || strings.Trim(name, "0123456789abcdef") != "" {
-		return ""
-	}
-	return name
 }
 
 func isHubRepoDir(name string) bool {
@@ -215,20 +104,6 @@ func checkDir(dir string) error {
 
 func within(root, p string) bool {
 	return p == root || strings.HasPrefix(p, root+string(filepath.Separator))
-}
-
-func describeMode(m fs.FileMode) string {
-	switch {
-	case m&fs.ModeNamedPipe != 0:
-		return "is a named pipe (fifo)"
-	case m&fs.ModeSocket != 0:
-		return "is a socket"
-	case m&fs.ModeCharDevice != 0:
-		return "is a character device"
-	case m&fs.ModeDevice != 0:
-		return "is a block device"
-	}
-	return "is a special file (" + m.Type().String() + ")"
 }
 
 // unwrapPathError drops the path from an *fs.PathError: the caller names the path itself.

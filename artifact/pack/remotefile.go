@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"path"
 	"sort"
 	"strings"
@@ -93,13 +92,18 @@ func walkLess(a, b string) bool {
 	return len(as) < len(bs)
 }
 
-// open reads a node's bytes: a local file, checked against the size the walk saw, or a remote file from its
+// open reads a node's bytes: a local file, checked against what the walk saw, or a remote file from its
 // first byte, checked against its stated size and digest before the consumer can name them.
 func (n node) open(ctx context.Context, progress Progress) (io.ReadCloser, error) {
 	if n.remote == nil {
-		f, err := os.Open(n.src)
+		// From the tree's descriptor through no link, and only the file the walk listed (package beneath).
+		f, err := n.tree.root.Open(n.src)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("cannot open it again as listed: %w", unwrapPathError(err))
+		}
+		if err := f.Same(n.stat); err != nil {
+			f.Close()
+			return nil, unwrapPathError(err)
 		}
 		return &checkedFile{f: f, want: n.size, progress: progress}, nil
 	}

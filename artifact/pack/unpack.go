@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 
+	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
 	"oras.land/oras-go/v2/content"
@@ -64,13 +65,15 @@ func (o UnpackOptions) Select(l artifact.Layer) bool {
 
 // Unpack writes the files of a model manifest, whose blobs src holds, into dir: raw layers as files with the
 // mode their metadata annotation records, tar layers extracted with package archive, container-image layers
-// applied in order. Every blob is verified against its digest as it is read; a raw file appears under its final
-// name only once verified. A layer path that would land outside dir is refused, and so, before anything is
+// applied in order (their whiteouts apply to what they stack on, not to what dir held). Every blob is verified
+// against its digest as it is read, into a staging tree inside dir that is moved into place only once every layer
+// verified, all or nothing: a failed unpack leaves dir as it was (and a dir it created, gone). Raw files that share
+// a digest are fetched once and copied. A layer path that would land outside dir is refused, and so, before anything is
 // written, are existing paths (see CheckTargets) unless opts.Force; files already there with the layer's exact
 // bytes are left as they are. Files get the modification time their
 // metadata annotation records, as fetch and tar extraction give them. It returns the files written, relative to
 // dir, sorted.
-func Unpack(ctx context.Context, src content.Fetcher, manifest ocispec.Manifest, dir string, opts UnpackOptions) ([]string, error) {
+func Unpack(ctx context.Context, src content.Fetcher, manifest ocispec.Manifest, dir string, opts UnpackOptions) (_ []string, err error) {
 	layers, err := artifact.Layers(manifest)
 	if err != nil {
 		return nil, err
@@ -97,10 +100,24 @@ func Unpack(ctx context.Context, src content.Fetcher, manifest ocispec.Manifest,
 		}
 		opts.Progress.Start(total)
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	removeDir, err := archive.MakeDir(dir)
+	if err != nil {
 		return nil, err
 	}
-	root, err := os.OpenRoot(dir)
+	// Everything is written into a staging tree inside dir and moved into place only once every layer verified,
+	// all or nothing (archive.MergeInto): a failed unpack leaves dir as it was.
+	stage, err := os.MkdirTemp(dir, ".modelpack-unpack-")
+	if err != nil {
+		removeDir()
+		return nil, err
+	}
+	defer func() {
+		os.RemoveAll(stage)
+		if err != nil {
+			removeDir()
+		}
+	}()
+	root, err := os.OpenRoot(stage)
 	if err != nil {
 		return nil, err
 	}
@@ -122,9 +139,35 @@ func Unpack(ctx context.Context, src content.Fetcher, manifest ocispec.Manifest,
 			}
 		}
 	}
+	// Raw files that share a digest are fetched and written once, then copied.
+	var tars []artifact.Layer
+	byDigest := map[digest.Digest][]artifact.Layer{}
+	var digests []digest.Digest
 	for _, l := range model {
+		if l.Format != artifact.FormatRaw {
+			tars = append(tars, l)
+			continue
+		}
+		if byDigest[l.Digest] == nil {
+			digests = append(digests, l.Digest)
+		}
+		byDigest[l.Digest] = append(byDigest[l.Digest], l)
+	}
+	for _, d := range digests {
 		g.Go(func() error {
-			if err := unpackLayer(gctx, src, root, dir, l, claims, opts.Progress); err != nil {
+			ls := byDigest[d]
+			if err := unpackRaw(gctx, src, root, ls, opts.Progress); err != nil {
+				return fmt.Errorf("layer %s (%s): %w", ls[0].Path, d, err)
+			}
+			return nil
+		})
+	}
+	layerDirs := make([]string, len(tars))
+	for i, l := range tars {
+		g.Go(func() error {
+			// A tar layer's paths are known once extracted: extract it aside, then claim them.
+			layerDirs[i] = fmt.Sprintf(".modelpack-layer-%d", i)
+			if err := unpackTar(gctx, src, filepath.Join(stage, layerDirs[i]), l, claims, opts.Progress); err != nil {
 				return fmt.Errorf("layer %s (%s): %w", l.Path, l.Digest, err)
 			}
 			return nil
@@ -133,11 +176,25 @@ func Unpack(ctx context.Context, src content.Fetcher, manifest ocispec.Manifest,
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	// Image layers stack: each applies over the previous ones, whiteouts included.
+	// Image layers stack: each applies over the previous ones, whiteouts included, over the model's files.
+	if len(image) > 0 {
+		layerDirs = append(layerDirs, ".modelpack-image")
+	}
 	for _, l := range image {
-		if err := extractVerified(ctx, src, l, dir, archive.Options{AbsoluteSymlinks: true}, opts.Progress); err != nil {
+		if err := extractVerified(ctx, src, l, filepath.Join(stage, ".modelpack-image"), archive.Options{AbsoluteSymlinks: true}, opts.Progress); err != nil {
 			return nil, fmt.Errorf("layer %s: %w", l.Digest, err)
 		}
+	}
+	for _, d := range layerDirs {
+		if _, err := archive.MergeInto(filepath.Join(stage, d), stage); err != nil {
+			return nil, err
+		}
+		if err := os.RemoveAll(filepath.Join(stage, d)); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := archive.MergeInto(stage, dir); err != nil {
+		return nil, err
 	}
 	return filesWritten(dir, append(model, same...), len(image) > 0)
 }
@@ -177,80 +234,79 @@ func filesWritten(dir string, model []artifact.Layer, image bool) ([]string, err
 	return files, nil
 }
 
-func unpackLayer(ctx context.Context, src content.Fetcher, root *os.Root, dir string, l artifact.Layer, claims *archive.Claims, p Progress) error {
-	if l.Format != artifact.FormatRaw {
-		// A tar layer's paths are known once extracted: stage it, claim them, then move them into place.
-		stage, err := os.MkdirTemp(dir, ".modelpack-layer-")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(stage)
-		if err := extractVerified(ctx, src, l, stage, archive.Options{}, p); err != nil {
-			return err
-		}
-		files, err := archive.FilesUnder(stage)
-		if err != nil {
-			return err
-		}
-		if err := claims.Take(l, files); err != nil {
-			return err
-		}
-		_, err = archive.MergeInto(stage, dir)
+// unpackTar extracts a tar layer into stage and claims its files.
+func unpackTar(ctx context.Context, src content.Fetcher, stage string, l artifact.Layer, claims *archive.Claims, p Progress) error {
+	if err := extractVerified(ctx, src, l, stage, archive.Options{}, p); err != nil {
 		return err
 	}
-	name, err := archive.CleanPath(l.Path)
+	files, err := archive.FilesUnder(stage)
 	if err != nil {
 		return err
 	}
-	if name == "" {
-		return fmt.Errorf("raw layer path %q names the model root: %w", l.Path, archive.ErrUnsafePath)
-	}
-	mode := os.FileMode(0o644)
-	meta, ok := fileMetadata(l.Annotations)
-	if ok && meta.Mode != 0 {
-		mode = os.FileMode(meta.Mode).Perm()
-	}
-	if parent := path.Dir(name); parent != "." {
-		if err := root.MkdirAll(parent, 0o755); err != nil {
-			return unsafe(err)
+	return claims.Take(l, files)
+}
+
+// unpackRaw writes the raw layers ls, which share one digest, into the staging tree: the blob is fetched and
+// verified once, into the first layer's file, and copied to the others. Each file gets its layer's mode and mtime.
+func unpackRaw(ctx context.Context, src content.Fetcher, root *os.Root, ls []artifact.Layer, p Progress) error {
+	names := make([]string, len(ls))
+	for i, l := range ls {
+		name, err := archive.CleanPath(l.Path)
+		if err != nil {
+			return err
 		}
+		if name == "" {
+			return fmt.Errorf("raw layer path %q names the model root: %w", l.Path, archive.ErrUnsafePath)
+		}
+		if parent := path.Dir(name); parent != "." {
+			if err := root.MkdirAll(parent, 0o755); err != nil {
+				return unsafe(err)
+			}
+		}
+		names[i] = name
 	}
-	tmp := path.Join(path.Dir(name), ".modelpack-"+l.Digest.Encoded()[:16]+".partial")
-	f, err := root.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	first, err := root.OpenFile(names[0], os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
 	if err != nil {
 		return unsafe(err)
 	}
-	committed := false
-	defer func() {
-		f.Close()
-		if !committed {
-			root.Remove(tmp)
-		}
-	}()
-	rc, err := fetchVerified(ctx, src, l.Descriptor, p)
+	defer first.Close()
+	rc, err := fetchVerified(ctx, src, ls[0].Descriptor, p)
 	if err != nil {
 		return err
 	}
 	defer rc.Close()
-	if _, err := io.Copy(f, rc); err != nil {
+	if _, err := io.Copy(first, rc); err != nil {
 		return err
 	}
-	if err := f.Chmod(mode); err != nil {
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if mtime := meta.ModTime; ok && !mtime.IsZero() {
-		if err := root.Chtimes(tmp, mtime, mtime); err != nil {
+	for i, l := range ls {
+		f := first
+		if i > 0 {
+			if f, err = root.OpenFile(names[i], os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600); err != nil {
+				return unsafe(err)
+			}
+			_, err = io.Copy(f, io.NewSectionReader(first, 0, l.Size))
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return err
+			}
+		}
+		mode := os.FileMode(0o644)
+		meta, ok := fileMetadata(l.Annotations)
+		if ok && meta.Mode != 0 {
+			mode = os.FileMode(meta.Mode).Perm()
+		}
+		if err := root.Chmod(names[i], mode); err != nil {
 			return err
 		}
+		if mtime := meta.ModTime; ok && !mtime.IsZero() {
+			if err := root.Chtimes(names[i], mtime, mtime); err != nil {
+				return err
+			}
+		}
 	}
-	if err := root.Rename(tmp, name); err != nil {
-		return unsafe(err)
-	}
-	committed = true
-	return nil
+	return first.Close()
 }
 
 func extractVerified(ctx context.Context, src content.Fetcher, l artifact.Layer, dir string, opts archive.Options, p Progress) error {

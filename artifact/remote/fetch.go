@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/gofrs/flock"
@@ -18,6 +20,7 @@ import (
 	"github.com/modelpack/modelpack/artifact/archive"
 	"github.com/modelpack/modelpack/cas"
 	"github.com/modelpack/modelpack/internal/diskio"
+	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
@@ -44,8 +47,9 @@ type FetchOptions struct {
 // hashed as it arrives: a raw layer goes to a temporary file renamed to its final name only when its digest
 // matches, a tar layer is extracted into a staging directory moved into place only when its digest matches.
 // Container-image layers are applied in order (whiteouts included) and moved into place together. Downloads
-// resume with HTTP Range after a dropped connection. On failure nothing is left under a final name by the failed
-// layer; layers already verified stay.
+// resume with HTTP Range after a dropped connection. Raw layers that share a digest are downloaded once. It is all
+// or nothing: on failure dir is as it was (a directory it created is removed), but that an interrupted or cut-off
+// fetch keeps what it downloaded, verified or not yet, in DIR/.modelpack-partial for the next run.
 func Fetch(ctx context.Context, src *Repository, dir string, opts FetchOptions) (*Result, error) {
 	res, err := fetch(ctx, src, dir, opts)
 	if err != nil {
@@ -55,7 +59,7 @@ func Fetch(ctx context.Context, src *Repository, dir string, opts FetchOptions) 
 	return res, nil
 }
 
-func fetch(ctx context.Context, src *Repository, dir string, opts FetchOptions) (*Result, error) {
+func fetch(ctx context.Context, src *Repository, dir string, opts FetchOptions) (_ *Result, err error) {
 	if src.Reference.Reference == "" {
 		return nil, fmt.Errorf("the reference needs a tag or digest")
 	}
@@ -84,34 +88,59 @@ func fetch(ctx context.Context, src *Repository, dir string, opts FetchOptions) 
 			return nil, err
 		}
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	staging, err := os.MkdirTemp(dir, ".modelpack-fetch-")
+	removeDir, err := archive.MakeDir(dir)
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(staging)
-
+	// Every layer lands in a staging tree inside dir, moved into place only once all verified, all or nothing
+	// (archive.MergeInto): a failed fetch leaves dir as it was, but for the downloads an interrupted one keeps aside.
+	staging, err := os.MkdirTemp(dir, ".modelpack-fetch-")
+	if err != nil {
+		removeDir()
+		return nil, err
+	}
 	partials := filepath.Join(dir, partialDir)
-	defer os.Remove(partials) // once empty: nothing left to resume
 	f := &fetcher{src: src, dir: dir, staging: staging, partials: partials, opts: opts, t: t}
+	defer func() {
+		if err != nil {
+			f.abandon(err)
+		}
+		os.RemoveAll(staging)
+		os.Remove(partials) // once empty: nothing left to resume
+		if err != nil {
+			removeDir()
+		}
+	}()
 	conc := opts.Concurrency
 	if conc <= 0 {
 		conc = src.opts.concurrency()
 	}
-	// Model layers have disjoint paths (each claims its own: see claims): write them concurrently. A layer that fails does not stop the others,
-	// which land and stay.
-	files := make([][]string, len(model))
-	wait := each(ctx, len(model), conc, func(i int) (err error) {
-		files[i], err = f.layer(ctx, model[i])
+	// Model layers have disjoint paths (each claims its own: see claims): write them concurrently. Raw layers
+	// that share a digest are one download, written once and copied. A layer that fails does not stop the
+	// others, whose downloads are kept for the next run, but nothing lands.
+	var tasks [][]artifact.Layer
+	group := map[digest.Digest]int{}
+	for _, l := range model {
+		if i, ok := group[l.Digest]; ok && l.Format == artifact.FormatRaw {
+			tasks[i] = append(tasks[i], l)
+			continue
+		}
+		if l.Format == artifact.FormatRaw {
+			group[l.Digest] = len(tasks)
+		}
+		tasks = append(tasks, []artifact.Layer{l})
+	}
+	stages := make([]string, len(tasks))
+	wait := each(ctx, len(tasks), conc, func(i int) (err error) {
+		stages[i], err = f.layer(ctx, tasks[i])
 		return err
 	})
 	// Image layers stack, so they go one after the other into one staging tree, moved into place at the end.
-	var imageFiles []string
 	var imageErr error
 	if len(image) > 0 {
-		imageFiles, imageErr = f.imageLayers(ctx, image)
+		var st string
+		st, imageErr = f.imageLayers(ctx, image)
+		stages = append(stages, st)
 	}
 	errs := wait()
 	if err := ctx.Err(); err != nil {
@@ -120,11 +149,24 @@ func fetch(ctx context.Context, src *Repository, dir string, opts FetchOptions) 
 	if err := joinBlobErrors(append(errs, imageErr)); err != nil {
 		return nil, err
 	}
-	res := t.result("", root)
-	for _, fs := range files {
-		res.Files = append(res.Files, fs...)
+	for _, st := range stages {
+		if st == "" {
+			continue
+		}
+		if _, err := archive.MergeInto(st, staging); err != nil {
+			return nil, err
+		}
+		if err := os.RemoveAll(st); err != nil {
+			return nil, err
+		}
 	}
-	res.Files = append(res.Files, imageFiles...)
+	files, err := archive.MergeInto(staging, dir)
+	if err != nil {
+		return nil, err
+	}
+	f.placed = nil
+	res := t.result("", root)
+	res.Files = files
 	sort.Strings(res.Files)
 	return res, nil
 }
@@ -194,6 +236,38 @@ type fetcher struct {
 	opts     FetchOptions
 	t        *tracker
 	claims   archive.Claims // the paths model layers write
+
+	mu sync.Mutex
+	// placed are the verified downloads moved from partials into the staging tree: moved back if the fetch
+	// fails, so the next run need not download them again.
+	placed []placedFile
+	begun  []string // partial files this run created
+}
+
+type placedFile struct{ staged, partial string }
+
+// abandon handles the downloads of a failed fetch. One interrupted or cut off keeps them among the partial files
+// (the verified ones moved back there), so the next run resumes; one that failed on the content (a blob that
+// does not match its digest, paths that conflict, an unsafe archive) or on a full disk removes those this run
+// began, since running it again as it is cannot succeed: the directory is left exactly as it was.
+func (f *fetcher) abandon(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	content := false
+	for _, e := range []error{ErrDigestMismatch, ErrSizeMismatch, artifact.ErrPathConflict, archive.ErrUnsafePath,
+		archive.ErrLinkEscape, archive.ErrSpecialFile, archive.ErrTooLarge, syscall.ENOSPC, syscall.EDQUOT} {
+		content = content || errors.Is(err, e)
+	}
+	if !content {
+		for _, p := range f.placed {
+			os.Rename(p.staged, p.partial)
+		}
+	} else {
+		for _, name := range f.begun {
+			os.Remove(name)
+		}
+	}
+	f.placed, f.begun = nil, nil
 }
 
 // verifiedStream reads a layer through cas's verifier: its end is an error unless size and digest match. finish
@@ -229,79 +303,96 @@ func (f *fetcher) openAt(ctx context.Context, desc ocispec.Descriptor, v *cas.Ve
 	return &verifiedStream{Reader: v.Reader(rr), rr: rr}, nil
 }
 
-// layer writes one model layer and returns the paths it wrote.
-func (f *fetcher) layer(ctx context.Context, l artifact.Layer) ([]string, error) {
-	files, err := f.writeLayer(ctx, l)
-	if err != nil {
-		f.t.finish(l.Descriptor, StatusFailed, err)
-		return nil, f.src.wrap(subjectOf(l.Descriptor), err)
+// layer writes one model layer (or raw layers sharing a digest) into a staging directory and returns it: a
+// tar layer's own, "" for raw files, which go straight into the staging tree.
+func (f *fetcher) layer(ctx context.Context, ls []artifact.Layer) (string, error) {
+	stage, err := f.writeLayer(ctx, ls)
+	for _, l := range ls {
+		if err != nil {
+			f.t.finish(l.Descriptor, StatusFailed, err)
+		} else {
+			f.t.finish(l.Descriptor, StatusTransferred, nil)
+		}
 	}
-	f.t.finish(l.Descriptor, StatusTransferred, nil)
-	return files, nil
+	if err != nil {
+		return "", f.src.wrap(subjectOf(ls[0].Descriptor), err)
+	}
+	return stage, nil
 }
 
-func (f *fetcher) writeLayer(ctx context.Context, l artifact.Layer) ([]string, error) {
+func (f *fetcher) writeLayer(ctx context.Context, ls []artifact.Layer) (string, error) {
+	l := ls[0]
 	if l.Format == artifact.FormatRaw {
-		return f.rawFile(ctx, l)
+		return "", f.rawFile(ctx, ls)
 	}
 	v, err := f.open(ctx, l.Descriptor)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	defer v.rr.Close()
-	stage, err := os.MkdirTemp(f.staging, "layer-")
+	stage, err := os.MkdirTemp(f.staging, ".modelpack-layer-")
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	defer os.RemoveAll(stage)
 	aopts := f.opts.Archive
 	aopts.KeepWhiteouts = false
 	aopts.Size = l.Size
 	if err := archive.Extract(v, l.Format, stage, aopts); err != nil {
-		return nil, err
+		return "", err
 	}
 	if err := v.finish(); err != nil {
-		return nil, err
+		return "", err
 	}
 	files, err := archive.FilesUnder(stage)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	if err := f.claims.Take(l, files); err != nil {
-		return nil, err
+		return "", err
 	}
-	return archive.MergeInto(stage, f.dir)
+	return stage, nil
 }
 
-// rawFile streams a raw layer to a partial file and renames it to its path once the digest matches. The partial
-// file (DIR/.modelpack-partial/<algorithm>-<hex>) outlives an interrupted fetch: the next one hashes what it
+// rawFile streams raw layers that share a digest to one partial file and, once the digest matches, moves it into
+// the staging tree under the first layer's path and copies it to the others'. The partial file
+// (DIR/.modelpack-partial/<algorithm>-<hex>) outlives an interrupted or failed fetch: the next one hashes what it
 // holds and asks the registry for the rest only (HTTP Range), as pull's resumable ingest does. Bytes that do not
 // verify are dropped.
-func (f *fetcher) rawFile(ctx context.Context, l artifact.Layer) (_ []string, err error) {
-	rel, err := archive.CleanPath(l.Path)
-	if err != nil {
-		return nil, err
+func (f *fetcher) rawFile(ctx context.Context, ls []artifact.Layer) (err error) {
+	l := ls[0]
+	rels := make([]string, len(ls))
+	for i, l := range ls {
+		if rels[i], err = archive.CleanPath(l.Path); err != nil {
+			return err
+		}
+		if rels[i] == "" {
+			return fmt.Errorf("raw layer path %q names the model root: %w", l.Path, archive.ErrUnsafePath)
+		}
+		if err := f.claims.Take(l, []string{rels[i]}); err != nil {
+			return err
+		}
 	}
-	if err := f.claims.Take(l, []string{rel}); err != nil {
-		return nil, err
-	}
-	dst := filepath.Join(f.dir, filepath.FromSlash(rel))
 	if err := os.MkdirAll(f.partials, 0o755); err != nil {
-		return nil, err
+		return err
 	}
 	name := filepath.Join(f.partials, l.Digest.Algorithm().String()+"-"+l.Digest.Encoded())
 	// Two fetches into one directory share a partial file: the second waits for the first.
 	lock := flock.New(name + ".lock")
 	if _, err := lock.TryLockContext(ctx, 50*time.Millisecond); err != nil {
-		return nil, err
+		return err
 	}
 	defer func() {
 		lock.Unlock()
 		os.Remove(name + ".lock")
 	}()
+	if _, err := os.Lstat(name); errors.Is(err, fs.ErrNotExist) {
+		f.mu.Lock()
+		f.begun = append(f.begun, name)
+		f.mu.Unlock()
+	}
 	tmp, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	keep := false
 	defer func() {
@@ -336,42 +427,77 @@ func (f *fetcher) rawFile(ctx context.Context, l artifact.Layer) (_ []string, er
 		// nor is a partial that holds nothing (a disk too full to reserve the file).
 		fi, serr := os.Stat(name)
 		keep = serr == nil && fi.Size() > 0 && !errors.Is(err, ErrDigestMismatch) && !errors.Is(err, ErrSizeMismatch)
-		return nil, err
+		return err
 	}
-	mode, mtime := fileMeta(l.Annotations)
-	if f.opts.Archive.ReadOnly {
-		mode &^= 0o222
-	}
-	if err := os.Chmod(tmp.Name(), mode); err != nil {
-		return nil, err
-	}
-	if !mtime.IsZero() {
-		_ = os.Chtimes(tmp.Name(), mtime, mtime)
-	}
-	// Through the destination's root: a symlink already there (an image layer's, say) is not followed out of it.
-	root, err := os.OpenRoot(f.dir)
+	keep = true // verified: moved into the staging tree below, or kept for the next run
+	root, err := os.OpenRoot(f.staging)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer root.Close()
-	tmpRel, err := filepath.Rel(f.dir, tmp.Name())
-	keep = true // renamed below, or kept for the next run
-	if err != nil {
-		return nil, err
-	}
-	dst = filepath.FromSlash(rel)
-	if err := root.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		return nil, err
-	}
-	if fi, err := root.Lstat(dst); err == nil && fi.IsDir() {
-		if err := root.RemoveAll(dst); err != nil {
-			return nil, err
+	// The copies first, from the verified file, then the file itself moves.
+	for i := len(ls) - 1; i >= 0; i-- {
+		rel := filepath.FromSlash(rels[i])
+		if err := root.MkdirAll(filepath.Dir(rel), 0o755); err != nil {
+			return err
+		}
+		if i > 0 {
+			if err := copyInto(root, name, rel); err != nil {
+				return err
+			}
+		} else {
+			staged := filepath.Join(f.staging, rel)
+			if err := os.Rename(name, staged); err != nil {
+				return err
+			}
+			f.mu.Lock()
+			f.placed = append(f.placed, placedFile{staged: staged, partial: name})
+			f.mu.Unlock()
+		}
+		mode, mtime := fileMeta(ls[i].Annotations)
+		if f.opts.Archive.ReadOnly {
+			mode &^= 0o222
+		}
+		if err := root.Chmod(rel, mode); err != nil {
+			return err
+		}
+		if !mtime.IsZero() {
+			_ = root.Chtimes(rel, mtime, mtime)
+		}
+		if f.opts.Sync && i > 0 {
+			if err := syncFile(root, rel); err != nil {
+				return err
+			}
 		}
 	}
-	if err := root.Rename(tmpRel, dst); err != nil {
-		return nil, err
+	return nil
+}
+
+// copyInto copies the file at src to rel below root, a new file.
+func copyInto(root *os.Root, src, rel string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
 	}
-	return []string{rel}, nil
+	defer in.Close()
+	out, err := root.OpenFile(rel, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(out, in) // copy_file_range: a reflink where the file system has them
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func syncFile(root *os.Root, rel string) error {
+	f, err := root.Open(rel)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
 }
 
 // onlyWriter hides *os.File's ReadFrom so io.CopyBuffer uses our large buffer instead of the file's 32 KiB path.
@@ -391,13 +517,12 @@ func fileMeta(ann map[string]string) (fs.FileMode, time.Time) {
 }
 
 // imageLayers applies container-image layers in order into one staging tree, each verified before the next, and
-// moves the result into place.
-func (f *fetcher) imageLayers(ctx context.Context, layers []artifact.Layer) ([]string, error) {
-	stage, err := os.MkdirTemp(f.staging, "image-")
+// returns it.
+func (f *fetcher) imageLayers(ctx context.Context, layers []artifact.Layer) (string, error) {
+	stage, err := os.MkdirTemp(f.staging, ".modelpack-image-")
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	defer os.RemoveAll(stage)
 	aopts := f.opts.Archive
 	aopts.AbsoluteSymlinks = true
 	for _, l := range layers {
@@ -415,9 +540,9 @@ func (f *fetcher) imageLayers(ctx context.Context, layers []artifact.Layer) ([]s
 		}()
 		if err != nil {
 			f.t.finish(l.Descriptor, StatusFailed, err)
-			return nil, f.src.wrap(subjectOf(l.Descriptor), err)
+			return "", f.src.wrap(subjectOf(l.Descriptor), err)
 		}
 		f.t.finish(l.Descriptor, StatusTransferred, nil)
 	}
-	return archive.MergeInto(stage, f.dir)
+	return stage, nil
 }

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/internal/beneath"
 )
 
 // Files is a model as found: each resource name (a file path, or "path:start:end" for shards) with its hex digest.
@@ -111,6 +112,10 @@ var DefaultIgnores = []string{".git", ".gitattributes", ".github", ".gitignore"}
 // HashDir computes a model directory (or a single file) as ser says: files or shards, with its hash, leaving
 // out ser.IgnorePaths, DefaultIgnores and ignore (paths relative to the model). The statement's own serialization
 // is the one to pass: a verifier computes the model again as it was signed.
+//
+// The directory is opened once and every file hashed from a descriptor opened through no link (package beneath),
+// so a file or directory swapped for a link during the walk is refused, never hashed; a file that changes while
+// hashed is refused too. Only with ser.AllowSymlinks are links followed, as the reference follows them.
 func HashDir(root string, ser Serialization, ignore []string) (Files, error) {
 	newHash, err := hasher(ser.HashType)
 	if err != nil {
@@ -120,47 +125,55 @@ func HashDir(root string, ser Serialization, ignore []string) (Files, error) {
 	if err != nil {
 		return nil, err
 	}
-	type job struct{ rel, abs string }
-	var jobs []job
+	dir, single := root, ""
 	if !info.IsDir() {
 		if info.Mode()&fs.ModeSymlink != 0 && !ser.AllowSymlinks {
 			return nil, fmt.Errorf("%s is a symbolic link and the signature does not allow them", root)
 		}
-		jobs = append(jobs, job{".", root})
+		dir, single = filepath.Dir(root), filepath.Base(root)
+	}
+	d, err := beneath.OpenDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	type job struct {
+		rel    string // the resource name
+		at     string // below d
+		follow bool   // a link the signature allows: opened by path, following it
+		listed beneath.Stat
+	}
+	var jobs []job
+	if single != "" {
+		st, err := d.Lstat(single)
+		if err != nil {
+			return nil, err
+		}
+		jobs = append(jobs, job{rel: ".", at: single, follow: st.Mode&fs.ModeSymlink != 0, listed: st})
 	} else {
 		skip := map[string]bool{}
 		for _, p := range append(append(append([]string{}, DefaultIgnores...), ser.IgnorePaths...), ignore...) {
 			skip[path.Clean(filepath.ToSlash(p))] = true
 		}
-		err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			rel, err := filepath.Rel(root, p)
-			if err != nil || rel == "." {
-				return err
-			}
-			rel = filepath.ToSlash(rel)
+		err = d.Walk("", func(e beneath.Entry) error {
+			rel, t := e.Rel, e.Stat.Mode
 			if skip[rel] {
-				if d.IsDir() {
-					return filepath.SkipDir
-				}
-				return nil
+				return beneath.SkipDir
 			}
-			switch t := d.Type(); {
+			switch {
 			case t.IsDir():
 				return nil
 			case t&fs.ModeSymlink != 0:
 				if !ser.AllowSymlinks {
 					return fmt.Errorf("file %q is a symbolic link and the signature does not allow them (allow_symlinks: false)", rel)
 				}
-				if fi, err := os.Stat(p); err != nil || !fi.Mode().IsRegular() {
+				if fi, err := os.Stat(filepath.Join(dir, rel)); err != nil || !fi.Mode().IsRegular() {
 					return fmt.Errorf("file %q: a symbolic link to something other than a file", rel)
 				}
 			case !t.IsRegular():
 				return fmt.Errorf("file %q is neither a regular file nor a directory", rel)
 			}
-			jobs = append(jobs, job{rel, p})
+			jobs = append(jobs, job{rel: rel, at: rel, follow: t&fs.ModeSymlink != 0, listed: e.Stat})
 			return nil
 		})
 		if err != nil {
@@ -175,15 +188,39 @@ func HashDir(root string, ser Serialization, ignore []string) (Files, error) {
 	g.SetLimit(runtime.GOMAXPROCS(0))
 	for i, j := range jobs {
 		g.Go(func() error {
-			f, err := os.Open(j.abs)
-			if err != nil {
-				return err
+			var f *os.File
+			var check func() error
+			if j.follow {
+				o, err := os.Open(filepath.Join(dir, j.at))
+				if err != nil {
+					return err
+				}
+				if fi, err := o.Stat(); err != nil || !fi.Mode().IsRegular() {
+					o.Close()
+					return fmt.Errorf("file %q: a symbolic link to something other than a file", j.rel)
+				}
+				f, check = o, func() error { return nil }
+			} else {
+				b, err := d.Open(j.at)
+				if err == nil {
+					err = b.Same(j.listed)
+					if err != nil {
+						b.Close()
+					}
+				}
+				if err != nil {
+					return fmt.Errorf("file %q: %w", j.rel, unwrapPath(err))
+				}
+				f, check = b.File, b.Unchanged
 			}
 			defer f.Close()
 			if ser.Method != MethodShards {
 				h := newHash()
 				if _, err := io.Copy(h, f); err != nil {
 					return fmt.Errorf("file %q: %w", j.rel, err)
+				}
+				if err := check(); err != nil {
+					return fmt.Errorf("file %q: %w", j.rel, unwrapPath(err))
 				}
 				results[i] = []result{{j.rel, hex.EncodeToString(h.Sum(nil))}}
 				return nil
@@ -201,6 +238,9 @@ func HashDir(root string, ser Serialization, ignore []string) (Files, error) {
 				}
 				results[i] = append(results[i], result{fmt.Sprintf("%s:%d:%d", j.rel, start, end), hex.EncodeToString(h.Sum(nil))})
 			}
+			if err := check(); err != nil {
+				return fmt.Errorf("file %q: %w", j.rel, unwrapPath(err))
+			}
 			return nil
 		})
 	}
@@ -214,6 +254,15 @@ func HashDir(root string, ser Serialization, ignore []string) (Files, error) {
 		}
 	}
 	return out, nil
+}
+
+// unwrapPath drops the path of an *fs.PathError: the message names the file already.
+func unwrapPath(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }
 
 func hasher(t string) (func() hash.Hash, error) {
