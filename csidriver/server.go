@@ -100,6 +100,8 @@ type Driver struct {
 	pulls  *puller
 	// ahead reads published volumes into the page cache; nil when Options.Readahead is.
 	ahead *readahead.Reader
+	// running is closed once Run has made pulls and ahead, which Wait then reads.
+	running chan struct{}
 	// stateLost is set when the persisted state was unreadable at start: view holds that no volume record accounts
 	// for may then belong to volumes still mounted in pods, so they are released only by those volumes' unpublish.
 	stateLost bool
@@ -158,6 +160,7 @@ func New(opts Options) (*Driver, error) {
 		log.Info("a pull cut short recorded no access; its callers check with the registry at their next publish", "content", k.String())
 	}
 	d := &Driver{
+		running:   make(chan struct{}),
 		access:    acc,
 		opts:      opts,
 		log:       log,
@@ -187,6 +190,7 @@ func (d *Driver) Run(ctx context.Context) error {
 		d.ahead = readahead.New(ctx, readahead.Options{Budget: d.opts.Readahead, WaitForOpen: d.opts.ReadaheadWait,
 			Done: d.readaheadDone, Gate: d.readaheadGate})
 	}
+	close(d.running)
 	d.recover(ctx)
 
 	lis, err := listen(d.opts.Endpoint, d.log)
@@ -325,6 +329,7 @@ func (d *Driver) unlockTarget(target string) {
 
 // Wait blocks until every pull and readahead the driver started has ended (for tests and orderly shutdown).
 func (d *Driver) Wait() {
+	<-d.running
 	d.pulls.wg.Wait()
 	if d.ahead != nil {
 		d.ahead.Wait()
