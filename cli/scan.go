@@ -14,17 +14,26 @@ import (
 	"github.com/modelpack/modelpack/artifact/layout"
 	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/scan"
+	"github.com/modelpack/modelpack/signing"
 )
 
 // scanResult is what scan prints with -o json.
 type scanResult struct {
-	Dir       string            `json:"dir,omitempty"`
-	Reference string            `json:"reference,omitempty"`
-	Files     []scan.FileReport `json:"files"`
+	Dir       string        `json:"dir,omitempty"`
+	Reference string        `json:"reference,omitempty"`
+	Policy    string        `json:"policy,omitempty"`
+	Files     []scannedFile `json:"files"`
+}
+
+// scannedFile is a file's report and, under --policy, why the policy refuses it.
+type scannedFile struct {
+	scan.FileReport
+	Refused string `json:"refused,omitempty"`
 }
 
 func scanCmd(g *Globals) *cobra.Command {
 	var rf remoteFlags
+	var policyFile, reference string
 	cmd := &cobra.Command{
 		Use:   "scan DIR|REF",
 		Short: "Report which of a model's files run code when loaded (pickles, TorchScript, Lambda layers)",
@@ -36,45 +45,75 @@ limit, read differently by different loaders, or no known format). A pickle's re
 imports. The exit code is 0 only when every file is data. Nothing is executed.
 
 REF is looked up in the local store; a REF that names a registry and is not in the store is pulled (verified)
-into a temporary store, scanned and deleted. The connection flags are those of pull.`,
+into a temporary store, scanned and deleted. The connection flags are those of pull.
+
+With --policy, a node trust policy decides instead, as the node does: a code or malformed file is refused unless
+the rule matching the model has allowCode: true or an exception for the file; the exit code is 0 when nothing is
+refused. A directory is judged as the model --reference names.`,
 		Example: `  modelpack scan ./llama-3-8b
   modelpack scan llama3:8b -o json
-  modelpack scan registry.local:5000/org/llama3:8b --plain-http`,
+  modelpack scan registry.local:5000/org/llama3:8b --plain-http
+  modelpack scan ./bert --policy policy.yaml --reference registry.local:5000/org/bert:v1`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: completeRefs(g, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			res := scanResult{}
+			var policy *signing.Policy
+			if policyFile != "" {
+				var err error
+				if policy, err = signing.LoadPolicy(policyFile); err != nil {
+					return err
+				}
+			}
+			res := scanResult{Policy: policyFile}
+			var files []scan.FileReport
+			model := reference
 			if st, err := os.Stat(args[0]); err == nil && st.IsDir() {
+				if policy != nil && reference == "" {
+					return fmt.Errorf("--policy judges a directory as a model reference: name it with --reference REGISTRY/REPOSITORY[:TAG|@DIGEST]")
+				}
 				res.Dir = args[0]
-				if res.Files, err = scan.Dir(args[0]); err != nil {
+				if files, err = scan.Dir(args[0]); err != nil {
 					return err
 				}
 			} else {
-				res.Reference = args[0]
-				if res.Files, err = scanStored(cmd, g.Home, args[0], rf.options()); err != nil {
+				res.Reference, model = args[0], args[0]
+				if files, err = scanStored(cmd, g.Home, args[0], rf.options()); err != nil {
 					return err
 				}
+			}
+			refused := 0
+			for _, f := range files {
+				sf := scannedFile{FileReport: f}
+				switch {
+				case policy != nil:
+					if err := policy.AllowsScan(model, f.Path, f.Report); err != nil {
+						sf.Refused = err.Error()
+						refused++
+					}
+				case f.Verdict != scan.Data:
+					refused++
+				}
+				res.Files = append(res.Files, sf)
 			}
 			if g.IsJSON() {
 				if err := PrintJSON(cmd.OutOrStdout(), res); err != nil {
 					return err
 				}
-			} else if err := printScan(cmd, res.Files); err != nil {
+			} else if err := printScan(cmd, res.Files, policy != nil); err != nil {
 				return err
 			}
-			n := 0
-			for _, f := range res.Files {
-				if f.Verdict != scan.Data {
-					n++
-				}
-			}
-			if n > 0 {
-				return fmt.Errorf("%d of %d files are code or malformed", n, len(res.Files))
+			switch {
+			case refused > 0 && policy != nil:
+				return fmt.Errorf("%d of %d files are refused by %s", refused, len(files), policyFile)
+			case refused > 0:
+				return fmt.Errorf("%d of %d files are code or malformed", refused, len(files))
 			}
 			return nil
 		},
 	}
 	rf.registerConnection(cmd.Flags())
+	cmd.Flags().StringVar(&policyFile, "policy", "", "judge the files with this node trust policy (allowCode, exceptions) instead of refusing every code or malformed file")
+	cmd.Flags().StringVar(&reference, "reference", "", "with --policy and a directory: the model reference the policy's rules and exceptions match")
 	return cmd
 }
 
@@ -142,9 +181,13 @@ func scanStored(cmd *cobra.Command, home, ref string, opts remote.Options) ([]sc
 	return out, nil
 }
 
-func printScan(cmd *cobra.Command, files []scan.FileReport) error {
+func printScan(cmd *cobra.Command, files []scannedFile, withPolicy bool) error {
 	w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "PATH\tFORMAT\tVERDICT\tDETAIL")
+	if withPolicy {
+		fmt.Fprintln(w, "PATH\tFORMAT\tVERDICT\tPOLICY\tDETAIL")
+	} else {
+		fmt.Fprintln(w, "PATH\tFORMAT\tVERDICT\tDETAIL")
+	}
 	for _, f := range files {
 		detail := f.Reason
 		var callables []string
@@ -162,6 +205,14 @@ func printScan(cmd *cobra.Command, files []scan.FileReport) error {
 			if member != "" {
 				detail = member + ": " + detail
 			}
+		}
+		if withPolicy {
+			verdict := "allowed"
+			if f.Refused != "" {
+				verdict = "refused"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", f.Path, f.Format, f.Verdict, verdict, orDash(detail))
+			continue
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", f.Path, f.Format, f.Verdict, orDash(detail))
 	}

@@ -106,3 +106,47 @@ func TestScanVectors(t *testing.T) {
 		t.Fatalf("a model of data: exit %d\n%s%s", code, out, errOut)
 	}
 }
+
+// Item: scan --policy judges as the node does: allowCode and exceptions let files through, the rest are refused,
+// and the exit code follows the policy rather than the verdicts.
+func TestScanPolicy(t *testing.T) {
+	run := binaryRunner(t)
+	src := filepath.Join(testenv.RepoRoot(), "scan", "testdata", "vectors")
+	dir := t.TempDir()
+	for _, n := range []string{"evil_torch.pt", "ok.safetensors", "config.json"} {
+		b, err := os.ReadFile(filepath.Join(src, n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dir, n), b, 0o644)
+	}
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
+	os.WriteFile(policy, []byte(`default: {none: true}
+rules:
+- name: trusted
+  match: ["registry.example.com/trusted/**"]
+  none: true
+  allowCode: true
+- name: team
+  match: ["registry.example.com/team/**"]
+  none: true
+  exceptions: [{reference: "registry.example.com/team/ok", path: "*.pt"}]
+`), 0o644)
+	for ref, wantCode := range map[string]int{
+		"registry.example.com/trusted/m:1":  0,
+		"registry.example.com/team/ok:1":    0,
+		"registry.example.com/team/other:1": 1,
+		"elsewhere.example.com/m:1":         1,
+	} {
+		code, out, errOut := run("scan", dir, "--policy", policy, "--reference", ref, "-o", "json")
+		if code != wantCode {
+			t.Errorf("%s: exit %d, want %d\n%s%s", ref, code, wantCode, out, errOut)
+		}
+		if wantCode == 1 && (!strings.Contains(out, `"refused": "unsafe model content: `+ref) || !strings.Contains(errOut, "1 of 3 files are refused by")) {
+			t.Errorf("%s: the refusal is not named:\n%s%s", ref, out, errOut)
+		}
+	}
+	if code, _, errOut := run("scan", dir, "--policy", policy); code != 1 || !strings.Contains(errOut, "--reference") {
+		t.Errorf("a directory under --policy without --reference: exit %d, %s", code, errOut)
+	}
+}
