@@ -299,7 +299,7 @@ func malformedReport(format, reason string) Report {
 
 // isUTF8 reads the whole file once in chunks.
 func isUTF8(r io.ReaderAt, size int64) bool {
-	buf := make([]byte, 64<<10)
+	buf := make([]byte, min(size+utf8.UTFMax, 64<<10))
 	var carry int
 	for off := int64(0); off < size; {
 		n, err := r.ReadAt(buf[carry:], off)
