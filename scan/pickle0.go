@@ -155,4 +155,3 @@ func rawUnicodeEscape(b []byte) (string, bool) {
 	}
 	return out.String(), true
 }
-
