@@ -103,7 +103,7 @@ type ScanException struct {
 	// Reference is a registry/repository glob as in Match, optionally pinned to one manifest with @sha256:….
 	Reference string `yaml:"reference" json:"reference"`
 	// Path is a glob over the file's path in the model ("*.pt", "**/training_args.bin"): * stays within a path
-	// segment, ** crosses segments.
+	// segment, ** crosses segments, and a leading **/ matches the top directory too.
 	Path string `yaml:"path" json:"path"`
 }
 
@@ -353,18 +353,22 @@ func compileGlob(g string) (*regexp.Regexp, error) {
 	if strings.HasPrefix(g, "index.docker.io/") {
 		g = "docker.io/" + strings.TrimPrefix(g, "index.docker.io/")
 	}
-	return globRegexp(g)
+	return globRegexp(g, false)
 }
 
 // globRegexp is the glob syntax of patterns and exception paths: * within a segment, ** across, a trailing /**
-// matching the prefix too.
-func globRegexp(g string) (*regexp.Regexp, error) {
+// matching the prefix too. With anyDepth (file paths, as gitignore reads them) a leading or inner **/ also
+// matches no directory at all; repository patterns keep their meaning.
+func globRegexp(g string, anyDepth bool) (*regexp.Regexp, error) {
 	var b strings.Builder
 	b.WriteString("^")
 	for i := 0; i < len(g); i++ {
 		switch c := g[i]; {
 		case strings.HasPrefix(g[i:], "/**") && i+3 == len(g):
 			b.WriteString("(/.*)?")
+			i += 2
+		case anyDepth && strings.HasPrefix(g[i:], "**/") && (i == 0 || g[i-1] == '/'):
+			b.WriteString("(.*/)?") // a whole segment of ** also matches no segment at all
 			i += 2
 		case strings.HasPrefix(g[i:], "**"):
 			b.WriteString(".*")
@@ -398,7 +402,7 @@ func compileException(e ScanException) (exception, error) {
 	if e.Path == "" || strings.HasPrefix(e.Path, "/") {
 		return ex, fmt.Errorf("path %q: a glob over a file's path inside the model (relative, not empty)", e.Path)
 	}
-	if ex.path, err = globRegexp(path.Clean(e.Path)); err != nil {
+	if ex.path, err = globRegexp(path.Clean(e.Path), true); err != nil {
 		return ex, fmt.Errorf("path: %v", err)
 	}
 	return ex, nil
