@@ -56,7 +56,7 @@ const (
 )
 
 type unpickler struct {
-	r     *bufio.Reader
+	r     *src
 	ra    io.ReaderAt // the stream's bytes at random offsets, when it has them
 	off   int64
 	size  int64 // bytes available from the start of the stream; -1 when unknown
@@ -104,7 +104,7 @@ func (s *scanner) pickleFile(r io.ReaderAt, size int64, depth int) (Report, bool
 // that is no pickle is malformed rather than "not a pickle".
 func (s *scanner) pickleStream(rd io.Reader, size int64, depth int, force bool) (Report, bool) {
 	res := newResult("pickle", s.lim.MaxFindings)
-	u := &unpickler{r: bufio.NewReaderSize(rd, 64<<10), size: size, lim: &s.lim, res: res, seen: map[string]bool{}}
+	u := &unpickler{r: newSrc(rd), size: size, lim: &s.lim, res: res, seen: map[string]bool{}}
 	if ra, ok := rd.(io.ReaderAt); ok && size >= 0 { // a file (section): payloads are skipped, not read
 		u.ra = ra
 	}
@@ -259,6 +259,12 @@ func isOpcode(b byte) bool {
 }
 
 func (u *unpickler) readByte() (byte, error) {
+	if r := u.r; r.pos < r.end {
+		c := r.buf[r.pos]
+		r.pos++
+		u.off++
+		return c, nil
+	}
 	b, err := u.r.ReadByte()
 	if err != nil {
 		return 0, u.fail("pickle data was truncated")
@@ -269,6 +275,12 @@ func (u *unpickler) readByte() (byte, error) {
 
 // readN reads n bytes; up to 8 land in a scratch buffer valid until the next read.
 func (u *unpickler) readN(n int) ([]byte, error) {
+	if r := u.r; n <= len(u.scratch) && r.end-r.pos >= n {
+		b := u.scratch[:copy(u.scratch[:], r.buf[r.pos:r.pos+n])]
+		r.pos += n
+		u.off += int64(n)
+		return b, nil
+	}
 	if n <= len(u.scratch) {
 		p, err := u.r.Peek(n)
 		if err != nil {
