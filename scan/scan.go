@@ -4,6 +4,10 @@
 // outside a short allowlist, and everything that carries one: PyTorch ZIP and legacy archives, joblib, NumPy object
 // arrays, Keras Lambda layers, TorchScript) or malformed (a structure loaders may read differently, or no known
 // format). Nothing is ever executed, and every parser is bounded in the memory and work a hostile file can cost.
+//
+// A node scans each blob once, after it is verified: File reads safetensors and GGUF headers only and skips the
+// tensor bytes inside a pickle, so the scan adds no read of the weights. A Report is JSON, to be kept with the blob
+// under Version; signing.Policy.AllowsScan then decides, per file, whether the model may be mounted.
 package scan
 
 import (
