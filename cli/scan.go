@@ -35,14 +35,14 @@ func scanCmd(g *Globals) *cobra.Command {
 	var rf remoteFlags
 	var policyFile, reference string
 	cmd := &cobra.Command{
-		Use:   "scan DIR|REF",
+		Use:   "scan DIR|FILE|REF",
 		Short: "Report which of a model's files run code when loaded (pickles, TorchScript, Lambda layers)",
-		Long: `Report every file of a model directory, or of an artifact in the local store, with its format as its
-content says (never its name) and a verdict: data (safetensors, GGUF, ONNX, JSON, text, images, a pickle naming
-only the callables a state dict of tensors needs), code (any other pickle and what carries one: PyTorch ZIP and
-legacy archives, joblib, NumPy object arrays, Keras Lambda layers, TorchScript) or malformed (truncated, over a
-limit, read differently by different loaders, or no known format). A pickle's report names every callable it
-imports. The exit code is 0 only when every file is data. Nothing is executed.
+		Long: `Report every file of a model directory (or one file), or of an artifact in the local store, with its
+format as its content says (never its name) and a verdict: data (safetensors, GGUF, ONNX, JSON, text, images,
+a pickle naming only the callables a state dict of tensors needs), code (any other pickle and what carries one:
+PyTorch ZIP and legacy archives, joblib, NumPy object arrays, Keras Lambda layers, TorchScript) or malformed
+(truncated, over a limit, read differently by different loaders, or no known format). A pickle's report names
+every callable it imports. The exit code is 0 only when every file is data. Nothing is executed.
 
 REF is looked up in the local store; a REF that names a registry and is not in the store is pulled (verified)
 into a temporary store, scanned and deleted. The connection flags are those of pull.
@@ -67,7 +67,7 @@ refused. A directory is judged as the model --reference names.`,
 			res := scanResult{Policy: policyFile}
 			var files []scan.FileReport
 			model := reference
-			if st, err := os.Stat(args[0]); err == nil && st.IsDir() {
+			if st, err := os.Stat(args[0]); err == nil && (st.IsDir() || st.Mode().IsRegular()) {
 				if policy != nil && reference == "" {
 					return fmt.Errorf("--policy judges a directory as a model reference: name it with --reference REGISTRY/REPOSITORY[:TAG|@DIGEST]")
 				}

@@ -102,6 +102,9 @@ func TestScanVectors(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", line, out)
 		}
 	}
+	if code, out, _ := run("scan", filepath.Join(dir, "evil_torch.pt")); code != 1 || !strings.Contains(out, "evil_torch.pt  pytorch-zip  code") {
+		t.Errorf("one file: exit %d\n%s", code, out)
+	}
 	if code, out, errOut := run("scan", smallModel(t)); code != 0 || !strings.Contains(out, "safetensors  data") {
 		t.Fatalf("a model of data: exit %d\n%s%s", code, out, errOut)
 	}
