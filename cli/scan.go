@@ -1,16 +1,19 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 	"oras.land/oras-go/v2/errdef"
 
+	"github.com/modelpack/modelpack/artifact/hf"
 	"github.com/modelpack/modelpack/artifact/layout"
 	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/scan"
@@ -35,7 +38,7 @@ func scanCmd(g *Globals) *cobra.Command {
 	var rf remoteFlags
 	var policyFile, reference string
 	cmd := &cobra.Command{
-		Use:   "scan DIR|FILE|REF",
+		Use:   "scan DIR|FILE|REF|hf://ORG/NAME[@REVISION]",
 		Short: "Report which of a model's files run code when loaded (pickles, TorchScript, Lambda layers)",
 		Long: `Report every file of a model directory (or one file), or of an artifact in the local store, with its
 format as its content says (never its name) and a verdict: data (safetensors, GGUF, ONNX, JSON, text, images,
@@ -45,7 +48,8 @@ PyTorch ZIP and legacy archives, joblib, NumPy object arrays, Keras Lambda layer
 every callable it imports. The exit code is 0 only when every file is data. Nothing is executed.
 
 REF is looked up in the local store; a REF that names a registry and is not in the store is pulled (verified)
-into a temporary store, scanned and deleted. The connection flags are those of pull.
+into a temporary store, scanned and deleted. The connection flags are those of pull. An hf:// model is scanned
+on the Hub (HF_ENDPOINT, HF_TOKEN) with range reads: safetensors cost their headers, not a download.
 
 With --policy, a node trust policy decides instead, as the node does: a code or malformed file is refused unless
 the rule matching the model has allowCode: true or an exception for the file; the exit code is 0 when nothing is
@@ -53,6 +57,7 @@ refused. A directory is judged as the model --reference names.`,
 		Example: `  modelpack scan ./llama-3-8b
   modelpack scan llama3:8b -o json
   modelpack scan registry.local:5000/org/llama3:8b --plain-http
+  modelpack scan hf://Qwen/Qwen2.5-0.5B-Instruct
   modelpack scan ./bert --policy policy.yaml --reference registry.local:5000/org/bert:v1`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: completeRefs(g, 1),
@@ -73,6 +78,14 @@ refused. A directory is judged as the model --reference names.`,
 				}
 				res.Dir = args[0]
 				if files, err = scan.Dir(args[0]); err != nil {
+					return err
+				}
+			} else if hf.IsReference(args[0]) {
+				if policy != nil && reference == "" {
+					return fmt.Errorf("--policy judges a Hub model as a model reference: name it with --reference REGISTRY/REPOSITORY[:TAG|@DIGEST]")
+				}
+				res.Reference = args[0]
+				if files, err = scanHub(cmd.Context(), args[0]); err != nil {
 					return err
 				}
 			} else {
@@ -178,6 +191,41 @@ func scanStored(cmd *cobra.Command, home, ref string, opts remote.Options) ([]sc
 		out = append(out, scan.FileReport{Path: name, Size: l.Size, Report: scan.File(f, l.Size)})
 		f.Close()
 	}
+	return out, nil
+}
+
+// scanHub scans every file of a Hugging Face Hub model where it lies, with range reads: safetensors cost their
+// header, not their download.
+func scanHub(ctx context.Context, s string) ([]scan.FileReport, error) {
+	ref, err := hf.ParseReference(s)
+	if err != nil {
+		return nil, err
+	}
+	client, err := hf.FromEnv()
+	if err != nil {
+		return nil, err
+	}
+	info, err := client.Info(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	entries, err := client.Tree(ctx, ref.Repo, info.SHA)
+	if err != nil {
+		return nil, err
+	}
+	var out []scan.FileReport
+	for _, e := range entries {
+		if e.Type != "file" {
+			continue
+		}
+		ra := client.ReaderAt(ctx, ref.Repo, info.SHA, e.Path, e.Size)
+		out = append(out, scan.FileReport{Path: e.Path, Size: e.Size, Report: scan.File(ra, e.Size)})
+		ra.Close()
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	return out, nil
 }
 

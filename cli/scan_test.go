@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/modelpack/modelpack/internal/testenv"
+	"github.com/modelpack/modelpack/internal/testenv/hubserver"
+	"github.com/modelpack/modelpack/internal/testmodel"
 )
 
 // Item: `modelpack scan DIR` (the built binary) gives every generated hostile and benign vector the verdict
@@ -151,5 +153,56 @@ rules:
 	}
 	if code, _, errOut := run("scan", dir, "--policy", policy); code != 1 || !strings.Contains(errOut, "--reference") {
 		t.Errorf("a directory under --policy without --reference: exit %d, %s", code, errOut)
+	}
+}
+
+// Item: scan hf://ORG/NAME scans a Hub model where it lies (a local Hub, as the Hub import tests use): every file
+// gets its verdict, and a large safetensors shard costs range reads of its header, not its download.
+func TestScanHub(t *testing.T) {
+	src := filepath.Join(testenv.RepoRoot(), "scan", "testdata", "vectors")
+	files := map[string][]byte{}
+	for _, n := range []string{"evil_torch.pt", "config.json", "object.npy"} {
+		b, err := os.ReadFile(filepath.Join(src, n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[n] = b
+	}
+	shard := filepath.Join(t.TempDir(), "model.safetensors")
+	if err := testmodel.WriteShard(shard, 64<<20, 1); err != nil {
+		t.Fatal(err)
+	}
+	files["model.safetensors"], _ = os.ReadFile(shard)
+	hub := hubserver.Start(t, hubserver.Repo{Name: "acme/m", Files: files})
+	run := binaryRunner(t, "HF_ENDPOINT="+hub.URL, "HF_TOKEN=", "HF_HOME="+t.TempDir())
+	code, out, errOut := run("scan", "hf://acme/m", "-o", "json")
+	if code != 1 || !strings.Contains(errOut, "2 of 4 files are code or malformed") {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+	var d struct {
+		Files []struct{ Path, Format, Verdict string }
+	}
+	if err := json.Unmarshal([]byte(out), &d); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, f := range d.Files {
+		got[f.Path] = f.Format + "/" + f.Verdict
+	}
+	want := map[string]string{"evil_torch.pt": "pytorch-zip/code", "config.json": "json/data", "object.npy": "npy/code", "model.safetensors": "safetensors/data"}
+	for p, w := range want {
+		if got[p] != w {
+			t.Errorf("%s: %s, want %s", p, got[p], w)
+		}
+	}
+	n := 0
+	for _, r := range hub.Requests() {
+		if strings.HasSuffix(r.Path, "model.safetensors") && r.Method == "GET" {
+			n++
+		}
+	}
+	t.Logf("%d GETs of the 64 MiB safetensors shard", n)
+	if n == 0 || n > 4 {
+		t.Errorf("%d GETs of the safetensors shard, want a few range reads", n)
 	}
 }
