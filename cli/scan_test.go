@@ -206,3 +206,28 @@ func TestScanHub(t *testing.T) {
 		t.Errorf("%d GETs of the safetensors shard, want a few range reads", n)
 	}
 }
+
+// Item: pack warns about each file that runs code when loaded, naming its format and first callable, and
+// --refuse-code fails before anything is written.
+func TestPackWarnsOnCode(t *testing.T) {
+	run := binaryRunner(t)
+	model := smallModel(t)
+	b, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "scan", "testdata", "vectors", "evil_torch.pt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(model, "pytorch_model.bin"), b, 0o644)
+	home := t.TempDir()
+	code, out, errOut := run("--home", home, "pack", model, "-t", "m:v1", "-o", "json")
+	if code != 0 || !strings.Contains(out, "pytorch_model.bin is code (pytorch-zip): imports posix.system") {
+		t.Fatalf("pack: exit %d\n%s%s", code, out, errOut)
+	}
+	home = t.TempDir()
+	code, _, errOut = run("--home", home, "pack", model, "-t", "m:v1", "--refuse-code")
+	if code != 1 || !strings.Contains(errOut, "--refuse-code: pytorch_model.bin is code (pytorch-zip): imports posix.system") {
+		t.Fatalf("pack --refuse-code: exit %d\n%s", code, errOut)
+	}
+	if code, out, _ := run("--home", home, "list", "-o", "json"); code != 0 || strings.Contains(out, "m:v1") {
+		t.Fatalf("pack --refuse-code stored something: %s", out)
+	}
+}
