@@ -408,17 +408,17 @@ func compileException(e ScanException) (exception, error) {
 	return ex, nil
 }
 
-// AllowsScan decides whether the file at path (its path inside the model) of the model ref may be mounted, given
-// its scan report: data always; code and malformed only under a rule with allowCode or an exception matching ref
-// and path. ref names the model as the node pulls it (repo@sha256:…, or repo:tag where no digest is known yet).
+// AllowsScan decides whether file (its path inside the model: a raw layer's path, or a tar layer's, whose findings
+// name their own files) of the model ref may be mounted, given its scan report: data always; code and malformed
+// only under a rule with allowCode or an exception matching ref and the file. ref names the model as the node pulls it (repo@sha256:…, or repo:tag where no digest is known yet).
 // A refusal wraps ErrUnsafeContent and names the rule, the file, its format and the first callable (or the
 // structural fault), which is what the pod's event should say. The rule's mode governs signatures, not this.
-func (p *Policy) AllowsScan(ref, path string, r scan.Report) error {
+func (p *Policy) AllowsScan(ref, file string, r scan.Report) error {
 	repo, digest, err := splitRef(ref)
 	if err != nil {
 		return err
 	}
-	return p.ruleFor(repo).allowsScan(ref, repo, digest, path, r)
+	return p.ruleFor(repo).allowsScan(ref, repo, digest, file, r)
 }
 
 // ScanNeeded reports whether AllowsScan can refuse anything of ref: false under a rule with allowCode, so a
