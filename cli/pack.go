@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,13 +19,14 @@ import (
 	"github.com/modelpack/modelpack/artifact/hf"
 	"github.com/modelpack/modelpack/artifact/layout"
 	"github.com/modelpack/modelpack/artifact/pack"
+	"github.com/modelpack/modelpack/scan"
 )
 
 type packFlags struct {
 	tag, modelfile, layerFormat, created string
 	datasets, kinds, licenses, authors   []string
 	include, exclude                     []string
-	push, strict                         bool
+	push, strict, refuseCode             bool
 	concurrency                          int
 	desc                                 artifact.ModelDescriptor
 	cfg                                  artifact.ModelConfig
@@ -93,6 +95,7 @@ cache's blobs/ followed.`,
 	_ = cmd.MarkFlagRequired("tag")
 	_ = cmd.RegisterFlagCompletionFunc("layer-format", cobra.FixedCompletions([]string{"raw", "tar", "tar+gzip", "tar+zstd"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("kind", cobra.FixedCompletions([]string{"weight=", "weight.config=", "doc=", "code=", "dataset="}, cobra.ShellCompDirectiveNoSpace))
+	fl.BoolVar(&f.refuseCode, "refuse-code", false, "fail, before packing anything, when a file runs code when loaded or is malformed, as modelpack scan says (default: warn)")
 	fl.BoolVar(&f.strict, "strict", false, "fail, before packing anything, when a --kind/--dataset/Modelfile rule or an hf:// --include/--exclude glob matches nothing (default: warn)")
 	fl.BoolVar(&f.push, "push", false, "push straight to the registry named by --tag instead of the local store")
 	pushSink := packPushSink(cmd, g)
@@ -143,6 +146,9 @@ func runPack(cmd *cobra.Command, g *Globals, f *packFlags, dir string, pushSink 
 		}
 	} else if len(f.include)+len(f.exclude) > 0 {
 		return fmt.Errorf("--include and --exclude choose the files of an hf:// model; for a directory, move the files out or name their kind with --kind")
+	}
+	if err := warnCode(dir, f.refuseCode, ws.add); err != nil {
+		return err
 	}
 	var sink pack.Sink
 	where := "local store"
@@ -307,4 +313,32 @@ func (s *packedLines) AddBlob(ctx context.Context, desc ocispec.Descriptor, open
 		s.mu.Unlock()
 	}
 	return d, err
+}
+
+// warnCode scans what pack is about to read (for hf://, the files it staged; the weights it streams are scanned
+// by modelpack scan hf://…): a file whose loading runs code, or that the scanner cannot vouch for, is a warning,
+// or with refuse the error that stops the pack before anything is written.
+func warnCode(dir string, refuse bool, warn func(string)) error {
+	reps, err := scan.Dir(dir)
+	if err != nil {
+		return nil // what cannot be read is pack's to report, in its words
+	}
+	var bad []string
+	for _, r := range reps {
+		if r.Verdict == scan.Data || strings.HasPrefix(r.Path, ".") || strings.Contains(r.Path, "/.") {
+			continue // hidden files are not packed
+		}
+		what := r.Reason
+		if c := r.FirstCallable(); c != "" {
+			what = "imports " + c
+		}
+		bad = append(bad, fmt.Sprintf("%s is %s (%s): %s", r.Path, r.Verdict, r.Format, what))
+	}
+	if refuse && len(bad) > 0 {
+		return fmt.Errorf("--refuse-code: %s", strings.Join(bad, "; "))
+	}
+	for _, b := range bad {
+		warn(b + "; loading it runs code or cannot be vouched for (modelpack scan; --refuse-code fails)")
+	}
+	return nil
 }

@@ -1,80 +1,132 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 	"oras.land/oras-go/v2/errdef"
 
+	"github.com/modelpack/modelpack/artifact/hf"
 	"github.com/modelpack/modelpack/artifact/layout"
 	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/scan"
+	"github.com/modelpack/modelpack/signing"
 )
 
 // scanResult is what scan prints with -o json.
 type scanResult struct {
-	Dir       string            `json:"dir,omitempty"`
-	Reference string            `json:"reference,omitempty"`
-	Files     []scan.FileReport `json:"files"`
+	Dir       string        `json:"dir,omitempty"`
+	Reference string        `json:"reference,omitempty"`
+	Policy    string        `json:"policy,omitempty"`
+	Files     []scannedFile `json:"files"`
+}
+
+// scannedFile is a file's report and, under --policy, why the policy refuses it.
+type scannedFile struct {
+	scan.FileReport
+	Refused string `json:"refused,omitempty"`
 }
 
 func scanCmd(g *Globals) *cobra.Command {
 	var rf remoteFlags
+	var policyFile, reference string
 	cmd := &cobra.Command{
-		Use:   "scan DIR|REF",
+		Use:   "scan DIR|FILE|REF|hf://ORG/NAME[@REVISION]",
 		Short: "Report which of a model's files run code when loaded (pickles, TorchScript, Lambda layers)",
-		Long: `Report every file of a model directory, or of an artifact in the local store, with its format as its
-content says (never its name) and a verdict: data (safetensors, GGUF, ONNX, JSON, text, images, a pickle naming
-only the callables a state dict of tensors needs), code (any other pickle and what carries one: PyTorch ZIP and
-legacy archives, joblib, NumPy object arrays, Keras Lambda layers, TorchScript) or malformed (truncated, over a
-limit, read differently by different loaders, or no known format). A pickle's report names every callable it
-imports. The exit code is 0 only when every file is data. Nothing is executed.
+		Long: `Report every file of a model directory (or one file), or of an artifact in the local store, with its
+format as its content says (never its name) and a verdict: data (safetensors, GGUF, ONNX, JSON, text, images,
+a pickle naming only the callables a state dict of tensors needs), code (any other pickle and what carries one:
+PyTorch ZIP and legacy archives, joblib, NumPy object arrays, Keras Lambda layers, TorchScript) or malformed
+(truncated, over a limit, read differently by different loaders, or no known format). A pickle's report names
+every callable it imports. The exit code is 0 only when every file is data. Nothing is executed.
 
 REF is looked up in the local store; a REF that names a registry and is not in the store is pulled (verified)
-into a temporary store, scanned and deleted. The connection flags are those of pull.`,
+into a temporary store, scanned and deleted. The connection flags are those of pull. An hf:// model is scanned
+on the Hub (HF_ENDPOINT, HF_TOKEN) with range reads: safetensors cost their headers, not a download.
+
+With --policy, a node trust policy decides instead, as the node does: a code or malformed file is refused unless
+the rule matching the model has allowCode: true or an exception for the file; the exit code is 0 when nothing is
+refused. A directory is judged as the model --reference names.`,
 		Example: `  modelpack scan ./llama-3-8b
   modelpack scan llama3:8b -o json
-  modelpack scan registry.local:5000/org/llama3:8b --plain-http`,
+  modelpack scan registry.local:5000/org/llama3:8b --plain-http
+  modelpack scan hf://Qwen/Qwen2.5-0.5B-Instruct
+  modelpack scan ./bert --policy policy.yaml --reference registry.local:5000/org/bert:v1`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: completeRefs(g, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			res := scanResult{}
-			if st, err := os.Stat(args[0]); err == nil && st.IsDir() {
+			var policy *signing.Policy
+			if policyFile != "" {
+				var err error
+				if policy, err = signing.LoadPolicy(policyFile); err != nil {
+					return err
+				}
+			}
+			res := scanResult{Policy: policyFile}
+			var files []scan.FileReport
+			model := reference
+			if st, err := os.Stat(args[0]); err == nil && (st.IsDir() || st.Mode().IsRegular()) {
+				if policy != nil && reference == "" {
+					return fmt.Errorf("--policy judges a directory as a model reference: name it with --reference REGISTRY/REPOSITORY[:TAG|@DIGEST]")
+				}
 				res.Dir = args[0]
-				if res.Files, err = scan.Dir(args[0]); err != nil {
+				if files, err = scan.Dir(args[0]); err != nil {
+					return err
+				}
+			} else if hf.IsReference(args[0]) {
+				if policy != nil && reference == "" {
+					return fmt.Errorf("--policy judges a Hub model as a model reference: name it with --reference REGISTRY/REPOSITORY[:TAG|@DIGEST]")
+				}
+				res.Reference = args[0]
+				if files, err = scanHub(cmd.Context(), args[0]); err != nil {
 					return err
 				}
 			} else {
-				res.Reference = args[0]
-				if res.Files, err = scanStored(cmd, g.Home, args[0], rf.options()); err != nil {
+				res.Reference, model = args[0], args[0]
+				if files, err = scanStored(cmd, g.Home, args[0], rf.options()); err != nil {
 					return err
 				}
+			}
+			refused := 0
+			for _, f := range files {
+				sf := scannedFile{FileReport: f}
+				switch {
+				case policy != nil:
+					if err := policy.AllowsScan(model, f.Path, f.Report); err != nil {
+						sf.Refused = err.Error()
+						refused++
+					}
+				case f.Verdict != scan.Data:
+					refused++
+				}
+				res.Files = append(res.Files, sf)
 			}
 			if g.IsJSON() {
 				if err := PrintJSON(cmd.OutOrStdout(), res); err != nil {
 					return err
 				}
-			} else if err := printScan(cmd, res.Files); err != nil {
+			} else if err := printScan(cmd, res.Files, policy != nil); err != nil {
 				return err
 			}
-			n := 0
-			for _, f := range res.Files {
-				if f.Verdict != scan.Data {
-					n++
-				}
-			}
-			if n > 0 {
-				return fmt.Errorf("%d of %d files are code or malformed", n, len(res.Files))
+			switch {
+			case refused > 0 && policy != nil:
+				return fmt.Errorf("%d of %d files are refused by %s", refused, len(files), policyFile)
+			case refused > 0:
+				return fmt.Errorf("%d of %d files are code or malformed", refused, len(files))
 			}
 			return nil
 		},
 	}
 	rf.registerConnection(cmd.Flags())
+	cmd.Flags().StringVar(&policyFile, "policy", "", "judge the files with this node trust policy (allowCode, exceptions) instead of refusing every code or malformed file")
+	cmd.Flags().StringVar(&reference, "reference", "", "with --policy and a directory: the model reference the policy's rules and exceptions match")
 	return cmd
 }
 
@@ -142,9 +194,48 @@ func scanStored(cmd *cobra.Command, home, ref string, opts remote.Options) ([]sc
 	return out, nil
 }
 
-func printScan(cmd *cobra.Command, files []scan.FileReport) error {
+// scanHub scans every file of a Hugging Face Hub model where it lies, with range reads: safetensors cost their
+// header, not their download.
+func scanHub(ctx context.Context, s string) ([]scan.FileReport, error) {
+	ref, err := hf.ParseReference(s)
+	if err != nil {
+		return nil, err
+	}
+	client, err := hf.FromEnv()
+	if err != nil {
+		return nil, err
+	}
+	info, err := client.Info(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	entries, err := client.Tree(ctx, ref.Repo, info.SHA)
+	if err != nil {
+		return nil, err
+	}
+	var out []scan.FileReport
+	for _, e := range entries {
+		if e.Type != "file" {
+			continue
+		}
+		ra := client.ReaderAt(ctx, ref.Repo, info.SHA, e.Path, e.Size)
+		out = append(out, scan.FileReport{Path: e.Path, Size: e.Size, Report: scan.File(ra, e.Size)})
+		ra.Close()
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
+	return out, nil
+}
+
+func printScan(cmd *cobra.Command, files []scannedFile, withPolicy bool) error {
 	w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "PATH\tFORMAT\tVERDICT\tDETAIL")
+	if withPolicy {
+		fmt.Fprintln(w, "PATH\tFORMAT\tVERDICT\tPOLICY\tDETAIL")
+	} else {
+		fmt.Fprintln(w, "PATH\tFORMAT\tVERDICT\tDETAIL")
+	}
 	for _, f := range files {
 		detail := f.Reason
 		var callables []string
@@ -162,6 +253,14 @@ func printScan(cmd *cobra.Command, files []scan.FileReport) error {
 			if member != "" {
 				detail = member + ": " + detail
 			}
+		}
+		if withPolicy {
+			verdict := "allowed"
+			if f.Refused != "" {
+				verdict = "refused"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", f.Path, f.Format, f.Verdict, verdict, orDash(detail))
+			continue
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", f.Path, f.Format, f.Verdict, orDash(detail))
 	}

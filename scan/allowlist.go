@@ -60,6 +60,8 @@ var allowed = map[string]string{
 	"numpy._core.multiarray._reconstruct": "numpy 2's name for _reconstruct",
 	"numpy.core.multiarray.scalar":        "a numpy scalar from a dtype and its bytes",
 	"numpy._core.multiarray.scalar":       "numpy 2's name for scalar",
+	"numpy.core.numeric._frombuffer":      "protocol 5 arrays: frombuffer(bytes, dtype).reshape(shape); object dtypes are refused by numpy",
+	"numpy._core.numeric._frombuffer":     "numpy 2's name for _frombuffer",
 	"numpy.ndarray":                       "the array type (a _reconstruct argument)",
 	"numpy.dtype":                         "a dtype from its type string",
 	// Protocol 2 pickles carry bytes as _codecs.encode(str, 'latin1') (numpy under Python 3 does): a codec from the

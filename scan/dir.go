@@ -23,7 +23,7 @@ func Refused(files []FileReport) bool {
 	return false
 }
 
-// Dir scans every regular file under root, in lexical order, with paths relative to root. A symbolic link to a
+// Dir scans every regular file under root (or root itself, a file), in lexical order, with paths relative to root. A symbolic link to a
 // regular file is scanned as that file (the Hugging Face cache's snapshots are links into its blobs); any other
 // link is malformed, as nothing can say what a loader would find there.
 func (l Limits) Dir(root string) ([]FileReport, error) {
@@ -33,6 +33,9 @@ func (l Limits) Dir(root string) ([]FileReport, error) {
 			return err
 		}
 		rel, _ := filepath.Rel(root, p)
+		if rel == "." { // root is a file
+			rel = filepath.Base(p)
+		}
 		rel = filepath.ToSlash(rel)
 		switch {
 		case d.IsDir():

@@ -15,6 +15,7 @@ import (
 
 type pbReader struct {
 	r    io.ReaderAt
+	size int64
 	buf  []byte
 	bOff int64
 }
@@ -22,7 +23,7 @@ type pbReader struct {
 func (p *pbReader) byteAt(off int64) (byte, error) {
 	if off < p.bOff || off >= p.bOff+int64(len(p.buf)) {
 		if p.buf == nil {
-			p.buf = make([]byte, 32<<10)
+			p.buf = make([]byte, max(1, min(p.size, 32<<10)))
 		}
 		n, err := p.r.ReadAt(p.buf[:cap(p.buf)], off)
 		if n == 0 {
@@ -118,7 +119,7 @@ func (p *pbReader) str(f field) (string, error) {
 }
 
 func isProtobuf(r io.ReaderAt, size int64) bool {
-	p := &pbReader{r: r}
+	p := &pbReader{r: r, size: size}
 	n := 0
 	err := p.fields(0, size, func(field) error { n++; return nil })
 	return err == nil && n > 0
@@ -127,7 +128,7 @@ func isProtobuf(r io.ReaderAt, size int64) bool {
 // onnx reports ok when r is a ModelProto: an ir_version varint (field 1) and a graph (field 7), all of it
 // well-formed protobuf.
 func (s *scanner) onnx(r io.ReaderAt, size int64) (Report, bool) {
-	p := &pbReader{r: r}
+	p := &pbReader{r: r, size: size}
 	if b, err := p.byteAt(0); err != nil || b != 0x08 {
 		return Report{}, false
 	}

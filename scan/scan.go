@@ -4,6 +4,10 @@
 // outside a short allowlist, and everything that carries one: PyTorch ZIP and legacy archives, joblib, NumPy object
 // arrays, Keras Lambda layers, TorchScript) or malformed (a structure loaders may read differently, or no known
 // format). Nothing is ever executed, and every parser is bounded in the memory and work a hostile file can cost.
+//
+// A node scans each blob once, after it is verified: File reads safetensors and GGUF headers only and skips the
+// tensor bytes inside a pickle, so the scan adds no read of the weights. A Report is JSON, to be kept with the blob
+// under Version; signing.Policy.AllowsScan then decides, per file, whether the model may be mounted.
 package scan
 
 import (
@@ -299,7 +303,7 @@ func malformedReport(format, reason string) Report {
 
 // isUTF8 reads the whole file once in chunks.
 func isUTF8(r io.ReaderAt, size int64) bool {
-	buf := make([]byte, 64<<10)
+	buf := make([]byte, min(size+utf8.UTFMax, 64<<10))
 	var carry int
 	for off := int64(0); off < size; {
 		n, err := r.ReadAt(buf[carry:], off)

@@ -248,12 +248,16 @@ func (s *scanner) readZip(r io.ReaderAt, size int64) ([]zipEntry, error) {
 			return nil, errors.New("zip64 locator missing")
 		}
 		off64 := le.Uint64(loc[8:])
-		if off64+56 != uint64(endOff-20) {
-			return nil, errors.New("zip64 end record not directly before its locator")
-		}
 		e64 := make([]byte, 56)
+		if off64 > uint64(endOff) {
+			return nil, errors.New("zip64 end record offset past the end record")
+		}
 		if _, err := r.ReadAt(e64, int64(off64)); err != nil || le.Uint32(e64) != sigEnd64 {
 			return nil, errors.New("zip64 end record missing")
+		}
+		// The record may carry extensible data after its fixed fields; it must still end at the locator.
+		if n := le.Uint64(e64[4:]); n < 44 || n > uint64(endOff) || off64+12+n != uint64(endOff-20) {
+			return nil, errors.New("zip64 end record not directly before its locator")
 		}
 		disk, cdDisk = uint16(le.Uint32(e64[16:])), uint16(le.Uint32(e64[20:]))
 		count, total = le.Uint64(e64[24:]), le.Uint64(e64[32:])

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -147,5 +148,24 @@ func TestSafetensorsChecks(t *testing.T) {
 		if r.Format != "safetensors" || r.Verdict != c.want {
 			t.Errorf("%s: %s/%s (%s), want safetensors/%s", name, r.Format, r.Verdict, r.Reason, c.want)
 		}
+	}
+}
+
+// More entries than a plain end record counts: the zip64 end record and its locator are followed.
+func TestZip64EndRecord(t *testing.T) {
+	var b bytes.Buffer
+	w := zip.NewWriter(&b)
+	for i := 0; i < 65536; i++ {
+		f, _ := w.CreateHeader(&zip.FileHeader{Name: "f/" + strconv.Itoa(i) + ".json", Method: zip.Store})
+		f.Write([]byte("{}"))
+	}
+	w.Close()
+	if !bytes.Contains(b.Bytes(), []byte("PK\x06\x06")) {
+		t.Fatal("no zip64 end record written")
+	}
+	lim := scan.DefaultLimits
+	lim.MaxEntries = 1 << 17
+	if r := lim.File(bytes.NewReader(b.Bytes()), int64(b.Len())); r.Format != "zip" || r.Verdict != scan.Data {
+		t.Fatalf("%s/%s: %s", r.Format, r.Verdict, r.Reason)
 	}
 }

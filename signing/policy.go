@@ -103,7 +103,7 @@ type ScanException struct {
 	// Reference is a registry/repository glob as in Match, optionally pinned to one manifest with @sha256:….
 	Reference string `yaml:"reference" json:"reference"`
 	// Path is a glob over the file's path in the model ("*.pt", "**/training_args.bin"): * stays within a path
-	// segment, ** crosses segments.
+	// segment, ** crosses segments, and a leading **/ matches the top directory too.
 	Path string `yaml:"path" json:"path"`
 }
 
@@ -353,18 +353,22 @@ func compileGlob(g string) (*regexp.Regexp, error) {
 	if strings.HasPrefix(g, "index.docker.io/") {
 		g = "docker.io/" + strings.TrimPrefix(g, "index.docker.io/")
 	}
-	return globRegexp(g)
+	return globRegexp(g, false)
 }
 
 // globRegexp is the glob syntax of patterns and exception paths: * within a segment, ** across, a trailing /**
-// matching the prefix too.
-func globRegexp(g string) (*regexp.Regexp, error) {
+// matching the prefix too. With anyDepth (file paths, as gitignore reads them) a leading or inner **/ also
+// matches no directory at all; repository patterns keep their meaning.
+func globRegexp(g string, anyDepth bool) (*regexp.Regexp, error) {
 	var b strings.Builder
 	b.WriteString("^")
 	for i := 0; i < len(g); i++ {
 		switch c := g[i]; {
 		case strings.HasPrefix(g[i:], "/**") && i+3 == len(g):
 			b.WriteString("(/.*)?")
+			i += 2
+		case anyDepth && strings.HasPrefix(g[i:], "**/") && (i == 0 || g[i-1] == '/'):
+			b.WriteString("(.*/)?") // a whole segment of ** also matches no segment at all
 			i += 2
 		case strings.HasPrefix(g[i:], "**"):
 			b.WriteString(".*")
@@ -398,23 +402,23 @@ func compileException(e ScanException) (exception, error) {
 	if e.Path == "" || strings.HasPrefix(e.Path, "/") {
 		return ex, fmt.Errorf("path %q: a glob over a file's path inside the model (relative, not empty)", e.Path)
 	}
-	if ex.path, err = globRegexp(path.Clean(e.Path)); err != nil {
+	if ex.path, err = globRegexp(path.Clean(e.Path), true); err != nil {
 		return ex, fmt.Errorf("path: %v", err)
 	}
 	return ex, nil
 }
 
-// AllowsScan decides whether the file at path (its path inside the model) of the model ref may be mounted, given
-// its scan report: data always; code and malformed only under a rule with allowCode or an exception matching ref
-// and path. ref names the model as the node pulls it (repo@sha256:…, or repo:tag where no digest is known yet).
+// AllowsScan decides whether file (its path inside the model: a raw layer's path, or a tar layer's, whose findings
+// name their own files) of the model ref may be mounted, given its scan report: data always; code and malformed
+// only under a rule with allowCode or an exception matching ref and the file. ref names the model as the node pulls it (repo@sha256:…, or repo:tag where no digest is known yet).
 // A refusal wraps ErrUnsafeContent and names the rule, the file, its format and the first callable (or the
 // structural fault), which is what the pod's event should say. The rule's mode governs signatures, not this.
-func (p *Policy) AllowsScan(ref, path string, r scan.Report) error {
+func (p *Policy) AllowsScan(ref, file string, r scan.Report) error {
 	repo, digest, err := splitRef(ref)
 	if err != nil {
 		return err
 	}
-	return p.ruleFor(repo).allowsScan(ref, repo, digest, path, r)
+	return p.ruleFor(repo).allowsScan(ref, repo, digest, file, r)
 }
 
 // ScanNeeded reports whether AllowsScan can refuse anything of ref: false under a rule with allowCode, so a

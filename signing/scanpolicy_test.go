@@ -58,6 +58,7 @@ rules:
 		{"other.example.com/x:1", "pytorch_model.bin", evil, false}, // the default rule: allowCode false too
 		{"registry.example.com/legacy/x:1", "pytorch_model.bin", evil, true},
 		{"registry.example.com/models/bert:1", "ckpt/training_args.bin", evil, true},
+		{"registry.example.com/models/bert:1", "training_args.bin", evil, true},
 		{"registry.example.com/models/bert:1", "pytorch_model.bin", evil, false},
 		{pinned, "model.pt", evil, true},
 		{pinned, "sub/model.pt", evil, false},
