@@ -201,6 +201,11 @@ func versionCmd(g *Globals) *cobra.Command {
 			}{Version: Version, Revision: strings.TrimSuffix(Revision, "-dirty"), Modified: strings.HasSuffix(Revision, "-dirty")}
 			if bi, ok := debug.ReadBuildInfo(); ok {
 				v.Go = bi.GoVersion
+				// Without make's -X, the module version is what go install …@VERSION resolved (v0.3.0) or, for a
+				// go build in a checkout, the pseudo-version Go derives from the commit; "(devel)" says neither.
+				if Version == "dev" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+					v.Version = strings.TrimSuffix(bi.Main.Version, "+dirty")
+				}
 				// Go stamps the commit a binary was built from (go build in a git checkout).
 				for _, s := range bi.Settings {
 					switch s.Key {
