@@ -159,3 +159,21 @@ func TestLayersRefusesConflictingPaths(t *testing.T) {
 		t.Error("a raw layer at the model root (path \".\") was accepted")
 	}
 }
+
+// Item: one kind vocabulary, the spec's (weight, weight.config, doc, code, dataset), with the plural and short
+// spellings users type accepted as aliases; an unknown kind's error lists the valid ones.
+func TestParseKindAliases(t *testing.T) {
+	for in, want := range map[string]Kind{
+		"weight": KindWeight, "weights": KindWeight, "Weights": KindWeight, "weight.config": KindWeightConfig,
+		"config": KindWeightConfig, "configs": KindWeightConfig, "doc": KindDoc, "docs": KindDoc, "code": KindCode,
+		"dataset": KindDataset, "datasets": KindDataset, " doc ": KindDoc,
+	} {
+		if got, err := ParseKind(in); err != nil || got != want {
+			t.Errorf("ParseKind(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	_, err := ParseKind("models")
+	if err == nil || !strings.Contains(err.Error(), "valid: weight, weight.config, doc, code, dataset") {
+		t.Errorf("ParseKind(models): %v", err)
+	}
+}

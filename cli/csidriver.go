@@ -89,7 +89,7 @@ with the semantics of Kubernetes image volumes:
   volumeAttributes:
     reference: registry.example.com/models/llama:v1   # required: a tag or a digest
     pullPolicy: IfNotPresent                          # Always | IfNotPresent | Never
-    filter: weights,config                            # weights, config, docs, code, dataset
+    filter: weight,weight.config                      # weight, weight.config, doc, code, dataset
     include: "*.safetensors,tokenizer*"               # path globs
     subPath: tokenizer                                # a directory inside the model
     platform: linux/amd64                             # for multi-platform artifacts

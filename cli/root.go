@@ -76,6 +76,7 @@ func newRoot() (*cobra.Command, *Globals) {
 	for _, c := range commands {
 		root.AddCommand(c(g))
 	}
+	markUsage(root)
 	return root, g
 }
 
@@ -108,7 +109,8 @@ func wantsJSON(args []string) bool {
 	return false
 }
 
-// Run executes the command line args and returns the exit code: 0, 1 for an error, 130 when ctx was cancelled
+// Run executes the command line args and returns the exit code: 0, 1 for a failure, 2 for a command line that
+// cannot be run (usage.go), 130 when ctx was cancelled
 // (SIGINT or SIGTERM). Under -o json an error is printed as {"error": {"message": …, "warnings": […]}} on stderr,
 // with the warnings the command gave before it failed.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -120,11 +122,11 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return 0
 	}
-	code := 1
+	code := exitCode(err)
 	msg := err.Error()
 	if ctx.Err() != nil {
 		// Transfers keep what they verified (partial blobs resume with HTTP Range), so the next run continues.
-		code, msg = 130, "interrupted; run again to resume"
+		code, msg = exitInterrupted, "interrupted; run again to resume"
 	}
 	if f := root.PersistentFlags().Lookup("output"); (f != nil && f.Value.String() == "json") || wantsJSON(args) {
 		_ = PrintJSON(stderr, errorJSON{Error: errorBody{Message: msg, Warnings: g.warned.all()}})
