@@ -175,7 +175,7 @@ nothing is evicted; only unneeded content is deleted.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			max, err := parseByteSize(maxSize)
 			if err != nil {
-				return fmt.Errorf("--max-size: %w", err)
+				return usageErr("--max-size: %w", err)
 			}
 			if minAge == 0 {
 				minAge = -1 // cache.Options: negative means no protection

@@ -151,7 +151,7 @@ func validateOutput(o string) error {
 	case "table", "json":
 		return nil
 	}
-	return fmt.Errorf("invalid --output %q (valid: table, json)", o)
+	return usageErr("invalid --output %q (valid: table, json)", o)
 }
 
 func defaultHome() string {

@@ -381,7 +381,7 @@ func withArtifactType(d ocispec.Descriptor, m *ocispec.Manifest) ocispec.Descrip
 
 func matchCheck(p string) (bool, error) {
 	if _, err := path.Match(p, ""); err != nil {
-		return false, fmt.Errorf("--include %q: %w", p, err)
+		return false, usageErr("--include %q: %w", p, err)
 	}
 	return true, nil
 }

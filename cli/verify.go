@@ -118,7 +118,7 @@ be listed; the check reads the manifest and the signature only (raw layers are n
 			switch f.format {
 			case "cosign", "oms":
 			default:
-				return fmt.Errorf("--format %q is not valid (valid: cosign, oms)", f.format)
+				return usageErr("--format %q is not valid (valid: cosign, oms)", f.format)
 			}
 			if f.omsDir != "" {
 				return verifyOMSDir(cmd, g, f)

@@ -1,0 +1,66 @@
+package cli
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+)
+
+// Item: a command line modelpack cannot run exits 2, as POSIX tools do, before any work; a run that fails exits 1.
+func TestExitCodes(t *testing.T) {
+	home := t.TempDir()
+	run := binaryRunner(t, "MODELPACK_HOME="+home)
+	model := t.TempDir()
+	if err := os.WriteFile(filepath.Join(model, "w.safetensors"), []byte("weights"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for name, tc := range map[string]struct {
+		args []string
+		code int
+		want string
+	}{
+		"unknown flag":       {[]string{"ls", "--nope"}, 2, "unknown flag: --nope"},
+		"unknown command":    {[]string{"frobnicate"}, 2, `unknown command "frobnicate"`},
+		"missing argument":   {[]string{"inspect"}, 2, "accepts 1 arg(s), received 0"},
+		"extra argument":     {[]string{"version", "x"}, 2, `unknown command "x"`},
+		"bad flag value":     {[]string{"ls", "-o", "yaml"}, 2, `invalid --output "yaml"`},
+		"bad int value":      {[]string{"pack", model, "-t", "m:v1", "--concurrency", "many"}, 2, `invalid argument "many"`},
+		"required flag":      {[]string{"pack", model}, 2, `required flag(s) "tag" not set`},
+		"bad filter":         {[]string{"unpack", "m:v1", t.TempDir(), "--filter", "models"}, 2, `unknown kind "models"`},
+		"bad kind rule":      {[]string{"pack", model, "-t", "m:v1", "--kind", "models=*"}, 2, `unknown kind "models"`},
+		"bad tag":            {[]string{"pack", model, "-t", "Not/Valid"}, 2, `invalid reference "Not/Valid"`},
+		"not in the store":   {[]string{"inspect", "m:v9"}, 1, "m:v9: not found"},
+		"no such directory":  {[]string{"pack", model + "-nope", "-t", "m:v1"}, 1, "no such directory"},
+		"json usage error":   {[]string{"ls", "--nope", "-o", "json"}, 2, `"message": "unknown flag: --nope"`},
+		"json runtime error": {[]string{"inspect", "m:v9", "-o", "json"}, 1, "not found"},
+	} {
+		code, _, stderr := run(tc.args...)
+		if code != tc.code || !strings.Contains(stderr, tc.want) {
+			t.Errorf("%s: modelpack %s: exit %d, stderr %q; want exit %d and %q", name, strings.Join(tc.args, " "), code, stderr, tc.code, tc.want)
+		}
+	}
+}
+
+// Item: hf://Qwen names an organisation, not a model: a usage error, before any request reaches the Hub.
+func TestHFReferenceWithoutRepositoryIsUsageError(t *testing.T) {
+	var requests atomic.Int64
+	hub := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		requests.Add(1)
+		http.NotFound(w, nil)
+	}))
+	defer hub.Close()
+	run := binaryRunner(t, "MODELPACK_HOME="+t.TempDir(), "HF_ENDPOINT="+hub.URL, "HF_HUB_OFFLINE=")
+	for _, ref := range []string{"hf://Qwen", "hf://openai-community"} {
+		code, _, stderr := run("pack", ref, "-t", "qwen:v1")
+		if code != 2 || !strings.Contains(stderr, "no repository") || !strings.Contains(stderr, "hf://ORG/NAME") {
+			t.Errorf("pack %s: exit %d, stderr %q", ref, code, stderr)
+		}
+	}
+	if n := requests.Load(); n != 0 {
+		t.Errorf("the Hub got %d requests", n)
+	}
+}
