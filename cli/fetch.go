@@ -1,7 +1,6 @@
 package cli
 
 import (
-
 	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/artifact/pack"
 	"github.com/modelpack/modelpack/artifact/remote"
