@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -8,6 +9,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/modelpack/modelpack/internal/testenv"
 )
 
 // Item: a command line modelpack cannot run exits 2, as POSIX tools do, before any work; a run that fails exits 1.
@@ -62,5 +65,28 @@ func TestHFReferenceWithoutRepositoryIsUsageError(t *testing.T) {
 	}
 	if n := requests.Load(); n != 0 {
 		t.Errorf("the Hub got %d requests", n)
+	}
+}
+
+// Item: a registry on a loopback host (localhost, 127.0.0.0/8, [::1]) needs no --plain-http, as with docker and
+// containerd; naming TLS for it (--ca-file, --insecure) talks HTTPS again.
+func TestLoopbackRegistryIsPlainHTTP(t *testing.T) {
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	_, port, _ := net.SplitHostPort(reg.Host)
+	run := binaryRunner(t, "MODELPACK_HOME="+t.TempDir(), "DOCKER_CONFIG="+t.TempDir())
+	model := smallModel(t)
+	if code, _, stderr := run("pack", model, "-t", "127.0.0.1:"+port+"/org/m:v1", "--push", "-q"); code != 0 {
+		t.Fatalf("pack --push to 127.0.0.1 without --plain-http: exit %d: %s", code, stderr)
+	}
+	for _, host := range []string{"127.0.0.1:" + port, "localhost:" + port} {
+		if code, out, stderr := run("tags", host+"/org/m"); code != 0 || !strings.Contains(out, "v1") {
+			t.Errorf("tags %s/org/m without --plain-http: exit %d %q %s", host, code, out, stderr)
+		}
+		if code, _, stderr := run("pull", host+"/org/m:v1", "-q"); code != 0 {
+			t.Errorf("pull %s/org/m:v1 without --plain-http: exit %d %s", host, code, stderr)
+		}
+	}
+	if code, _, stderr := run("tags", "127.0.0.1:"+port+"/org/m", "--insecure"); code != 1 || !strings.Contains(stderr, "plain HTTP") {
+		t.Errorf("tags with --insecure (HTTPS) against a plain-HTTP loopback registry: exit %d %s", code, stderr)
 	}
 }
