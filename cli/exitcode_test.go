@@ -90,3 +90,21 @@ func TestLoopbackRegistryIsPlainHTTP(t *testing.T) {
 		t.Errorf("tags with --insecure (HTTPS) against a plain-HTTP loopback registry: exit %d %s", code, stderr)
 	}
 }
+
+// Item: unpack of a registry reference the local store does not hold says so, and how to read it from the
+// registry, without a request to it.
+func TestUnpackRegistryRefNotInStore(t *testing.T) {
+	home := t.TempDir()
+	run := binaryRunner(t, "MODELPACK_HOME="+home)
+	ref := "registry.example.com/org/model:v1"
+	dst := filepath.Join(t.TempDir(), "out")
+	code, _, stderr := run("unpack", ref, dst)
+	for _, want := range []string{ref + " is not in the local store", "modelpack pull " + ref, "modelpack fetch " + ref + " " + dst} {
+		if code != 1 || !strings.Contains(stderr, want) {
+			t.Errorf("unpack %s: exit %d, stderr %q; want %q", ref, code, stderr, want)
+		}
+	}
+	if _, err := os.Stat(dst); !os.IsNotExist(err) {
+		t.Errorf("unpack that failed left %s: %v", dst, err)
+	}
+}

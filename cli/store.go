@@ -311,6 +311,11 @@ records (the epoch for a reproducible pack), as fetch gives them.`,
 			}
 			defer store.Close()
 			info, err := loadArtifact(cmd.Context(), store, args[0])
+			if errors.Is(err, errdef.ErrNotFound) && namesRegistry(args[0]) {
+				// unpack reads the local store only: say where a registry's model comes from.
+				return fmt.Errorf("%s is not in the local store (%s), which unpack reads: `modelpack pull %s` stores it first, or `modelpack fetch %s %s` writes its files straight from the registry",
+					args[0], g.Home, args[0], args[0], args[1])
+			}
 			if err != nil {
 				return err
 			}
