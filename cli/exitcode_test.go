@@ -108,3 +108,30 @@ func TestUnpackRegistryRefNotInStore(t *testing.T) {
 		t.Errorf("unpack that failed left %s: %v", dst, err)
 	}
 }
+
+// Item: verify with flags and no --policy speaks of what the user gave ("the key given with --key (b.pub)"), not
+// of a policy rule named "command line".
+func TestVerifyNamesTheKeyGiven(t *testing.T) {
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	run := binaryRunner(t, "MODELPACK_HOME="+t.TempDir(), "DOCKER_CONFIG="+t.TempDir(), "COSIGN_PASSWORD=pw")
+	dir := t.TempDir()
+	signer, other := filepath.Join(dir, "signer"), filepath.Join(dir, "other")
+	for _, k := range []string{signer, other} {
+		if code, _, stderr := run("key", "generate", "--output-key-prefix", k); code != 0 {
+			t.Fatalf("key generate: %s", stderr)
+		}
+	}
+	ref := reg.Host + "/signed/model:v1"
+	if code, _, stderr := run("pack", smallModel(t), "-t", ref, "--push", "--sign", signer+".key", "-q"); code != 0 {
+		t.Fatalf("pack --push --sign: %s", stderr)
+	}
+	code, _, stderr := run("verify", ref, "--key", other+".pub", "--insecure-ignore-tlog")
+	if code != 1 || !strings.Contains(stderr, "is not verified by the key given with --key ("+other+".pub)") ||
+		strings.Contains(stderr, "command line") || strings.Contains(stderr, "policy") {
+		t.Errorf("verify with the wrong key: exit %d, stderr %q", code, stderr)
+	}
+	code, out, stderr := run("verify", ref, "--key", signer+".pub", "--insecure-ignore-tlog")
+	if code != 0 || !strings.Contains(out, "(the key given with --key ("+signer+".pub))") || strings.Contains(out, "command line") {
+		t.Errorf("verify with the signer's key: exit %d, %q %q", code, out, stderr)
+	}
+}
