@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -133,5 +134,33 @@ func TestVerifyNamesTheKeyGiven(t *testing.T) {
 	code, out, stderr := run("verify", ref, "--key", signer+".pub", "--insecure-ignore-tlog")
 	if code != 0 || !strings.Contains(out, "(the key given with --key ("+signer+".pub))") || strings.Contains(out, "command line") {
 		t.Errorf("verify with the signer's key: exit %d, %q %q", code, out, stderr)
+	}
+}
+
+// Item: a bare tag that oras --oci-layout wrote ("8b") is that tag to every command, never "8b:latest".
+func TestOrasLayoutBareTag(t *testing.T) {
+	oras := testenv.Tool(t, "oras")
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	home, work := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(work, "f.txt"), []byte("hi\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	push := exec.Command(oras, "push", "--oci-layout", home+":8b", "f.txt")
+	push.Dir = work
+	if out, err := push.CombinedOutput(); err != nil {
+		t.Fatalf("oras push --oci-layout: %v\n%s", err, out)
+	}
+	run := binaryRunner(t, "MODELPACK_HOME="+home, "DOCKER_CONFIG="+t.TempDir())
+	if code, out, stderr := run("inspect", "8b"); code != 0 || !strings.Contains(out, "Reference:      8b\n") {
+		t.Errorf("inspect 8b: exit %d %q %s", code, out, stderr)
+	}
+	if code, _, stderr := run("push", reg.Host+"/org/f:v1", "--from", "8b", "-q"); code != 0 {
+		t.Errorf("push --from 8b: exit %d %s", code, stderr)
+	}
+	if code, out, stderr := run("rm", "8b"); code != 0 || out != "removed 8b\n" {
+		t.Errorf("rm 8b: exit %d %q %s", code, out, stderr)
+	}
+	if code, out, _ := run("ls", "-o", "json"); code != 0 || strings.Contains(out, `"8b`) {
+		t.Errorf("ls after rm 8b: %s", out)
 	}
 }

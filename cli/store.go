@@ -444,7 +444,7 @@ func rmCmd(g *Globals) *cobra.Command {
 			defer store.Close()
 			removed := []string{}
 			for _, a := range args {
-				ref, err := layout.ParseReference(a)
+				ref, err := store.Name(a)
 				if err != nil {
 					return err
 				}
