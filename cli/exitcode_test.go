@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/modelpack/modelpack/internal/testenv"
 )
@@ -162,5 +163,42 @@ func TestOrasLayoutBareTag(t *testing.T) {
 	}
 	if code, out, _ := run("ls", "-o", "json"); code != 0 || strings.Contains(out, `"8b`) {
 		t.Errorf("ls after rm 8b: %s", out)
+	}
+}
+
+// Item: cache ls on a live node, whose cache the running driver holds, says so and names the command that lists
+// it through the driver, and that command does.
+func TestCacheLsOnLiveNode(t *testing.T) {
+	root, sockDir := t.TempDir(), t.TempDir()
+	sock := filepath.Join(sockDir, "csi.sock")
+	drv := exec.Command(testenv.Modelpack(t), "csi-driver", "--endpoint", "unix://"+sock, "--node-id", "n1", "--root", root,
+		"--metrics-addr", "", "--registry-config", testenv.EmptyDockerConfig(t))
+	var log strings.Builder
+	drv.Stdout, drv.Stderr = &log, &log
+	if err := drv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = drv.Process.Kill(); _ = drv.Wait() })
+	prepullSock := filepath.Join(sockDir, "prepull.sock")
+	// The driver listens on its sockets once its cache is open: wait for that, not for a time.
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if _, err := os.Stat(prepullSock); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the driver made no %s:\n%s", prepullSock, log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	run := binaryRunner(t)
+	for _, r := range []string{root, filepath.Join(root, "cache")} {
+		code, _, stderr := run("cache", "ls", "--root", r, "--lock-timeout", "200ms")
+		if code != 1 || !strings.Contains(stderr, "is held by another process") || !strings.Contains(stderr, "the CSI driver") ||
+			!strings.Contains(stderr, "modelpack prepull cache --socket") {
+			t.Errorf("cache ls --root %s on a live node: exit %d, stderr %q", r, code, stderr)
+		}
+	}
+	if code, out, stderr := run("prepull", "cache", "--socket", prepullSock); code != 0 || !strings.Contains(out, "DIGEST") {
+		t.Errorf("prepull cache --socket: exit %d %q %s", code, out, stderr)
 	}
 }
