@@ -2,6 +2,7 @@ package artifact
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -176,4 +177,23 @@ func TestParseKindAliases(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "valid: weight, weight.config, doc, code, dataset") {
 		t.Errorf("ParseKind(models): %v", err)
 	}
+}
+
+// Whatever ParseKind accepts is one of the spec's kinds, and the spec's names map to themselves.
+func FuzzParseKind(f *testing.F) {
+	for _, s := range []string{"weight", "weights", "config", "DOCS", "weight.config", " code", "x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		k, err := ParseKind(s)
+		if err != nil {
+			return
+		}
+		if !slices.Contains(Kinds, k) {
+			t.Fatalf("ParseKind(%q) = %q, no spec kind", s, k)
+		}
+		if again, err := ParseKind(string(k)); err != nil || again != k {
+			t.Fatalf("ParseKind(%q) = %q, %v", k, again, err)
+		}
+	})
 }

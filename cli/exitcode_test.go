@@ -59,7 +59,7 @@ func TestHFReferenceWithoutRepositoryIsUsageError(t *testing.T) {
 	}))
 	defer hub.Close()
 	run := binaryRunner(t, "MODELPACK_HOME="+t.TempDir(), "HF_ENDPOINT="+hub.URL, "HF_HUB_OFFLINE=")
-	for _, ref := range []string{"hf://Qwen", "hf://openai-community"} {
+	for _, ref := range []string{"hf://Qwen", "hf://openai-community", "hf://Qwen@main"} {
 		code, _, stderr := run("pack", ref, "-t", "qwen:v1")
 		if code != 2 || !strings.Contains(stderr, "no repository") || !strings.Contains(stderr, "hf://ORG/NAME") {
 			t.Errorf("pack %s: exit %d, stderr %q", ref, code, stderr)
