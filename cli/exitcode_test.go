@@ -38,6 +38,8 @@ func TestExitCodes(t *testing.T) {
 		"bad filter":         {[]string{"unpack", "m:v1", t.TempDir(), "--filter", "models"}, 2, `unknown kind "models"`},
 		"bad kind rule":      {[]string{"pack", model, "-t", "m:v1", "--kind", "models=*"}, 2, `unknown kind "models"`},
 		"bad tag":            {[]string{"pack", model, "-t", "Not/Valid"}, 2, `invalid reference "Not/Valid"`},
+		"exclusive flags":    {[]string{"verify", "r.example/m:v1", "--certificate-identity", "a", "--certificate-identity-regexp", "b"}, 2, "none of the others can be"},
+		"credentials in ref": {[]string{"pull", "user:pw@r.example/m:v1"}, 2, "may not carry credentials"},
 		"not in the store":   {[]string{"inspect", "m:v9"}, 1, "m:v9: not found"},
 		"no such directory":  {[]string{"pack", model + "-nope", "-t", "m:v1"}, 1, "no such directory"},
 		"json usage error":   {[]string{"ls", "--nope", "-o", "json"}, 2, `"message": "unknown flag: --nope"`},

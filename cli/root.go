@@ -63,7 +63,7 @@ func newRoot() (*cobra.Command, *Globals) {
 			// Before anything can echo it: a reference with a password is refused without being repeated.
 			for _, a := range args {
 				if err := artifact.RefuseCredentials(a); err != nil {
-					return err
+					return asUsage(err)
 				}
 			}
 			return validateOutput(g.Output)
