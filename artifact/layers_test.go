@@ -2,6 +2,7 @@ package artifact
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -158,4 +159,41 @@ func TestLayersRefusesConflictingPaths(t *testing.T) {
 	if _, err := Layers(ocispec.Manifest{Layers: []ocispec.Descriptor{raw(".", "1")}}); err == nil {
 		t.Error("a raw layer at the model root (path \".\") was accepted")
 	}
+}
+
+// Item: one kind vocabulary, the spec's (weight, weight.config, doc, code, dataset), with the plural and short
+// spellings users type accepted as aliases; an unknown kind's error lists the valid ones.
+func TestParseKindAliases(t *testing.T) {
+	for in, want := range map[string]Kind{
+		"weight": KindWeight, "weights": KindWeight, "Weights": KindWeight, "weight.config": KindWeightConfig,
+		"config": KindWeightConfig, "configs": KindWeightConfig, "doc": KindDoc, "docs": KindDoc, "code": KindCode,
+		"dataset": KindDataset, "datasets": KindDataset, " doc ": KindDoc,
+	} {
+		if got, err := ParseKind(in); err != nil || got != want {
+			t.Errorf("ParseKind(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	_, err := ParseKind("models")
+	if err == nil || !strings.Contains(err.Error(), "valid: weight, weight.config, doc, code, dataset") {
+		t.Errorf("ParseKind(models): %v", err)
+	}
+}
+
+// Whatever ParseKind accepts is one of the spec's kinds, and the spec's names map to themselves.
+func FuzzParseKind(f *testing.F) {
+	for _, s := range []string{"weight", "weights", "config", "DOCS", "weight.config", " code", "x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		k, err := ParseKind(s)
+		if err != nil {
+			return
+		}
+		if !slices.Contains(Kinds, k) {
+			t.Fatalf("ParseKind(%q) = %q, no spec kind", s, k)
+		}
+		if again, err := ParseKind(string(k)); err != nil || again != k {
+			t.Fatalf("ParseKind(%q) = %q, %v", k, again, err)
+		}
+	})
 }

@@ -6,6 +6,7 @@ package artifact
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -60,14 +61,35 @@ const (
 // Formats lists every layer format.
 var Formats = []Format{FormatRaw, FormatTar, FormatTarGzip, FormatTarZstd}
 
-// ParseKind validates a kind name.
+// kindAliases are the other spellings users bring (the plural of --filter before v0.1, KitOps' docs, "config"
+// for a model's JSON files): accepted wherever a person types a kind, never written and never read from a media
+// type, whose names the spec fixes.
+var kindAliases = map[string]Kind{
+	"weights": KindWeight, "model": KindWeight,
+	"config": KindWeightConfig, "configs": KindWeightConfig, "weight-config": KindWeightConfig, "weights.config": KindWeightConfig,
+	"docs": KindDoc, "codes": KindCode, "datasets": KindDataset,
+}
+
+// ParseKind maps a kind a person typed (--kind, --filter, the filter volume attribute, a Modelfile rule) to the
+// spec's name: the spec's own names, an alias, any case.
 func ParseKind(s string) (Kind, error) {
-	for _, k := range Kinds {
-		if string(k) == s {
-			return k, nil
-		}
+	s = strings.ToLower(strings.TrimSpace(s))
+	if k := Kind(s); slices.Contains(Kinds, k) {
+		return k, nil
 	}
-	return "", fmt.Errorf("unknown layer kind %q (valid: weight, weight.config, doc, code, dataset)", s)
+	if k, ok := kindAliases[s]; ok {
+		return k, nil
+	}
+	return "", fmt.Errorf("unknown kind %q (valid: %s; also weights, config, docs, datasets)", s, KindNames())
+}
+
+// KindNames lists the spec's kind names for help and errors.
+func KindNames() string {
+	names := make([]string, len(Kinds))
+	for i, k := range Kinds {
+		names[i] = string(k)
+	}
+	return strings.Join(names, ", ")
 }
 
 // ParseFormat validates a layer format name.
@@ -100,8 +122,8 @@ func ParseLayerMediaType(mt string) (Kind, Format, bool) {
 	if !ok {
 		return "", "", false
 	}
-	k, err := ParseKind(kind)
-	if err != nil {
+	k := Kind(kind) // the spec's names only: an alias is no media type
+	if !slices.Contains(Kinds, k) {
 		return "", "", false
 	}
 	f, err := ParseFormat(format)

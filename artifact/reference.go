@@ -17,13 +17,17 @@ var ErrCredentialsInReference = errors.New("a reference may not carry credential
 // would ("user:pw@host/repo:tag", "https://user@host/repo"). A digest ("name@sha256:…", "host/repo@sha256:…")
 // is not credentials.
 func RefuseCredentials(s string) error {
-	if _, rest, ok := strings.Cut(s, "://"); ok {
+	scheme, rest, ok := strings.Cut(s, "://")
+	if ok {
 		s = rest
 	}
 	first, _, hasSlash := strings.Cut(s, "/")
 	at := strings.LastIndex(first, "@")
 	if at < 0 {
 		return nil
+	}
+	if !hasSlash && scheme == "hf" && !strings.Contains(first[:at], ":") {
+		return nil // hf://ORG@REVISION: a revision (and a usage error of its own), no user:password
 	}
 	if !hasSlash {
 		if _, err := digest.Parse(first[at+1:]); err == nil {

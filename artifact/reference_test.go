@@ -18,6 +18,10 @@ func TestRefuseCredentials(t *testing.T) {
 		"llama3:8b":                            false,
 		"localhost:5000/a/b:v1@" + dgst:        false,
 		"registry.example/m:pw@registry.other": false, // a tag cannot hold "@": the parser refuses it
+		"hf://Qwen@main":                       false, // an organisation and a revision: a usage error of its own
+		"hf://user:tok@Qwen":                   true,
+		"hf://tok@Qwen/Qwen2.5":                true,
+		"hf://Qwen/Qwen2.5@main":               false,
 	} {
 		if got := errors.Is(RefuseCredentials(ref), ErrCredentialsInReference); got != refused {
 			t.Errorf("%s: refused %v, want %v", ref, got, refused)

@@ -7,22 +7,6 @@ import (
 	"strings"
 )
 
-// FilterNames are the names --filter (CLI) and the filter volume attribute take, in the order help lists them, each
-// mapped to a layer kind. One list for every caller.
-var FilterNames = []string{"weights", "config", "docs", "code", "dataset"}
-
-var filterKinds = map[string]Kind{
-	"weights": KindWeight, "config": KindWeightConfig, "docs": KindDoc, "code": KindCode, "dataset": KindDataset,
-}
-
-// ParseFilter maps a filter name to its layer kind.
-func ParseFilter(s string) (Kind, error) {
-	if k, ok := filterKinds[s]; ok {
-		return k, nil
-	}
-	return "", fmt.Errorf("unknown filter %q (valid: %s)", s, strings.Join(FilterNames, ", "))
-}
-
 // ValidateGlob checks an include glob: a non-empty relative path, path.Match syntax per component.
 func ValidateGlob(g string) error {
 	if g == "" || strings.HasPrefix(g, "/") {

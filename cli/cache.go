@@ -10,10 +10,12 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/gofrs/flock"
 	digest "github.com/opencontainers/go-digest"
 	"github.com/spf13/cobra"
 
 	"github.com/modelpack/modelpack/cache"
+	"github.com/modelpack/modelpack/prepull"
 )
 
 type cacheFlags struct {
@@ -43,7 +45,28 @@ func (f *cacheFlags) open(opts cache.Options, ws *warnings) (*cache.Cache, error
 	if ws != nil {
 		opts.Logger = ws.logger(slog.LevelInfo)
 	}
-	return cache.Open(opts)
+	c, err := cache.Open(opts)
+	if err != nil && heldElsewhere(f.root) {
+		return nil, fmt.Errorf("%w; on a live node that is the CSI driver, which holds its cache while it runs: list that "+
+			"cache through the driver with `modelpack prepull cache --socket SOCKET` (on the node's host "+
+			"/var/lib/kubelet/plugins/<driver name>/prepull.sock, in the driver's container %s); "+
+			"du, gc, verify and rm need the driver stopped", err, prepull.DefaultSocket)
+	}
+	return c, err
+}
+
+// heldElsewhere reports whether another process holds the cache's metadata database: bbolt takes an exclusive
+// flock on meta.db for as long as a writer has it open, and a shared lock cannot be had beside it.
+func heldElsewhere(root string) bool {
+	l := flock.New(filepath.Join(root, "meta.db"))
+	ok, err := l.TryRLock()
+	if err != nil {
+		return false
+	}
+	if ok {
+		_ = l.Unlock()
+	}
+	return !ok
 }
 
 // use opens the cache, runs fn on it and closes it before the command prints anything, so that what the cache
@@ -70,7 +93,8 @@ func cacheCmd(g *Globals) *cobra.Command {
 		Short: "Inspect and maintain a node cache (the CSI driver's content store)",
 		Long: `Inspect and maintain a node cache: the blobs, extracted layers and read-only views the CSI driver serves.
 
-A cache root is held by one process at a time: while the driver runs, these commands wait up to --lock-timeout.`,
+A cache root is held by one process at a time: while the driver runs, these commands wait up to --lock-timeout
+and then say so; list a live node's cache through the driver instead, with modelpack prepull cache --socket.`,
 	}
 	cmd.PersistentFlags().StringVar(&f.root, "root", defaultCacheRoot(), "cache directory (env MODELPACK_CACHE_ROOT); the driver's --root works too (its cache is <root>/cache)")
 	cmd.PersistentFlags().DurationVar(&f.lockTimeout, "lock-timeout", 5*time.Second, "how long to wait for another process holding the cache")
@@ -175,7 +199,7 @@ nothing is evicted; only unneeded content is deleted.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			max, err := parseByteSize(maxSize)
 			if err != nil {
-				return fmt.Errorf("--max-size: %w", err)
+				return usageErr("--max-size: %w", err)
 			}
 			if minAge == 0 {
 				minAge = -1 // cache.Options: negative means no protection

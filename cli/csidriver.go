@@ -91,7 +91,7 @@ with the semantics of Kubernetes image volumes:
   volumeAttributes:
     reference: registry.example.com/models/llama:v1   # required: a tag or a digest
     pullPolicy: IfNotPresent                          # Always | IfNotPresent | Never
-    filter: weights,config                            # weights, config, docs, code, dataset
+    filter: weight,weight.config                      # weight, weight.config, doc, code, dataset
     include: "*.safetensors,tokenizer*"               # path globs
     subPath: tokenizer                                # a directory inside the model
     platform: linux/amd64                             # for multi-platform artifacts
@@ -172,21 +172,21 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags, exts []csiDriverExt
 	}
 	maxBytes, err := parseByteSize(f.cacheMax)
 	if err != nil {
-		return fmt.Errorf("--cache-max-size: %w", err)
+		return usageErr("--cache-max-size: %w", err)
 	}
 	if f.flushDelay <= 0 {
-		return fmt.Errorf("--cache-flush-delay %s: want a duration above 0 (e.g. %s)", f.flushDelay, cas.FlushDelay)
+		return usageErr("--cache-flush-delay %s: want a duration above 0 (e.g. %s)", f.flushDelay, cas.FlushDelay)
 	}
 	maxExtract, err := parseByteSize(f.maxExtract)
 	if err != nil || maxExtract <= 0 {
-		return fmt.Errorf("--max-extract-bytes %q: want a size above 0 (e.g. 500GiB)", f.maxExtract)
+		return usageErr("--max-extract-bytes %q: want a size above 0 (e.g. 500GiB)", f.maxExtract)
 	}
 	if f.maxExtractRatio < 1 {
-		return fmt.Errorf("--max-extract-ratio %g: want 1 or more", f.maxExtractRatio)
+		return usageErr("--max-extract-ratio %g: want 1 or more", f.maxExtractRatio)
 	}
 	scrubRate, err := parseByteSize(f.scrubRate)
 	if err != nil || scrubRate < 0 {
-		return fmt.Errorf("--cache-scrub-rate %q: want a size per second (e.g. 128MiB; 0 = no cap)", f.scrubRate)
+		return usageErr("--cache-scrub-rate %q: want a size per second (e.g. 128MiB; 0 = no cap)", f.scrubRate)
 	}
 	if scrubRate == 0 {
 		scrubRate = -1 // cache.Options: negative is no cap
@@ -289,7 +289,7 @@ func collectCache(ctx context.Context, c *cache.Cache, every time.Duration, log 
 func newLogger(format, level string) (*slog.Logger, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level %q: valid: debug, info, warn, error", level)
+		return nil, usageErr("--log-level %q: valid: debug, info, warn, error", level)
 	}
 	o := &slog.HandlerOptions{Level: lv}
 	switch format {
@@ -298,7 +298,7 @@ func newLogger(format, level string) (*slog.Logger, error) {
 	case "text":
 		return slog.New(slog.NewTextHandler(os.Stderr, o)), nil
 	}
-	return nil, fmt.Errorf("--log-format %q: valid: json, text", format)
+	return nil, usageErr("--log-format %q: valid: json, text", format)
 }
 
 func envOr(key, def string) string {
@@ -327,7 +327,7 @@ func parseReadahead(s string) (readahead.Budget, error) {
 	}
 	n, err := parseByteSize(s)
 	if err != nil {
-		return nil, fmt.Errorf("--readahead %q: want auto, off or a size (e.g. 8GiB)", s)
+		return nil, usageErr("--readahead %q: want auto, off or a size (e.g. 8GiB)", s)
 	}
 	if n == 0 {
 		return nil, nil

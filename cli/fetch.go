@@ -1,8 +1,6 @@
 package cli
 
 import (
-	"strings"
-
 	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/artifact/pack"
 	"github.com/modelpack/modelpack/artifact/remote"
@@ -31,7 +29,7 @@ interrupted (Ctrl-C) or cut-off fetch downloaded is kept aside in DIR/.modelpack
 asks the registry only for the bytes it lacks (HTTP Range). A container image is refused
 unless --image-rootfs. Files get the modification time the artifact records.`,
 		Example: `  modelpack fetch registry.local:5000/org/llama3:8b ./llama3
-  modelpack fetch registry.local:5000/org/llama3:8b ./cfg --filter config,docs
+  modelpack fetch registry.local:5000/org/llama3:8b ./cfg --filter weight.config,doc
   modelpack fetch registry.local:5000/org/llama3:8b ./shard1 --include 'model-00001-*'`,
 		Args: cobra.ExactArgs(2),
 		ValidArgsFunction: func(_ *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
@@ -42,15 +40,11 @@ unless --image-rootfs. Files get the modification time the artifact records.`,
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sel := pack.UnpackOptions{Include: include}
-			for _, f := range filters {
-				for _, v := range strings.Split(f, ",") {
-					k, err := pack.ParseFilter(strings.TrimSpace(v))
-					if err != nil {
-						return err
-					}
-					sel.Kinds = append(sel.Kinds, k)
-				}
+			filtered, err := parseFilters(filters)
+			if err != nil {
+				return err
 			}
+			sel.Kinds = filtered
 			for _, p := range include {
 				if _, err := matchCheck(p); err != nil {
 					return err
@@ -91,10 +85,10 @@ unless --image-rootfs. Files get the modification time the artifact records.`,
 		},
 	}
 	rf.register(cmd.Flags())
-	cmd.Flags().StringArrayVar(&filters, "filter", nil, "only layers of these kinds: weights, config, docs, code, dataset (repeatable or comma-separated)")
+	cmd.Flags().StringArrayVar(&filters, "filter", nil, "only layers of these kinds: "+artifact.KindNames()+" (or weights, config, docs; repeatable or comma-separated)")
 	cmd.Flags().StringArrayVar(&include, "include", nil, "only layers whose path (or a parent directory) matches this glob: ** spans directories, a glob without / matches at any depth (repeatable)")
 	cmd.Flags().BoolVar(&sync, "sync", false, "flush each file to disk before renaming it into place (survives power loss, runs at disk speed)")
 	wf.register(cmd)
-	_ = cmd.RegisterFlagCompletionFunc("filter", cobra.FixedCompletions([]string{"weights", "config", "docs", "code", "dataset"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("filter", cobra.FixedCompletions(kindNames(), cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }

@@ -268,7 +268,7 @@ func backquoted(s string) []string {
 }
 
 // Item: under -o json, errors cobra gives before the command runs (an unknown command, an unknown flag, a missing
-// argument) are one JSON document on stderr too, wherever -o json stands, through the binary.
+// argument) are one JSON document on stderr too, wherever -o json stands, through the binary, with exit code 2.
 func TestJSONForFlagAndCommandErrors(t *testing.T) {
 	run := binaryRunner(t)
 	for _, args := range [][]string{
@@ -281,7 +281,7 @@ func TestJSONForFlagAndCommandErrors(t *testing.T) {
 	} {
 		code, stdout, stderr := run(args...)
 		var doc struct{ Error struct{ Message string } }
-		if err := json.Unmarshal([]byte(stderr), &doc); code != 1 || err != nil || doc.Error.Message == "" || stdout != "" {
+		if err := json.Unmarshal([]byte(stderr), &doc); code != 2 || err != nil || doc.Error.Message == "" || stdout != "" {
 			t.Errorf("%v: exit %d, stdout %q, stderr not one JSON error document (%v):\n%s", args, code, stdout, err, stderr)
 		}
 	}

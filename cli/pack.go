@@ -112,9 +112,14 @@ func runPack(cmd *cobra.Command, g *Globals, f *packFlags, dir string, pushSink 
 	}
 	ref, err := layout.ParseReference(f.tag)
 	if err != nil {
-		return err
+		return asUsage(err)
 	}
 	opts.Tag = ref
+	if hf.IsReference(dir) {
+		if _, err := hf.ParseReference(dir); err != nil {
+			return asUsage(err) // before the store or the Hub is touched
+		}
+	}
 	ws := newWarnings(cmd, g)
 	opts.Warn = ws.add
 	var bar *progressBar
@@ -230,26 +235,26 @@ func (f *packFlags) options() (pack.Options, error) {
 	opts := pack.Options{Modelfile: f.modelfile, Concurrency: f.concurrency, Descriptor: f.desc, Config: f.cfg, Strict: f.strict}
 	format, err := artifact.ParseFormat(f.layerFormat)
 	if err != nil {
-		return opts, fmt.Errorf("--layer-format: %w", err)
+		return opts, usageErr("--layer-format: %w", err)
 	}
 	opts.LayerFormat = format
 	for _, d := range f.datasets {
 		r, err := pack.ParseRule("dataset="+d, "--dataset")
 		if err != nil {
-			return opts, err
+			return opts, asUsage(err)
 		}
 		opts.Rules = append(opts.Rules, r)
 	}
 	for _, k := range f.kinds {
 		r, err := pack.ParseRule(k, "--kind")
 		if err != nil {
-			return opts, err
+			return opts, asUsage(err)
 		}
 		opts.Rules = append(opts.Rules, r)
 	}
 	if f.cfg.ParamSize != "" {
 		if opts.Config.ParamSize, err = pack.ParseParamSize(f.cfg.ParamSize); err != nil {
-			return opts, fmt.Errorf("--param-size: %w", err)
+			return opts, usageErr("--param-size: %w", err)
 		}
 	}
 	opts.Descriptor.Licenses, opts.Descriptor.Authors = f.licenses, f.authors
@@ -267,7 +272,7 @@ func (f *packFlags) options() (pack.Options, error) {
 	default:
 		t, err := time.Parse(time.RFC3339, f.created)
 		if err != nil {
-			return opts, fmt.Errorf("--created %q: want an RFC 3339 time such as 2025-01-02T15:04:05Z, or \"now\"", f.created)
+			return opts, usageErr("--created %q: want an RFC 3339 time such as 2025-01-02T15:04:05Z, or \"now\"", f.created)
 		}
 		opts.Created = &t
 	}

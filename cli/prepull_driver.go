@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"fmt"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -37,11 +36,11 @@ func prepullExtension() csiDriverExtension {
 				socket = filepath.Join(filepath.Dir(strings.TrimPrefix(env.Driver.Endpoint, "unix://")), "prepull.sock")
 			}
 			if concurrency < 1 {
-				return fmt.Errorf("--prepull-concurrency must be at least 1")
+				return usageErr("--prepull-concurrency must be at least 1")
 			}
 			bps, err := parseByteSize(bandwidth)
 			if err != nil {
-				return fmt.Errorf("--prepull-bandwidth: %w", err)
+				return usageErr("--prepull-bandwidth: %w", err)
 			}
 			// Extensions set up after this one may still install the verifier, so the API starts with the
 			// driver's gRPC server, once every Setup has run: prepull must never run without the policy mounts have.

@@ -38,8 +38,7 @@ backoff on its own.`,
 			if from != "" {
 				local = from
 			}
-			local, err := layout.ParseReference(local)
-			if err != nil {
+			if _, err := layout.ParseReference(local); err != nil {
 				return err
 			}
 			store, err := layout.Open(g.Home)
@@ -47,6 +46,9 @@ backoff on its own.`,
 				return err
 			}
 			defer store.Close()
+			if local, err = store.Name(local); err != nil {
+				return err
+			}
 			dst, _, err := remote.NewRepository(ref, rf.options())
 			if err != nil {
 				return err

@@ -59,7 +59,7 @@ func TestReadmeTourRunsAsWritten(t *testing.T) {
 	}
 	hub := hubserver.Start(t, hubserver.Repo{Name: "Qwen/Qwen2.5-0.5B-Instruct", Files: files, CardData: map[string]any{"license": "apache-2.0"}})
 	// The promoted copy keeps its signature (the tour's copy -r line): verify it as the driver would.
-	script += "\nmodelpack verify localhost" + port + "/prod/llama3:8b --key cosign.pub --insecure-ignore-tlog --plain-http\n"
+	script += "\nmodelpack verify localhost" + port + "/prod/llama3:8b --key cosign.pub --insecure-ignore-tlog\n"
 	cmd := exec.Command("bash", "-euo", "pipefail", "-c", script)
 	cmd.Dir = work
 	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(bin)+":"+os.Getenv("PATH"), "MODELPACK_HOME="+filepath.Join(work, "home"),

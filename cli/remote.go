@@ -62,7 +62,7 @@ func (f *remoteFlags) registerTransport(fs *pflag.FlagSet) {
 	fs.StringVar(&f.opts.CertFile, "cert-file", "", "client certificate (PEM) for mutual TLS")
 	fs.StringVar(&f.opts.KeyFile, "key-file", "", "client certificate key (PEM) for mutual TLS")
 	fs.BoolVar(&f.opts.Insecure, "insecure", false, "skip verification of the registry's TLS certificate")
-	fs.BoolVar(&f.opts.PlainHTTP, "plain-http", false, "talk plain HTTP, not HTTPS, to the registry")
+	fs.BoolVar(&f.opts.PlainHTTP, "plain-http", false, "talk plain HTTP, not HTTPS, to the registry (the default for localhost, 127.0.0.0/8 and [::1] unless --ca-file, --cert-file or --insecure is given)")
 	fs.StringVar(&f.opts.HostsDir, "hosts-dir", os.Getenv("MODELPACK_HOSTS_DIR"),
 		"containerd-style hosts directory configuring mirrors (<dir>/<host:port>/hosts.toml)")
 }
@@ -71,6 +71,7 @@ func (f *remoteFlags) registerTransport(fs *pflag.FlagSet) {
 func (f *remoteFlags) options() remote.Options {
 	o := f.opts
 	o.UserAgent = "modelpack/" + Version
+	o.LoopbackPlainHTTP = true // as docker and containerd treat localhost, 127.0.0.0/8 and [::1]
 	if c := explicitCredential(f.username, f.password); c != nil {
 		o.Credential = c
 		o.Hints.Credentials = "check -u/--username and -p/--password; they override the credentials stored by login"

@@ -63,7 +63,7 @@ func newRoot() (*cobra.Command, *Globals) {
 			// Before anything can echo it: a reference with a password is refused without being repeated.
 			for _, a := range args {
 				if err := artifact.RefuseCredentials(a); err != nil {
-					return err
+					return asUsage(err)
 				}
 			}
 			return validateOutput(g.Output)
@@ -76,6 +76,7 @@ func newRoot() (*cobra.Command, *Globals) {
 	for _, c := range commands {
 		root.AddCommand(c(g))
 	}
+	markUsage(root)
 	return root, g
 }
 
@@ -108,7 +109,8 @@ func wantsJSON(args []string) bool {
 	return false
 }
 
-// Run executes the command line args and returns the exit code: 0, 1 for an error, 130 when ctx was cancelled
+// Run executes the command line args and returns the exit code: 0, 1 for a failure, 2 for a command line that
+// cannot be run (usage.go), 130 when ctx was cancelled
 // (SIGINT or SIGTERM). Under -o json an error is printed as {"error": {"message": …, "warnings": […]}} on stderr,
 // with the warnings the command gave before it failed.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -120,11 +122,11 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return 0
 	}
-	code := 1
+	code := exitCode(err)
 	msg := err.Error()
 	if ctx.Err() != nil {
 		// Transfers keep what they verified (partial blobs resume with HTTP Range), so the next run continues.
-		code, msg = 130, "interrupted; run again to resume"
+		code, msg = exitInterrupted, "interrupted; run again to resume"
 	}
 	if f := root.PersistentFlags().Lookup("output"); (f != nil && f.Value.String() == "json") || wantsJSON(args) {
 		_ = PrintJSON(stderr, errorJSON{Error: errorBody{Message: msg, Warnings: g.warned.all()}})
@@ -149,7 +151,7 @@ func validateOutput(o string) error {
 	case "table", "json":
 		return nil
 	}
-	return fmt.Errorf("invalid --output %q (valid: table, json)", o)
+	return usageErr("invalid --output %q (valid: table, json)", o)
 }
 
 func defaultHome() string {
@@ -201,6 +203,11 @@ func versionCmd(g *Globals) *cobra.Command {
 			}{Version: Version, Revision: strings.TrimSuffix(Revision, "-dirty"), Modified: strings.HasSuffix(Revision, "-dirty")}
 			if bi, ok := debug.ReadBuildInfo(); ok {
 				v.Go = bi.GoVersion
+				// Without make's -X, the module version is what go install …@VERSION resolved (v0.3.0) or, for a
+				// go build in a checkout, the pseudo-version Go derives from the commit; "(devel)" says neither.
+				if Version == "dev" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+					v.Version = strings.TrimSuffix(bi.Main.Version, "+dirty")
+				}
 				// Go stamps the commit a binary was built from (go build in a git checkout).
 				for _, s := range bi.Settings {
 					switch s.Key {

@@ -167,7 +167,7 @@ model directory instead and writes DIR/model.sig, which modelpack pack then carr
 				_, err = fmt.Fprintf(cmd.OutOrStdout(), "Signed the files of %s (OMS signature attached as referrer %s)\n", signed, referrer)
 				return err
 			default:
-				return fmt.Errorf("--format %q is not valid (valid: cosign, oms)", format)
+				return usageErr("--format %q is not valid (valid: cosign, oms)", format)
 			}
 			signed, err := signing.SignDigest(cmd.Context(), args[0], sf.key, opts)
 			if err != nil {

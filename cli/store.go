@@ -290,21 +290,17 @@ skipped. All or nothing: the files are moved into place only once every layer ve
 leaves DIR as it was; files that share a digest are written once and copied. A container image is refused unless --image-rootfs. Files get the modification time the artifact
 records (the epoch for a reproducible pack), as fetch gives them.`,
 		Example: `  modelpack unpack llama3:8b ./llama3
-  modelpack unpack llama3:8b ./cfg --filter config --filter docs
+  modelpack unpack llama3:8b ./cfg --filter weight.config --filter doc
   modelpack unpack llama3:8b ./shard --include 'model-00001-*'`,
 		Args:              cobra.ExactArgs(2),
 		ValidArgsFunction: completeRefThenDir(g),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts := pack.UnpackOptions{Include: include, Force: wf.force}
-			for _, f := range filters {
-				for _, v := range strings.Split(f, ",") {
-					k, err := pack.ParseFilter(strings.TrimSpace(v))
-					if err != nil {
-						return err
-					}
-					opts.Kinds = append(opts.Kinds, k)
-				}
+			filtered, err := parseFilters(filters)
+			if err != nil {
+				return err
 			}
+			opts.Kinds = filtered
 			for _, p := range include {
 				if _, err := matchCheck(p); err != nil {
 					return err
@@ -316,6 +312,11 @@ records (the epoch for a reproducible pack), as fetch gives them.`,
 			}
 			defer store.Close()
 			info, err := loadArtifact(cmd.Context(), store, args[0])
+			if errors.Is(err, errdef.ErrNotFound) && namesRegistry(args[0]) {
+				// unpack reads the local store only: say where a registry's model comes from.
+				return fmt.Errorf("%s is not in the local store (%s), which unpack reads: `modelpack pull %s` stores it first, or `modelpack fetch %s %s` writes its files straight from the registry",
+					args[0], g.Home, args[0], args[0], args[1])
+			}
 			if err != nil {
 				return err
 			}
@@ -358,9 +359,9 @@ records (the epoch for a reproducible pack), as fetch gives them.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringArrayVar(&filters, "filter", nil, "only layers of these kinds: weights, config, docs, code, dataset (repeatable or comma-separated)")
+	cmd.Flags().StringArrayVar(&filters, "filter", nil, "only layers of these kinds: "+artifact.KindNames()+" (or weights, config, docs; repeatable or comma-separated)")
 	cmd.Flags().StringArrayVar(&include, "include", nil, "only layers whose path (or a parent directory) matches this glob: ** spans directories, a glob without / matches at any depth (repeatable)")
-	_ = cmd.RegisterFlagCompletionFunc("filter", cobra.FixedCompletions([]string{"weights", "config", "docs", "code", "dataset"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("filter", cobra.FixedCompletions(kindNames(), cobra.ShellCompDirectiveNoFileComp))
 	wf.register(cmd)
 	return cmd
 }
@@ -386,7 +387,7 @@ func withArtifactType(d ocispec.Descriptor, m *ocispec.Manifest) ocispec.Descrip
 
 func matchCheck(p string) (bool, error) {
 	if _, err := path.Match(p, ""); err != nil {
-		return false, fmt.Errorf("--include %q: %w", p, err)
+		return false, usageErr("--include %q: %w", p, err)
 	}
 	return true, nil
 }
@@ -444,7 +445,7 @@ func rmCmd(g *Globals) *cobra.Command {
 			defer store.Close()
 			removed := []string{}
 			for _, a := range args {
-				ref, err := layout.ParseReference(a)
+				ref, err := store.Name(a)
 				if err != nil {
 					return err
 				}
@@ -566,4 +567,28 @@ func (p *progressBar) finish() {
 	if p != nil && p.bar != nil {
 		p.bar.Finish()
 	}
+}
+
+// parseFilters reads --filter values (repeated or comma-separated) as layer kinds, the spec's names or an alias.
+func parseFilters(filters []string) ([]artifact.Kind, error) {
+	var kinds []artifact.Kind
+	for _, f := range filters {
+		for _, v := range strings.Split(f, ",") {
+			k, err := artifact.ParseKind(v)
+			if err != nil {
+				return nil, usageErr("--filter: %v", err)
+			}
+			kinds = append(kinds, k)
+		}
+	}
+	return kinds, nil
+}
+
+// kindNames are the spec's kind names, for completion.
+func kindNames() []string {
+	names := make([]string, len(artifact.Kinds))
+	for i, k := range artifact.Kinds {
+		names[i] = string(k)
+	}
+	return names
 }

@@ -92,15 +92,18 @@ func TestStoreCommands(t *testing.T) {
 		t.Fatalf("inspect -o json: %+v %v", info, err)
 	}
 
-	dst := filepath.Join(t.TempDir(), "out")
-	mustRun(t, home, "unpack", "demo/model:v1", dst, "--filter", "config,docs")
-	entries, _ := os.ReadDir(dst)
-	var names []string
-	for _, e := range entries {
-		names = append(names, e.Name())
-	}
-	if strings.Join(names, ",") != "LICENSE,README.md,config.json,generation_config.json,tokenizer.json,tokenizer_config.json" {
-		t.Fatalf("unpack --filter config,docs wrote %v", names)
+	// The spec's kind names and their plural aliases select the same layers.
+	for _, filter := range []string{"weight.config,doc", "config,docs", "Configs,Docs"} {
+		dst := filepath.Join(t.TempDir(), "out")
+		mustRun(t, home, "unpack", "demo/model:v1", dst, "--filter", filter)
+		entries, _ := os.ReadDir(dst)
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		if strings.Join(names, ",") != "LICENSE,README.md,config.json,generation_config.json,tokenizer.json,tokenizer_config.json" {
+			t.Fatalf("unpack --filter %s wrote %v", filter, names)
+		}
 	}
 	all := filepath.Join(t.TempDir(), "all")
 	mustRun(t, home, "unpack", "demo/model:v1", all)
@@ -148,10 +151,10 @@ func TestCommandErrors(t *testing.T) {
 		"missing tag":        {[]string{"pack", model}, `required flag(s) "tag" not set`},
 		"missing dir":        {[]string{"pack", model + "-nope", "-t", "m:v2"}, "model-nope: no such directory"},
 		"bad layer format":   {[]string{"pack", model, "-t", "m:v2", "--layer-format", "zip"}, `unknown layer format "zip"`},
-		"bad kind rule":      {[]string{"pack", model, "-t", "m:v2", "--kind", "weights=x"}, `unknown layer kind "weights"`},
+		"bad kind rule":      {[]string{"pack", model, "-t", "m:v2", "--kind", "models=x"}, `unknown kind "models" (valid: weight, weight.config, doc, code, dataset`},
 		"bad created":        {[]string{"pack", model, "-t", "m:v2", "--created", "yesterday"}, "--created"},
 		"relative URL":       {[]string{"pack", model, "-t", "m:v2", "--source-url", "github.com/x"}, `--source-url "github.com/x"`},
-		"unknown filter":     {[]string{"unpack", "m:v1", t.TempDir(), "--filter", "models"}, `unknown --filter value "models"`},
+		"unknown filter":     {[]string{"unpack", "m:v1", t.TempDir(), "--filter", "models"}, `--filter: unknown kind "models" (valid: weight, weight.config, doc, code, dataset`},
 		"bad include":        {[]string{"unpack", "m:v1", t.TempDir(), "--include", "["}, `--include "["`},
 		"unknown reference":  {[]string{"inspect", "m:v9"}, "m:v9: not found"},
 		"rm unknown":         {[]string{"rm", "m:v9"}, "m:v9: not found"},

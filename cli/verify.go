@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"oras.land/oras-go/v2/registry"
@@ -29,6 +30,38 @@ type verifyFlags struct {
 	omsIgnore                []string
 }
 
+// given says, in the user's words, what the flags ask the signature to be made by: "the key given with --key
+// (cosign.pub)". It names the rule the flags make, so refusals and results speak of it, not of a policy.
+func (f *verifyFlags) given() string {
+	var parts []string
+	switch len(f.keys) {
+	case 0:
+	case 1:
+		parts = append(parts, "the key given with --key ("+f.keys[0]+")")
+	default:
+		parts = append(parts, "the keys given with --key ("+strings.Join(f.keys, ", ")+")")
+	}
+	if f.chain != "" && f.format == "oms" {
+		parts = append(parts, "the certificate chain given with --certificate-chain ("+f.chain+")")
+	}
+	var who []string
+	for _, w := range []struct{ flag, v string }{
+		{"--certificate-identity", f.identity}, {"--certificate-identity-regexp", f.identityRegexp},
+		{"--certificate-oidc-issuer", f.issuer}, {"--certificate-oidc-issuer-regexp", f.issuerRegexp},
+	} {
+		if w.v != "" {
+			who = append(who, w.flag+" "+w.v)
+		}
+	}
+	if len(who) > 0 {
+		parts = append(parts, "the identity given with "+strings.Join(who, " and "))
+	}
+	if len(parts) == 0 {
+		return "the flags given"
+	}
+	return strings.Join(parts, " or ")
+}
+
 // omsRule turns the flags into a rule requiring an OMS signature: --key ECDSA public keys, --certificate-chain
 // PKI roots (model_signing verify certificate), or a keyless identity checked against --trusted-root
 // (model_signing verify sigstore --trust_config).
@@ -37,7 +70,7 @@ func (f *verifyFlags) omsRule() (signing.Rule, error) {
 	if f.chain != "" {
 		o.CertificateChains = []string{f.chain}
 	}
-	r := signing.Rule{Name: "command line", Mode: signing.Enforce, OMS: o, TransparencyLog: signing.Waive, CertificateTransparency: signing.Waive}
+	r := signing.Rule{Name: f.given(), Mode: signing.Enforce, OMS: o, TransparencyLog: signing.Waive, CertificateTransparency: signing.Waive}
 	keyless := f.identity != "" || f.identityRegexp != "" || f.issuer != "" || f.issuerRegexp != ""
 	if keyless {
 		o.Keyless = []signing.Identity{{Subject: f.identity, SubjectRegExp: f.identityRegexp, Issuer: f.issuer, IssuerRegExp: f.issuerRegexp}}
@@ -60,7 +93,7 @@ func (f *verifyFlags) omsRule() (signing.Rule, error) {
 
 // rule turns the cosign-style flags into the one rule the command checks against.
 func (f *verifyFlags) rule() (signing.Rule, error) {
-	r := signing.Rule{Name: "command line", Mode: signing.Enforce, Keys: f.keys, TrustRoot: signing.TrustRoot{
+	r := signing.Rule{Name: f.given(), Mode: signing.Enforce, Keys: f.keys, TrustRoot: signing.TrustRoot{
 		TrustedRoot: f.trustedRoot, CertificateChain: f.chain, CTLogKeys: f.ctlogKeys, RekorKeys: f.rekorKeys,
 	}}
 	keyless := f.identity != "" || f.identityRegexp != "" || f.issuer != "" || f.issuerRegexp != ""
@@ -118,7 +151,7 @@ be listed; the check reads the manifest and the signature only (raw layers are n
 			switch f.format {
 			case "cosign", "oms":
 			default:
-				return fmt.Errorf("--format %q is not valid (valid: cosign, oms)", f.format)
+				return usageErr("--format %q is not valid (valid: cosign, oms)", f.format)
 			}
 			if f.omsDir != "" {
 				return verifyOMSDir(cmd, g, f)
@@ -159,13 +192,19 @@ be listed; the check reads the manifest and the signature only (raw layers are n
 			ws := newWarnings(cmd, g)
 			v.Log = ws.logger(slog.LevelWarn)
 			dec, err := v.Verify(cmd.Context(), ref)
+			if errors.Is(err, signing.ErrDenied) && f.policy == "" {
+				// No policy was named: say what the user gave, not the rule the flags were made into.
+				return fmt.Errorf("%s is not verified by %s: %s", dec.Ref, dec.Rule, dec.Reason)
+			}
 			if err != nil {
 				return err
 			}
 			if g.IsJSON() {
 				return PrintJSON(cmd.OutOrStdout(), verifyJSON{Reference: dec.Ref, Rule: dec.Rule, Mode: string(dec.Mode), Verified: dec.Verified, Authority: dec.Authority, Reason: dec.Reason, Warnings: ws.all()})
 			}
-			if dec.Verified {
+			if dec.Verified && f.policy == "" {
+				_, err = fmt.Fprintf(cmd.OutOrStdout(), "Verified %s by %s (%s)\n", dec.Ref, dec.Authority, dec.Rule)
+			} else if dec.Verified {
 				_, err = fmt.Fprintf(cmd.OutOrStdout(), "Verified %s by %s (rule %q)\n", dec.Ref, dec.Authority, dec.Rule)
 			} else {
 				_, err = fmt.Fprintf(cmd.OutOrStdout(), "Allowed %s unverified by rule %q (%s): %s\n", dec.Ref, dec.Rule, dec.Mode, dec.Reason)

@@ -48,7 +48,7 @@ const (
 
 const validAttributes = `valid keys: reference (required; a tag or digest reference such as registry.example.com/models/llama:v1 or …@sha256:…), ` +
 	`pullPolicy (Always, IfNotPresent or Never; default Always for :latest or no tag, IfNotPresent otherwise), ` +
-	`filter (comma list of weights, config, docs, code, dataset), include (comma list of path globs), ` +
+	`filter (comma list of weight, weight.config, doc, code, dataset), include (comma list of path globs), ` +
 	`subPath (a directory inside the model), platform (os/arch[/variant], for multi-platform artifacts), noexec (true or false)`
 
 var platformRE = regexp.MustCompile(`^[a-z0-9_]+/[a-z0-9_]+(/[a-z0-9_.]+)?$`)
@@ -102,9 +102,9 @@ func ParseAttributes(ctx map[string]string) (*Attributes, error) {
 			}
 		case AttrFilter:
 			for _, f := range splitList(v) {
-				kind, err := artifact.ParseFilter(f)
+				kind, err := artifact.ParseKind(f)
 				if err != nil {
-					return nil, attrErr("%s %q: unknown kind %q (valid: %s)", k, v, f, strings.Join(artifact.FilterNames, ", "))
+					return nil, attrErr("%s %q: %v", k, v, err)
 				}
 				a.Selector.Kinds = append(a.Selector.Kinds, string(kind))
 			}

@@ -47,6 +47,18 @@ func TestParseAttributes(t *testing.T) {
 		t.Fatalf("parsed %+v", a)
 	}
 
+	// One vocabulary: the spec's kind names and the plural spellings both select the same layers.
+	for _, filter := range []string{"weight,weight.config,doc", "weights,config,docs", "Weights, configs, doc"} {
+		a, err := ParseAttributes(map[string]string{AttrReference: "r.example.com/m:v1", AttrFilter: filter})
+		if err != nil || strings.Join(a.Selector.Kinds, ",") != "weight,weight.config,doc" {
+			t.Errorf("filter=%s: %v %v", filter, a, err)
+		}
+	}
+	if _, err := ParseAttributes(map[string]string{AttrReference: "r.example.com/m:v1", AttrFilter: "weight,models"}); err == nil ||
+		!strings.Contains(err.Error(), `unknown kind "models" (valid: weight, weight.config, doc, code, dataset`) {
+		t.Errorf("filter=weight,models: %v", err)
+	}
+
 	for _, bad := range []map[string]string{
 		{AttrReference: "r.example.com/m:v1", "Reference": "x"},
 		{AttrReference: "r.example.com/m:v1", AttrInclude: "[a-"},

@@ -21,7 +21,7 @@
 //
 //	reference   required: host/repository:tag or …@sha256:… (a name without a host is on docker.io)
 //	pullPolicy  Always | IfNotPresent | Never; default Always for :latest or no tag, IfNotPresent otherwise
-//	filter      comma list of weights, config, docs, code, dataset: a partial view of those layer kinds
+//	filter      comma list of weight, weight.config, doc, code, dataset (or weights, config, docs): a partial view of those layer kinds
 //	include     comma list of path globs: a partial view of those files
 //	subPath     a directory inside the model to mount instead of its root
 //	platform    os/arch[/variant], the manifest to mount from a multi-platform index

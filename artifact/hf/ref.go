@@ -15,7 +15,7 @@ const Scheme = "hf://"
 
 // Ref names a model repository on the Hub and a revision (a branch, tag or commit; "main" if none is given).
 type Ref struct {
-	Repo     string // ORG/NAME, or NAME for the Hub's few un-namespaced models
+	Repo     string // ORG/NAME
 	Revision string
 }
 
@@ -44,6 +44,12 @@ func ParseReference(s string) (Ref, error) {
 		rev = "main"
 	}
 	parts := strings.Split(repo, "/")
+	// hf://Qwen names an organisation, not a model; it is refused here, before any request. The Hub's few
+	// un-namespaced models (gpt2, bert-base-uncased) moved under organisations in 2024 and their old names only
+	// redirect, so ORG/NAME loses none of them.
+	if len(parts) == 1 && repo != "" {
+		return Ref{}, fmt.Errorf("%q: no repository, only %q (an organisation or user): %s; the Hub's un-namespaced models live under one now (hf://openai-community/gpt2)", s, repo, form)
+	}
 	if len(parts) > 2 || len(repo) > 96 {
 		return Ref{}, fmt.Errorf("%q: invalid repository %q: %s", s, repo, form)
 	}

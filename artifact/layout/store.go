@@ -380,6 +380,15 @@ func (s *Store) Predecessors(ctx context.Context, node ocispec.Descriptor) ([]oc
 	return out, nil
 }
 
+// Name is the entry name reference denotes: itself when an entry is named so exactly (a bare tag "8b" that oras
+// --oci-layout wrote), else its canonical form (ParseReference: "llama3" is "llama3:latest").
+func (s *Store) Name(reference string) (string, error) {
+	if s.hasEntry(reference) {
+		return reference, nil
+	}
+	return ParseReference(reference)
+}
+
 func (s *Store) hasEntry(reference string) bool {
 	idx, err := s.readIndex()
 	if err != nil {

@@ -28,7 +28,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	filter, _ := pack.ParseFilter("config")
+	filter, _ := artifact.ParseKind("weight.config")
 	if _, err := pack.Unpack(ctx, store, m, "./llama3-config", pack.UnpackOptions{Kinds: []artifact.Kind{filter}}); err != nil {
 		log.Fatal(err)
 	}

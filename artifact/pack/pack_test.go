@@ -575,14 +575,6 @@ func TestUnpackFilters(t *testing.T) {
 			t.Errorf("%s: got %v, want %v", name, sorted(got), tc.want)
 		}
 	}
-	for _, f := range []string{"weights", "config", "docs", "code", "dataset"} {
-		if _, err := pack.ParseFilter(f); err != nil {
-			t.Error(err)
-		}
-	}
-	if _, err := pack.ParseFilter("weight"); err == nil || !strings.Contains(err.Error(), `unknown --filter value "weight"`) {
-		t.Errorf("ParseFilter(weight): %v", err)
-	}
 }
 
 func sorted(s []string) []string {

@@ -23,15 +23,6 @@ import (
 	"github.com/modelpack/modelpack/cas"
 )
 
-// ParseFilter maps an `unpack --filter` value to a layer kind (artifact.ParseFilter, the one list of names).
-func ParseFilter(s string) (artifact.Kind, error) {
-	k, err := artifact.ParseFilter(s)
-	if err != nil {
-		return "", fmt.Errorf("unknown --filter value %q (valid: %s)", s, strings.Join(artifact.FilterNames, ", "))
-	}
-	return k, nil
-}
-
 // UnpackOptions select what Unpack writes.
 type UnpackOptions struct {
 	// Kinds, if set, keeps only layers of these kinds.

@@ -205,7 +205,7 @@ func (e *Error) describe() string {
 	case e.Kind == ErrNotOCI:
 		return "the server does not speak the OCI distribution API: " + cause
 	case e.Kind == ErrTLS && isHTTPToHTTPS(e.Err):
-		return "the registry speaks HTTPS, not plain HTTP: drop --plain-http (or the host from --plain-http-registries); it answered 400 Bad Request"
+		return "the registry speaks HTTPS, not plain HTTP: drop --plain-http (or the host from --plain-http-registries; a loopback registry is talked to in plain HTTP unless --ca-file or --insecure is given); it answered 400 Bad Request"
 	case e.Kind == ErrTLS && strings.Contains(cause, "HTTP response to HTTPS client"):
 		return "the registry serves plain HTTP (" + e.Hints.orCLI().PlainHTTP + "): " + cause
 	case e.Kind == ErrTLS:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -93,7 +94,7 @@ type hostsFile struct {
 // last. Without a hosts file for the host the origin alone is returned, configured from opts.
 func loadEndpoints(opts Options, host string) ([]endpoint, error) {
 	scheme := "https"
-	if opts.PlainHTTP || slices.Contains(opts.PlainHTTPHosts, host) {
+	if opts.PlainHTTP || slices.Contains(opts.PlainHTTPHosts, host) || opts.loopbackPlain(host) {
 		scheme = "http"
 	}
 	origin := endpoint{
@@ -407,4 +408,21 @@ func (t *rewriteTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		}
 	}
 	return t.base.RoundTrip(r)
+}
+
+// loopbackPlain reports whether host is a loopback registry talked to in plain HTTP (Options.LoopbackPlainHTTP).
+func (o Options) loopbackPlain(host string) bool {
+	if !o.LoopbackPlainHTTP || o.CAFile != "" || o.CertFile != "" || o.Insecure {
+		return false
+	}
+	name := host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		name = h
+	}
+	name = strings.TrimSuffix(strings.TrimPrefix(name, "["), "]")
+	if strings.EqualFold(name, "localhost") || strings.HasSuffix(strings.ToLower(name), ".localhost") {
+		return true
+	}
+	ip := net.ParseIP(name)
+	return ip != nil && ip.IsLoopback()
 }

@@ -34,6 +34,10 @@ type Options struct {
 	// PlainHTTPHosts are the registries (host[:port]) talked to in HTTP when PlainHTTP is false: a node reaches
 	// most registries over TLS and a few in-cluster ones without.
 	PlainHTTPHosts []string
+	// LoopbackPlainHTTP talks HTTP to a registry on a loopback host (localhost, 127.0.0.0/8, [::1]) unless TLS is
+	// configured for it (CAFile, CertFile, Insecure), as Docker and containerd treat loopback registries: the CLI's
+	// default. The driver leaves it off (a node's loopback is no developer's registry).
+	LoopbackPlainHTTP bool
 	// HostsDir is a containerd-style hosts directory configuring mirrors (see hosts.go).
 	HostsDir string
 	// Concurrency is how many blobs move at once; 0 means DefaultConcurrency().
