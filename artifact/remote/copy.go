@@ -371,12 +371,12 @@ func unwrapCopyError(err error) error {
 	return err
 }
 
-// transferBlob moves one blob: into an Ingester with resumption, from a local store to a registry in resumable
-// chunks when it is large and sessions are kept, to anything else with whole-blob retries.
+// transferBlob moves one blob: into an Ingester with resumption, from a local store to a registry through a
+// resumable session when it is large and sessions are kept, to anything else with whole-blob retries.
 func transferBlob(ctx context.Context, src content.Fetcher, dst content.Storage, ing Ingester, desc ocispec.Descriptor, t *tracker, sessions UploadSessions) error {
 	open := openerFor(src)
 	_, srcIsRepo := src.(*Repository)
-	if r, ok := dst.(*Repository); ok && sessions != nil && desc.Size > uploadChunk {
+	if r, ok := dst.(*Repository); ok && sessions != nil && desc.Size > resumableMin {
 		return r.pushResumable(ctx, desc, func(ctx context.Context, offset int64) (io.ReadCloser, error) {
 			if !srcIsRepo {
 				return openAt(ctx, desc, offset, open)
