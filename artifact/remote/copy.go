@@ -210,12 +210,20 @@ func transfer(ctx context.Context, src oras.ReadOnlyTarget, srcRef string, dst o
 		return oras.SkipNode
 	}
 	rootRef := root.Digest.String()
+	var placedDst oras.Target = dst
+	if dstIsRepo {
+		p := placed{Repository: d, blobs: make(map[digest.Digest]bool, len(blobs))}
+		for _, b := range blobs {
+			p.blobs[b.Digest] = true
+		}
+		placedDst = p
+	}
 	if gsrc, ok := src.(oras.ReadOnlyGraphTarget); ok && opts.Referrers {
-		_, err = oras.ExtendedCopy(ctx, gsrc, rootRef, dst, dstRef, oras.ExtendedCopyOptions{
+		_, err = oras.ExtendedCopy(ctx, gsrc, rootRef, placedDst, dstRef, oras.ExtendedCopyOptions{
 			ExtendedCopyGraphOptions: oras.ExtendedCopyGraphOptions{CopyGraphOptions: g},
 		})
 	} else {
-		_, err = oras.Copy(ctx, src, rootRef, dst, dstRef, oras.CopyOptions{CopyGraphOptions: g})
+		_, err = oras.Copy(ctx, src, rootRef, placedDst, dstRef, oras.CopyOptions{CopyGraphOptions: g})
 	}
 	if err != nil {
 		return nil, unwrapCopyError(err)
@@ -229,6 +237,21 @@ func transfer(ctx context.Context, src oras.ReadOnlyTarget, srcRef string, dst o
 		}
 	}
 	return t.result("", root), nil
+}
+
+// placed is a destination whose blobs the first phase of a transfer made present: oras-go's copy of the manifests
+// does not ask the registry again (a HEAD per blob, each a password check on a registry with basic auth).
+// It is the Repository in all else (a ReferencePusher too: the root manifest goes up with its tag in one PUT).
+type placed struct {
+	*Repository
+	blobs map[digest.Digest]bool
+}
+
+func (p placed) Exists(ctx context.Context, desc ocispec.Descriptor) (bool, error) {
+	if p.blobs[desc.Digest] && !isManifest(desc) {
+		return true, nil
+	}
+	return p.Repository.Exists(ctx, desc)
 }
 
 // cosignTagSuffixes are the tags cosign attaches to a manifest sha256:<hex> as sha256-<hex><suffix>: signatures,
