@@ -275,3 +275,44 @@ func TestResumablePushWithCredentialsCostsFewRequests(t *testing.T) {
 	}
 	checkBlob(t, reg.Host, "auth/c", desc, "alice", "s3cret")
 }
+
+// A push to a registry with basic auth asks about each blob once: the manifests' copy takes the blobs the first
+// phase uploaded as present instead of asking again (each question a bcrypt check on the registry), and the root
+// manifest goes up with its tag in one PUT.
+func TestPushAsksAboutEachBlobOnce(t *testing.T) {
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{Htpasswd: htpasswd(t, "alice", "s3cret")})
+	var log exchangeLog
+	host := testenv.StartProxy(t, reg.Host, log.hooks(nil)).Host
+	cred := func(context.Context, string) (auth.Credential, error) {
+		return auth.Credential{Username: "alice", Password: "s3cret"}, nil
+	}
+	opts := Options{PlainHTTP: true, RegistryConfig: filepath.Join(t.TempDir(), "none.json"), Credential: cred}
+	m := buildModel(t, 256<<10)
+	if _, err := Push(context.Background(), m.store, m.ref, repoFor(t, host+"/team/model:v1", opts), TransferOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	heads := map[string]int{}
+	var manifestPuts []string
+	for _, e := range log.list() {
+		if e.status == http.StatusUnauthorized {
+			continue // the challenge of a request sent before the client knew the scheme
+		}
+		if e.method == http.MethodHead && strings.Contains(e.path, "/blobs/") {
+			heads[e.path]++
+		}
+		if e.method == http.MethodPut && strings.Contains(e.path, "/manifests/") {
+			manifestPuts = append(manifestPuts, e.path)
+		}
+	}
+	if len(heads) != len(m.blobs) {
+		t.Errorf("HEADs of %d blobs for a model of %d: %v", len(heads), len(m.blobs), heads)
+	}
+	for p, n := range heads {
+		if n != 1 {
+			t.Errorf("%s asked about %d times, want once", p, n)
+		}
+	}
+	if len(manifestPuts) != 1 || !strings.HasSuffix(manifestPuts[0], "/manifests/v1") {
+		t.Errorf("manifest PUTs %v, want one, by tag", manifestPuts)
+	}
+}
