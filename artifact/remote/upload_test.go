@@ -316,3 +316,42 @@ func TestPushAsksAboutEachBlobOnce(t *testing.T) {
 		t.Errorf("manifest PUTs %v, want one, by tag", manifestPuts)
 	}
 }
+
+// A PATCH the registry refuses with 416 (its session is not where it said) is not the end of the push: the session
+// is asked again, and one that still says the refused offset is replaced by a new session.
+func TestResumablePushRefusedRangeStartsNewSession(t *testing.T) {
+	reg, opts := plainRegistry(t)
+	var refused atomic.Bool
+	var log exchangeLog
+	hooks := log.hooks(nil)
+	hooks.Request = func(w http.ResponseWriter, r *http.Request) bool {
+		if r.Method == http.MethodPatch && refused.CompareAndSwap(false, true) {
+			w.WriteHeader(http.StatusRequestedRangeNotSatisfiable)
+			return false
+		}
+		return true
+	}
+	host := testenv.StartProxy(t, reg.Host, hooks).Host
+	repo := repoFor(t, host+"/refused/r:v1", opts)
+	data := randBytes(t, resumableMin+1<<20)
+	desc := ocispec.Descriptor{MediaType: "application/octet-stream", Digest: digest.FromBytes(data), Size: int64(len(data))}
+	if err := transferBlob(context.Background(), anyBytes(data), repo, nil, desc, newTracker(nil), &memSessions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !refused.Load() {
+		t.Fatal("no PATCH was refused")
+	}
+	var posts, gets int
+	for _, e := range log.list() {
+		switch e.method {
+		case http.MethodPost:
+			posts++
+		case http.MethodGet:
+			gets++
+		}
+	}
+	if gets == 0 || posts != 2 {
+		t.Errorf("%d GETs of the session and %d POSTs after a refused PATCH; want the session asked, then a new one", gets, posts)
+	}
+	checkBlob(t, reg.Host, "refused/r", desc, "", "")
+}
