@@ -19,12 +19,12 @@ import (
 	"oras.land/oras-go/v2/registry/remote/errcode"
 )
 
-// resumableMin is the size above which a blob goes through a resumable upload session (POST, one PATCH streaming
-// the blob, PUT to commit) whose location is remembered, so that a push cut off part way continues from the bytes
+// resumableMin is the size above which a blob goes through a resumable upload session (POST, then one PUT
+// streaming the blob and committing it) whose location is remembered, so that a push cut off part way continues from the bytes
 // the registry holds. Smaller blobs go as oras-go sends them (POST, then a PUT with the body): resending one costs
 // less than remembering its session.
 //
-// The blob goes in one PATCH, not in chunks: a registry with basic auth checks the password (bcrypt) on every
+// The blob goes in one request, not in chunks: a registry with basic auth checks the password (bcrypt) on every
 // request, and one request per 8 MiB made pushes to distribution with htpasswd 2.4x slower than oras's.
 const resumableMin = 8 << 20
 
@@ -43,12 +43,12 @@ type resumableUpload struct {
 	desc     ocispec.Descriptor
 	sessions UploadSessions
 	loc      string
-	// refused is the offset from which the registry last refused a PATCH (416): asked again, a session that still
+	// refused is the offset from which the registry last refused the rest of the blob (416): asked again, a session that still
 	// says it holds that much is not where it says, and a new one is started.
 	refused int64
 }
 
-// errSessionMoved is a PATCH the registry refused because its session does not hold what it said (416): another
+// errSessionMoved is an upload the registry refused because its session does not hold what it said (416): another
 // writer, or the rest of a cut request landing late. The next attempt asks the session again.
 var errSessionMoved = errors.New("the upload session does not hold the bytes it reported")
 
@@ -150,9 +150,10 @@ func parseUploadRange(h string) (int64, bool) {
 	return n + 1, true
 }
 
-// send uploads desc from the byte the session holds on, in one PATCH streaming the rest from open, then commits
-// it. open reads the blob from a given byte. An interruption cuts the PATCH off: a registry keeps what it received
-// (distribution does), and the next run asks the session how much that is.
+// send uploads desc from the byte the session holds on and commits it, in one PUT streaming the rest from open (as
+// oras-go sends a blob: POST, then the PUT with the body; a resumed upload's PUT says where its body starts,
+// Content-Range). open reads the blob from a given byte. An interruption cuts the PUT off: a registry keeps what it
+// received (distribution does), and the next attempt or run asks the session how much that is.
 func (u *resumableUpload) send(ctx context.Context, open func(ctx context.Context, offset int64) (io.ReadCloser, error), m *meter) error {
 	offset, err := u.resume(ctx)
 	if err != nil {
@@ -176,14 +177,6 @@ func (u *resumableUpload) send(ctx context.Context, open func(ctx context.Contex
 		}
 		u.remember(loc)
 	}
-	resumed := offset > 0
-	if offset < u.desc.Size {
-		if err := u.patch(ctx, open, offset, m); err != nil {
-			return err
-		}
-	} else {
-		m.seek(offset)
-	}
 	commit, err := url.Parse(u.loc)
 	if err != nil {
 		return err
@@ -191,58 +184,48 @@ func (u *resumableUpload) send(ctx context.Context, open func(ctx context.Contex
 	q := commit.Query()
 	q.Set("digest", u.desc.Digest.String())
 	commit.RawQuery = q.Encode()
-	resp, err := u.do(ctx, http.MethodPut, commit.String(), nil, 0, nil)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated {
-		err := responseError(resp)
-		if resumed && resp.StatusCode == http.StatusBadRequest {
-			u.cancel(ctx)
-			return fmt.Errorf("%w: %w", errResumedCorrupt, err)
-		}
-		return err
-	}
-	u.remember("")
-	return nil
-}
 
-// patch sends the blob from offset to its end in one request streamed from open (never held in memory).
-func (u *resumableUpload) patch(ctx context.Context, open func(ctx context.Context, offset int64) (io.ReadCloser, error), offset int64, m *meter) error {
 	n := u.desc.Size - offset
 	pctx, cancel := context.WithTimeout(ctx, attemptTimeout(n))
 	defer cancel()
 	m.seek(offset)
-	rc, err := open(pctx, offset)
-	if err != nil {
-		return err
+	hdr := map[string]string{"Content-Type": "application/octet-stream"}
+	var body *fencedReader
+	if n > 0 {
+		rc, err := open(pctx, offset)
+		if err != nil {
+			return err
+		}
+		defer rc.Close()
+		body = &fencedReader{r: &countingReader{r: io.LimitReader(rc, n), fn: m.add}}
+		if offset > 0 {
+			hdr["Content-Range"] = fmt.Sprintf("%d-%d", offset, u.desc.Size-1)
+		}
 	}
-	defer rc.Close()
-	body := &fencedReader{r: &countingReader{r: io.LimitReader(rc, n), fn: m.add}}
-	resp, err := u.do(pctx, http.MethodPatch, u.loc, body, n, map[string]string{
-		"Content-Type":  "application/octet-stream",
-		"Content-Range": fmt.Sprintf("%d-%d", offset, offset+n-1),
-	})
-	body.fence()
+	var rd io.Reader
+	if body != nil {
+		rd = body
+	}
+	resp, err := u.do(pctx, http.MethodPut, commit.String(), rd, n, hdr)
+	if body != nil {
+		body.fence()
+	}
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
-	switch resp.StatusCode {
-	case http.StatusAccepted:
-	case http.StatusRequestedRangeNotSatisfiable:
+	switch {
+	case resp.StatusCode == http.StatusCreated:
+		u.remember("")
+		return nil
+	case resp.StatusCode == http.StatusRequestedRangeNotSatisfiable:
 		u.refused = offset
 		return fmt.Errorf("%w: %w", errSessionMoved, responseError(resp))
-	default:
-		return responseError(resp)
+	case offset > 0 && resp.StatusCode == http.StatusBadRequest:
+		u.cancel(ctx)
+		return fmt.Errorf("%w: %w", errResumedCorrupt, responseError(resp))
 	}
-	loc, err := location(resp)
-	if err != nil {
-		return err
-	}
-	u.remember(loc)
-	return nil
+	return responseError(resp)
 }
 
 // cancel ends the session on the registry (DELETE), so a push that will not resume leaves no upload behind.
@@ -250,7 +233,17 @@ func (u *resumableUpload) cancel(ctx context.Context) {
 	if u.loc == "" {
 		return
 	}
-	if resp, err := u.do(context.WithoutCancel(ctx), http.MethodDelete, u.loc, nil, 0, nil); err == nil {
+	ctx = context.WithoutCancel(ctx)
+	loc := u.loc
+	// The location names the session as it was when the upload began; distribution refuses it (416) once the
+	// session holds more. Its status gives the current one.
+	if resp, err := u.do(ctx, http.MethodGet, loc, nil, 0, nil); err == nil {
+		if l, err := location(resp); err == nil && resp.StatusCode == http.StatusNoContent {
+			loc = l
+		}
+		resp.Body.Close()
+	}
+	if resp, err := u.do(ctx, http.MethodDelete, loc, nil, 0, nil); err == nil {
 		resp.Body.Close()
 	}
 	u.remember("")

@@ -183,7 +183,7 @@ func checkBlob(t *testing.T, registryHost, repo string, desc ocispec.Descriptor,
 }
 
 // An upload whose connection is cut in the middle of the blob asks the registry how far its session got (GET,
-// Range) and continues from there with a PATCH of the rest, instead of sending the blob from the start; the blob
+// Range) and continues from there with a PUT of the rest (Content-Range), instead of sending the blob from the start; the blob
 // the registry then serves is the one pushed.
 func TestResumablePushContinuesAfterCutConnection(t *testing.T) {
 	reg, opts := plainRegistry(t)
@@ -192,7 +192,7 @@ func TestResumablePushContinuesAfterCutConnection(t *testing.T) {
 	const cutAt = 12 << 20
 	var log exchangeLog
 	host := testenv.StartProxy(t, reg.Host, log.hooks(func(r *http.Request) {
-		if r.Body != nil && r.Method == http.MethodPatch {
+		if r.Body != nil && r.Method == http.MethodPut && strings.Contains(r.URL.Path, "/blobs/uploads/") {
 			r.Body = &cutBody{ReadCloser: r.Body, total: &total, cutAt: cutAt, cut: &cut}
 		}
 	})).Host
@@ -207,7 +207,7 @@ func TestResumablePushContinuesAfterCutConnection(t *testing.T) {
 	}
 	checkBlob(t, reg.Host, "cut/c", desc, "", "")
 
-	// After the cut PATCH: a GET of the session, then one PATCH from the byte its Range says the registry holds.
+	// After the cut PUT: a GET of the session, then one PUT from the byte its Range says the registry holds.
 	ex := log.list()
 	i := slices.IndexFunc(ex, func(e exchange) bool { return e.method == http.MethodGet && strings.Contains(e.path, "/blobs/uploads/") })
 	if i < 0 {
@@ -217,15 +217,15 @@ func TestResumablePushContinuesAfterCutConnection(t *testing.T) {
 	if ex[i].status != http.StatusNoContent || !ok || held == 0 {
 		t.Fatalf("the session's status after the cut: %d Range %q; want 204 with the bytes received before the cut", ex[i].status, ex[i].rangeHdr)
 	}
-	var patches []exchange
+	var puts []exchange
 	for _, e := range ex[i+1:] {
-		if e.method == http.MethodPatch {
-			patches = append(patches, e)
+		if e.method == http.MethodPut || e.method == http.MethodPatch {
+			puts = append(puts, e)
 		}
 	}
 	want := fmt.Sprintf("%d-%d", held, desc.Size-1)
-	if len(patches) != 1 || patches[0].contentRange != want || patches[0].status != http.StatusAccepted {
-		t.Fatalf("after the registry said it holds %d bytes: PATCHes %+v, want one of Content-Range %s", held, patches, want)
+	if len(puts) != 1 || puts[0].method != http.MethodPut || puts[0].contentRange != want || puts[0].status != http.StatusCreated {
+		t.Fatalf("after the registry said it holds %d bytes: uploads %+v, want one PUT of Content-Range %s", held, puts, want)
 	}
 	t.Logf("sent %d bytes for a %d byte blob cut at %d; resumed from %d", total.Load(), desc.Size, cutAt, held)
 	if got := total.Load(); got >= desc.Size+cutAt/2 {
@@ -234,9 +234,9 @@ func TestResumablePushContinuesAfterCutConnection(t *testing.T) {
 }
 
 // A large blob to a registry with basic auth (distribution, htpasswd: a bcrypt check on every request) costs a
-// fixed number of requests whatever its size, as oras-go's push does: the upload's POST (and its challenge), one
-// PATCH streaming the blob, the PUT that commits it; not one request per chunk. Its PATCH carries the credentials
-// the POST was challenged for.
+// fixed number of requests whatever its size, as oras-go's push does: the upload's POST (and its challenge), then
+// one PUT streaming the blob and committing it; not one request per chunk. The PUT carries the credentials the
+// POST was challenged for.
 func TestResumablePushWithCredentialsCostsFewRequests(t *testing.T) {
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{Htpasswd: htpasswd(t, "alice", "s3cret")})
 	var log exchangeLog
@@ -257,18 +257,18 @@ func TestResumablePushWithCredentialsCostsFewRequests(t *testing.T) {
 		t.Fatal("no upload session was kept: the blob did not go through the resumable upload")
 	}
 	ex := log.list()
-	var patches int
+	var uploads int
 	for _, e := range ex {
-		if e.method == http.MethodPatch {
-			patches++
-			if e.auth == "" || e.status != http.StatusAccepted {
-				t.Errorf("PATCH without credentials or refused: %+v", e)
+		if e.method == http.MethodPatch || e.method == http.MethodPut {
+			uploads++
+			if e.auth == "" || e.status != http.StatusCreated {
+				t.Errorf("upload without credentials or refused: %+v", e)
 			}
 		}
 	}
 	t.Logf("%d requests for a %d MiB blob: %+v", len(ex), mib, ex)
-	if patches != 1 || len(ex) > 5 {
-		t.Errorf("%d requests (%d PATCHes) for a %d MiB blob; want one PATCH and at most 5 requests (POST, its challenge, PATCH, PUT)", len(ex), patches, mib)
+	if uploads != 1 || len(ex) > 3 {
+		t.Errorf("%d requests (%d carrying the blob) for a %d MiB blob; want one PUT and at most 3 requests (POST, its challenge, PUT)", len(ex), uploads, mib)
 	}
 	if ok, err := repo.Exists(context.Background(), desc); err != nil || !ok {
 		t.Fatalf("the blob is not on the registry: %v %v", ok, err)
@@ -317,7 +317,7 @@ func TestPushAsksAboutEachBlobOnce(t *testing.T) {
 	}
 }
 
-// A PATCH the registry refuses with 416 (its session is not where it said) is not the end of the push: the session
+// An upload the registry refuses with 416 (its session is not where it said) is not the end of the push: the session
 // is asked again, and one that still says the refused offset is replaced by a new session.
 func TestResumablePushRefusedRangeStartsNewSession(t *testing.T) {
 	reg, opts := plainRegistry(t)
@@ -325,7 +325,7 @@ func TestResumablePushRefusedRangeStartsNewSession(t *testing.T) {
 	var log exchangeLog
 	hooks := log.hooks(nil)
 	hooks.Request = func(w http.ResponseWriter, r *http.Request) bool {
-		if r.Method == http.MethodPatch && refused.CompareAndSwap(false, true) {
+		if r.Method == http.MethodPut && strings.Contains(r.URL.Path, "/blobs/uploads/") && refused.CompareAndSwap(false, true) {
 			w.WriteHeader(http.StatusRequestedRangeNotSatisfiable)
 			return false
 		}
@@ -339,7 +339,7 @@ func TestResumablePushRefusedRangeStartsNewSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !refused.Load() {
-		t.Fatal("no PATCH was refused")
+		t.Fatal("no upload was refused")
 	}
 	var posts, gets int
 	for _, e := range log.list() {
@@ -351,7 +351,7 @@ func TestResumablePushRefusedRangeStartsNewSession(t *testing.T) {
 		}
 	}
 	if gets == 0 || posts != 2 {
-		t.Errorf("%d GETs of the session and %d POSTs after a refused PATCH; want the session asked, then a new one", gets, posts)
+		t.Errorf("%d GETs of the session and %d POSTs after a refused upload; want the session asked, then a new one", gets, posts)
 	}
 	checkBlob(t, reg.Host, "refused/r", desc, "", "")
 }
