@@ -19,10 +19,9 @@ import (
 	"oras.land/oras-go/v2/registry/remote/errcode"
 )
 
-// resumableMin is the size above which a blob goes through a resumable upload session (POST, then one PUT
-// streaming the blob and committing it) whose location is remembered, so that a push cut off part way continues from the bytes
-// the registry holds. Smaller blobs go as oras-go sends them (POST, then a PUT with the body): resending one costs
-// less than remembering its session.
+// resumableMin is the size above which a blob's upload session (POST, then one PUT streaming the blob and
+// committing it, as oras-go sends a blob) is remembered, so that a push cut off part way continues from the bytes
+// the registry holds. Smaller blobs go through oras-go: resending one costs less than remembering its session.
 //
 // The blob goes in one request, not in chunks: a registry with basic auth checks the password (bcrypt) on every
 // request, and one request per 8 MiB made pushes to distribution with htpasswd 2.4x slower than oras's.
