@@ -209,7 +209,9 @@ func TestResumablePushContinuesAfterCutConnection(t *testing.T) {
 
 	// After the cut PUT: a GET of the session, then one PUT from the byte its Range says the registry holds.
 	ex := log.list()
-	i := slices.IndexFunc(ex, func(e exchange) bool { return e.method == http.MethodGet && strings.Contains(e.path, "/blobs/uploads/") })
+	i := slices.IndexFunc(ex, func(e exchange) bool {
+		return e.method == http.MethodGet && strings.Contains(e.path, "/blobs/uploads/")
+	})
 	if i < 0 {
 		t.Fatalf("no GET of the upload session after the cut: %+v", ex)
 	}
