@@ -24,7 +24,7 @@ import (
 // its number of requests, which the registry without auth does not show.
 //
 // Every push goes to a new repository of an emptied registry, so every blob is uploaded and the disk holds one
-// copy at a time.
+// copy at a time. BENCH_BASELINE_BIN: another modelpack binary whose push is measured in the same rounds.
 func benchPush(e *env) error {
 	runs := envInt("RUNS", 3)
 	scratch, _, err := e.scratch("bench-push")
@@ -79,6 +79,12 @@ func benchPush(e *env) error {
 			return cmd
 		}, creds),
 	}
+	var basePush []float64
+	if baseline := os.Getenv("BENCH_BASELINE_BIN"); baseline != "" {
+		tools = append(tools, measure(&basePush, func(repo string) *exec.Cmd {
+			return exec.Command(baseline, "push", "--plain-http", "-q", "--from", "bench/push:v1", repo+":v1")
+		}, store, creds))
+	}
 	for round = 1; round <= runs; round++ {
 		if err := bench.Rotate(round, tools...); err != nil {
 			return err
@@ -92,6 +98,10 @@ func benchPush(e *env) error {
 		bcrypt.DefaultCost, e.size, runs)
 	fmt.Println(bench.Line("push vs oras push (basic auth)", fmt.Sprintf("modelpack %ss, oras %ss", s(mp), s(or)), or/mp, "%.2f", ">=", 1.1, "x"))
 	fmt.Println(bench.Line("copy vs oras cp (basic auth dst)", fmt.Sprintf("modelpack %ss, oras %ss", s(mc), s(oc)), oc/mc, "%.2f", ">=", 1.1, "x"))
+	if len(basePush) > 0 {
+		bp := bench.Median(basePush)
+		fmt.Printf("baseline %s: push %ss (oras / baseline %sx; runs %s)\n", os.Getenv("BENCH_BASELINE_BIN"), s(bp), bench.Ratio(or, bp), bench.Runs(basePush))
+	}
 	fmt.Printf("runs: push %s | oras push %s | copy %s | oras cp %s\n", bench.Runs(mpPush), bench.Runs(orasPush), bench.Runs(mpCopy), bench.Runs(orasCopy))
 	return nil
 }
