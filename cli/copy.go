@@ -20,7 +20,7 @@ func copyCmd(g *Globals) *cobra.Command {
 Within one registry the blobs are mounted across repositories, so no layer bytes move. DST's tag defaults to
 SRC's. The connection flags apply to both registries; --from-* and --to-* set them for one side, as oras copy
 does (a TLS registry with its own CA on one side, a plain-HTTP one on the other). Between registries a blob over 8 MiB
-goes in chunks whose upload session the local store remembers, so a copy run again after Ctrl-C sends only the rest.`,
+goes through an upload session the local store remembers, so a copy run again after Ctrl-C sends only the rest.`,
 		Example: `  modelpack copy registry.local:5000/team-a/model:v1 registry.local:5000/team-b/model
   modelpack copy -r registry.local:5000/org/model:v1 mirror.local/org/model:v1
   modelpack copy --from-ca-file ca.pem --to-plain-http registry.example.com/org/model:v1 127.0.0.1:5000/org/model`,

@@ -210,12 +210,20 @@ func transfer(ctx context.Context, src oras.ReadOnlyTarget, srcRef string, dst o
 		return oras.SkipNode
 	}
 	rootRef := root.Digest.String()
+	var placedDst oras.Target = dst
+	if dstIsRepo {
+		p := placed{Repository: d, blobs: make(map[digest.Digest]bool, len(blobs))}
+		for _, b := range blobs {
+			p.blobs[b.Digest] = true
+		}
+		placedDst = p
+	}
 	if gsrc, ok := src.(oras.ReadOnlyGraphTarget); ok && opts.Referrers {
-		_, err = oras.ExtendedCopy(ctx, gsrc, rootRef, dst, dstRef, oras.ExtendedCopyOptions{
+		_, err = oras.ExtendedCopy(ctx, gsrc, rootRef, placedDst, dstRef, oras.ExtendedCopyOptions{
 			ExtendedCopyGraphOptions: oras.ExtendedCopyGraphOptions{CopyGraphOptions: g},
 		})
 	} else {
-		_, err = oras.Copy(ctx, src, rootRef, dst, dstRef, oras.CopyOptions{CopyGraphOptions: g})
+		_, err = oras.Copy(ctx, src, rootRef, placedDst, dstRef, oras.CopyOptions{CopyGraphOptions: g})
 	}
 	if err != nil {
 		return nil, unwrapCopyError(err)
@@ -229,6 +237,21 @@ func transfer(ctx context.Context, src oras.ReadOnlyTarget, srcRef string, dst o
 		}
 	}
 	return t.result("", root), nil
+}
+
+// placed is a destination whose blobs the first phase of a transfer made present: oras-go's copy of the manifests
+// does not ask the registry again (a HEAD per blob, each a password check on a registry with basic auth).
+// It is the Repository in all else (a ReferencePusher too: the root manifest goes up with its tag in one PUT).
+type placed struct {
+	*Repository
+	blobs map[digest.Digest]bool
+}
+
+func (p placed) Exists(ctx context.Context, desc ocispec.Descriptor) (bool, error) {
+	if p.blobs[desc.Digest] && !isManifest(desc) {
+		return true, nil
+	}
+	return p.Repository.Exists(ctx, desc)
 }
 
 // cosignTagSuffixes are the tags cosign attaches to a manifest sha256:<hex> as sha256-<hex><suffix>: signatures,
@@ -371,12 +394,12 @@ func unwrapCopyError(err error) error {
 	return err
 }
 
-// transferBlob moves one blob: into an Ingester with resumption, from a local store to a registry in resumable
-// chunks when it is large and sessions are kept, to anything else with whole-blob retries.
+// transferBlob moves one blob: into an Ingester with resumption, from a local store to a registry through a
+// resumable session when it is large and sessions are kept, to anything else with whole-blob retries.
 func transferBlob(ctx context.Context, src content.Fetcher, dst content.Storage, ing Ingester, desc ocispec.Descriptor, t *tracker, sessions UploadSessions) error {
 	open := openerFor(src)
 	_, srcIsRepo := src.(*Repository)
-	if r, ok := dst.(*Repository); ok && sessions != nil && desc.Size > uploadChunk {
+	if r, ok := dst.(*Repository); ok && sessions != nil && desc.Size > resumableMin {
 		return r.pushResumable(ctx, desc, func(ctx context.Context, offset int64) (io.ReadCloser, error) {
 			if !srcIsRepo {
 				return openAt(ctx, desc, offset, open)

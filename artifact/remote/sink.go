@@ -26,7 +26,7 @@ type Sink struct {
 }
 
 // PackSink returns a sink pushing into repo, tagging the manifest with repo's reference unless Commit names a tag.
-// With sessions, a large blob goes in resumable chunks, as Push sends it, so a pack --push run again after an
+// With sessions, a large blob goes through a resumable upload session, as Push sends it, so a pack --push run again after an
 // interruption sends only what the registry's upload session lacks.
 func PackSink(repo *Repository, rep Reporter, sessions UploadSessions) *Sink {
 	return &Sink{repo: repo, t: newTracker(rep), sessions: sessions}
@@ -78,7 +78,7 @@ func (s *Sink) upload(ctx context.Context, desc ocispec.Descriptor, open blobOpe
 		return desc, nil
 	}
 	m := s.t.meter(desc, 0)
-	if s.sessions != nil && desc.Size > uploadChunk {
+	if s.sessions != nil && desc.Size > resumableMin {
 		err = s.repo.pushResumable(ctx, desc, func(ctx context.Context, offset int64) (io.ReadCloser, error) {
 			return openAt(ctx, desc, offset, open)
 		}, m, s.sessions)

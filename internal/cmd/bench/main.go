@@ -1,8 +1,9 @@
 // Command bench is `make bench`: it generates the benchmark model once (4 shards of BENCH_MODEL_SIZE, 512MiB by
 // default: 2 GiB), starts a real local registry, pushes the model, then runs each area's benchmark side by side
-// with its peer (oras, curl) and prints ratios. Absolute times drift on shared machines; read the ratios.
+// with its peer (oras, curl) and prints ratios; push runs against a second registry with basic auth (htpasswd,
+// bcrypt cost 10). Absolute times drift on shared machines; read the ratios.
 //
-//	go run ./internal/cmd/bench [AREA...]     # areas: pack transport cache flush driver prepull scan cluster
+//	go run ./internal/cmd/bench [AREA...]     # areas: pack transport push cache flush driver prepull scan cluster
 //
 // With no arguments it runs BENCH_ONLY (comma-separated) or every area. Other settings, all optional:
 // BENCH_WORK (scratch, /var/tmp/modelpack-bench), BENCH_MODEL_SIZE (shard size of the model: a smaller model for a
@@ -35,6 +36,7 @@ type area struct {
 var areas = []area{
 	{"pack", benchPack},
 	{"transport", benchTransport},
+	{"push", benchPush},
 	{"cache", benchCache},
 	{"flush", benchFlush},
 	{"driver", benchDriver},

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 
 	"github.com/modelpack/modelpack/internal/bench"
 )
@@ -74,16 +73,9 @@ func benchTransport(e *env) error {
 	if err := run1(exec.Command("modelpack", "pack", e.modelDir, "-t", "bench/push:v1", "-q"), store); err != nil {
 		return err
 	}
-	files, err := modelFiles(e.modelDir)
+	files, err := orasFiles(e.modelDir)
 	if err != nil {
 		return err
-	}
-	for i, f := range files {
-		if strings.HasSuffix(f, ".safetensors") {
-			files[i] = f + ":application/vnd.cncf.model.weight.v1.raw"
-		} else {
-			files[i] = f + ":application/vnd.cncf.model.weight.config.v1.raw"
-		}
 	}
 	reg := e.registry.Host
 	var pushRuns, orasPushRuns []float64
