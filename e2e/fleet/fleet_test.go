@@ -15,7 +15,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -135,9 +134,8 @@ func TestFleetLyingPeer(t *testing.T) {
 	if refetched < size {
 		t.Errorf("the driver read %d bytes of the blob from the registry, want the whole blob (%d): where did the good bytes come from?", refetched, size)
 	}
-	if b, _ := os.ReadFile(ns[0].log); !strings.Contains(string(b), "mismatch") {
-		t.Logf("note: the driver log does not mention the mismatch")
-	}
+	// The driver neither logs nor counts the lie today (issue 33 §3 asks that the log, metrics and pod event name
+	// the mirror): what this test holds it to is the outcome, the right bytes from the registry.
 
 	// The other nodes: their agents may take pieces from the liar; Kraken checks every piece's hash.
 	targets, _ := publishAll(t, ns[1:], "models/liar:v1", "pod-peers")
@@ -159,31 +157,38 @@ func TestFleetAgentKilledMidPull(t *testing.T) {
 	ns := startNodes(t, dir, o, nodes, fl.Agents, "killed")
 	victim := fl.Agents[1]
 
+	// The victim's node asks first and alone: once Kraken's origin is halfway through reading the blob from the
+	// registry, the victim's agent asked for it (only its driver pulls), and that driver waits on the agent (an agent
+	// answers once it holds the whole blob). The other nodes then join the pull, the agent is killed and the origin
+	// goes on.
 	reached, release := o.holdAt(w, size/2)
 	defer release()
-	var targets []string
-	var took time.Duration
+	targets := make([]string, nodes)
+	var victimErr error
 	var wg sync.WaitGroup
-	wg.Go(func() { targets, took = publishAllErr(t, ns, "models/killed:v1", "pod-killed") })
+	start := time.Now()
+	wg.Go(func() { targets[1], victimErr = ns[1].publish("models/killed:v1", "pod-killed") })
 	select {
 	case <-reached:
 	case <-time.After(2 * time.Minute):
-		t.Fatal("Kraken's origin never read half of the blob from the registry")
+		release()
+		wg.Wait()
+		t.Fatalf("Kraken's origin never read half of the blob from the registry (victim's publish: %v)", victimErr)
 	}
-	// Mid-pull for this node: its agent has begun the blob's download (the driver asked it), and holds half at most.
-	for deadline := time.Now().Add(30 * time.Second); !victim.Downloading(w); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			release()
-			wg.Wait()
-			t.Fatal("the victim's agent never began downloading the blob")
-		}
-	}
+	others := []*node{ns[0], ns[2]}
+	var rest []string
+	wg.Go(func() { rest, _ = publishAllErr(t, others, "models/killed:v1", "pod-killed") })
 	victim.Kill()
 	release()
 	wg.Wait()
+	took := time.Since(start)
+	if victimErr != nil {
+		t.Fatalf("publish on the node whose agent was killed: %v", victimErr)
+	}
 	if t.Failed() {
 		return
 	}
+	targets[0], targets[2] = rest[0], rest[1]
 	for i, target := range targets {
 		mounted(t, ns[i].name, target, files)
 	}
