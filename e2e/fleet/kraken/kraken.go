@@ -162,18 +162,34 @@ func (f *Fleet) start(t testing.TB, dir, component string, vars []string, args .
 	return p
 }
 
-// Kill ends the component and its nginx at once (SIGKILL to the process group): a node's agent dying.
+// Kill ends the component and its nginx at once (SIGKILL to the process group): a node's agent dying. It returns
+// once no process of the group is left alive.
 func (p *Proc) Kill() {
 	pgid := p.cmd.Process.Pid
 	syscall.Kill(-pgid, syscall.SIGKILL)
 	<-p.done
-	// nginx's workers may outlive the component by a moment: wait until the group is empty.
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if syscall.Kill(-pgid, 0) != nil {
-			return
-		}
+	// nginx, reparented when the component died, may outlive it by a moment. Its exit is read from /proc, not with
+	// kill(-pgid, 0), which also counts zombies that init has not reaped yet.
+	for deadline := time.Now().Add(10 * time.Second); groupAlive(pgid) && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		syscall.Kill(-pgid, syscall.SIGKILL)
 	}
+}
+
+// groupAlive reports whether a process of group pgid is alive (neither exited nor a zombie).
+func groupAlive(pgid int) bool {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, st := range stats {
+		b, err := os.ReadFile(st)
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid pgrp …; comm may hold spaces and parentheses, so parse after the last ')'.
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		if len(f) > 2 && f[2] == strconv.Itoa(pgid) && f[0] != "Z" && f[0] != "X" {
+			return true
+		}
+	}
+	return false
 }
 
 func (p *Proc) waitHealthy(t testing.TB, addr string) {
