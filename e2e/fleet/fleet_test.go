@@ -194,8 +194,9 @@ func TestFleetAgentKilledMidPull(t *testing.T) {
 	}
 	t.Logf("FLEET agent killed mid-pull: all %d publishes done in %s; registry served %.2f copies (%.2f to Kraken, %.2f to drivers)",
 		nodes, took.Round(time.Millisecond), copies(o.bytes("", w), size), copies(o.bytes("kraken", w), size), copies(o.bytes("driver", w), size))
-	if o.bytes("driver", w) < size/2 {
-		t.Errorf("the drivers read %d bytes of the blob from the registry: the node without its agent did not fall back", o.bytes("driver", w))
+	// The agent streams a blob only once it holds all of it: the victim's driver had none of it and read it whole.
+	if o.bytes("driver", w) < size {
+		t.Errorf("the drivers read %d bytes of the blob from the registry, want the whole blob (%d): the node without its agent did not fall back", o.bytes("driver", w), size)
 	}
 }
 

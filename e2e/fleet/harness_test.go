@@ -190,6 +190,7 @@ func (nd *node) start(t *testing.T, root string, o *origin) {
 		"--registry-config", testenv.EmptyDockerConfig(t), "--hosts-dir", filepath.Dir(hosts),
 		"--log-format", "text", "--log-level", "debug")
 	nd.cmd.Stdout, nd.cmd.Stderr = logf, logf
+	nd.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // the test binary dying without cleanups
 	if err := nd.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

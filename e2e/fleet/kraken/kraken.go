@@ -143,8 +143,9 @@ func (f *Fleet) start(t testing.TB, dir, component string, vars []string, args .
 	p.cmd = exec.Command(filepath.Join(f.bin, component), append([]string{"--config=" + filepath.Join(p.Dir, "config.yaml")}, args...)...)
 	p.cmd.Dir = p.Dir
 	p.cmd.Stdout, p.cmd.Stderr = log, log
-	// A group of its own: the component forks nginx, which would outlive it and keep its port.
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// A group of its own: the component forks nginx, which would outlive it and keep its port. Pdeathsig ends the
+	// component if the test binary dies without its cleanups (go test's timeout); its nginx then stays behind.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -154,6 +155,7 @@ func (f *Fleet) start(t testing.TB, dir, component string, vars []string, args .
 		p.Kill()
 		os.Remove(filepath.Join(nginxGenDir, name))
 		os.Remove(nginxGenDir) // only if empty: another fleet's configs stay
+		removeStalePid()
 		if t.Failed() {
 			b, _ := os.ReadFile(filepath.Join(p.Dir, "stdout.log"))
 			t.Logf("%s log (tail):\n%s", p.Dir, tail(b, 40))
@@ -175,17 +177,44 @@ func (p *Proc) Kill() {
 	}
 }
 
+// nginxPid is the pid file Kraken's base nginx template hard-codes for every component: the last nginx to start
+// wrote it, and one killed leaves it behind. Nothing reads it.
+const nginxPid = "/tmp/nginx.pid"
+
+// removeStalePid removes nginxPid when the process it names is gone (another fleet's nginx may own it).
+func removeStalePid() {
+	b, err := os.ReadFile(nginxPid)
+	if err != nil {
+		return
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err == nil && pid > 0 && alive(pid) {
+		return
+	}
+	os.Remove(nginxPid)
+}
+
+// alive reports whether process pid exists and is no zombie.
+func alive(pid int) bool {
+	f := procStat(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
+}
+
+// procStat returns the fields of a /proc/PID/stat file after the command name (state, ppid, pgrp, …), or nil.
+func procStat(path string) []string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	// comm may hold spaces and parentheses: the fields start after the last ')'.
+	return strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+}
+
 // groupAlive reports whether a process of group pgid is alive (neither exited nor a zombie).
 func groupAlive(pgid int) bool {
 	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
 	for _, st := range stats {
-		b, err := os.ReadFile(st)
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid pgrp …; comm may hold spaces and parentheses, so parse after the last ')'.
-		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
-		if len(f) > 2 && f[2] == strconv.Itoa(pgid) && f[0] != "Z" && f[0] != "X" {
+		if f := procStat(st); len(f) > 2 && f[2] == strconv.Itoa(pgid) && f[0] != "Z" && f[0] != "X" {
 			return true
 		}
 	}
