@@ -28,7 +28,7 @@ TOOL_BINS := $(TOOLS)/registry $(TOOLS)/csi-sanity $(TOOLS)/oras $(TOOLS)/crane 
 HUB_JS_DIR := internal/testenv/hubserver/npm
 HUB_JS := $(BIN)/npm/node_modules/@huggingface/hub/package.json
 
-.PHONY: all build tools test test-unit test-race fuzz demo bench manifests clean cluster-deps cluster-build cluster-up cluster-down e2e-cluster
+.PHONY: all build tools test test-unit test-race fuzz demo bench manifests clean cluster-deps cluster-build cluster-up cluster-down e2e-cluster fleet-build e2e-fleet
 
 all: build
 
@@ -84,6 +84,16 @@ cluster-down:
 	bash e2e/cluster/down.sh
 e2e-cluster: tools build
 	bash e2e/cluster/run.sh
+
+# Several simulated nodes on this machine, each a `modelpack csi-driver` with a Uber Kraken agent of its own as its
+# registry mirror (hosts.toml), against a real registry and Kraken's tracker, origin and build-index, all processes
+# on loopback: N nodes cost the registry about one copy, a lying peer costs a refetch, a dead agent a fallback.
+# fleet-build builds Kraken (pinned) into bin/kraken and installs nginx-light; see e2e/fleet. Not in `test` yet.
+fleet-build:
+	bash e2e/fleet/build.sh
+e2e-fleet: $(TOOLS)/registry build fleet-build
+	$(GO) vet -tags fleet ./e2e/fleet/...
+	$(GO) test -count=1 -tags fleet -timeout 15m -v ./e2e/fleet/...
 
 # A count, not a duration: with a duration, Go 1.26's fuzz coordinator can report its own end-of-time deadline as
 # a failure ("context deadline exceeded", no input written) when a worker answers late on a busy machine
