@@ -11,9 +11,10 @@ import (
 
 // Distruster is implemented by a source made of several endpoints (artifact/remote's Repository behind mirrors,
 // a peer network): told that the bytes it last served of d did not match d, it stops reading d from the endpoint
-// that sent them and reports whether another endpoint remains, so the cache fetches d again from there.
+// that sent them, names it, and reports whether another endpoint remains, so the cache fetches d again from there.
 type Distruster interface {
-	Distrust(d digest.Digest) bool
+	// Distrust names the endpoint passed over, and reports whether another remains.
+	Distrust(d digest.Digest) (endpoint string, more bool)
 }
 
 // RangeFetcher is implemented by sources that can start a blob at an offset (an HTTP Range request). The cache

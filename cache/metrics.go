@@ -6,6 +6,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type metrics struct {
 	pulls          *prometheus.CounterVec
 	scans          *prometheus.CounterVec
+	lies           *prometheus.CounterVec
 	fetchedBytes   prometheus.Counter
 	extractions    prometheus.Counter
 	extractSeconds prometheus.Histogram
@@ -41,6 +42,8 @@ func newMetrics() *metrics {
 	return &metrics{
 		pulls: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "pulls_total",
 			Help: "Pull calls by result: pulled, joined (an in-flight pull), cached, unproven (a blob the caller's source does not serve), error."}, []string{"result"}),
+		lies: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "lying_sources_total",
+			Help: "Blob reads whose bytes did not match their digest, by the source or endpoint (mirror, peer) that sent them; each costs a read from the next."}, []string{"source"}),
 		scans: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "blob_scans_total",
 			Help: "Blob scans by verdict (data, code, malformed), and cached (a report already kept)."}, []string{"result"}),
 		fetchedBytes:   counter("fetched_bytes_total", "Bytes of layers received from registries."),
@@ -88,7 +91,7 @@ type collector struct{ m *metrics }
 
 func (c collector) all() []prometheus.Collector {
 	m := c.m
-	return []prometheus.Collector{m.pulls, m.scans, m.fetchedBytes, m.extractions, m.extractSeconds, m.viewBuilds, m.viewFiles,
+	return []prometheus.Collector{m.pulls, m.scans, m.lies, m.fetchedBytes, m.extractions, m.extractSeconds, m.viewBuilds, m.viewFiles,
 		m.viewSeconds, m.acquires, m.acquireSeconds, m.gcRuns, m.gcEvictions, m.gcFreed, m.verifyProblems, m.corruptBlobs,
 		m.scrubBytes, m.scrubCorrupt, m.scrubLastCompletion, m.scrubPassBytes, m.scrubPassDone, m.flushing}
 }

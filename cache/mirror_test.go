@@ -12,6 +12,7 @@ import (
 
 	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	mpremote "github.com/modelpack/modelpack/artifact/remote"
 	"github.com/modelpack/modelpack/internal/testenv"
@@ -77,6 +78,11 @@ func TestLyingMirrorHandsTheBlobToTheOrigin(t *testing.T) {
 			}
 			if n := origin.getCounts()["/v2/m/model/blobs/"+weights.String()]; n == 0 {
 				t.Fatal("the origin was never asked for the weights the mirror lied about")
+			}
+			if lie == "tampered" {
+				if n := testutil.ToFloat64(c.m.lies.WithLabelValues(mirror.Host)); n != 1 {
+					t.Fatalf("the lying mirror %s was counted %v times, want once", mirror.Host, n)
+				}
 			}
 		})
 	}

@@ -547,7 +547,7 @@ func (c *Cache) fetchBlob(ctx context.Context, f *flight, i int, src oras.ReadOn
 			f.running[i].Store(start)
 			return &countingReader{rc: rc, n: &f.running[i], fetched: c.m.fetchedBytes.Add, publish: f.publish, first: &first}, start, nil
 		})
-		if again, dropped := handOver(src, desc.Digest, err); again && ctx.Err() == nil {
+		if again, dropped := c.handOver(src, desc.Digest, err); again && ctx.Err() == nil {
 			if dropped {
 				attempt-- // bounded: each hand-over drops a source for good
 			}

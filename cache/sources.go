@@ -146,7 +146,7 @@ func (s *sourceSet) moveFrom(i int) {
 // resumed a partial, perhaps another source's, the liar is unknown and the blob is fetched again once more, from the
 // start if cas dropped the partial. It is false for any other error, a src that is no sourceSet, or a blob this
 // set did not serve.
-func handOver(src oras.ReadOnlyTarget, d digest.Digest, err error) (again, dropped bool) {
+func (c *Cache) handOver(src oras.ReadOnlyTarget, d digest.Digest, err error) (again, dropped bool) {
 	s, ok := src.(*sourceSet)
 	if !ok || !(errors.Is(err, ErrDigestMismatch) || errors.Is(err, ErrSizeMismatch)) {
 		return false, false
@@ -161,10 +161,15 @@ func handOver(src oras.ReadOnlyTarget, d digest.Digest, err error) (again, dropp
 	if last.start != 0 {
 		return true, false
 	}
-	// One endpoint of the source lied (a tampering mirror): the source reads d from its next one, and stays.
-	if ds, ok := s.list[last.i].(Distruster); ok && ds.Distrust(d) {
-		return true, true
+	// One endpoint of the source lied (a tampering mirror, a peer): the source reads d from its next one, and
+	// stays. Either way the liar is named: an operator wants to know which mirror serves wrong bytes.
+	if ds, ok := s.list[last.i].(Distruster); ok {
+		if ep, more := ds.Distrust(d); more {
+			c.lied(ep, d, err)
+			return true, true
+		}
 	}
+	c.lied(sourceName(s.list[last.i]), d, err)
 	s.liars[last.i] = true
 	s.errs[last.i] = err
 	s.moveFrom(last.i)
@@ -588,7 +593,7 @@ func (c *Cache) fetchSmall(ctx context.Context, src oras.ReadOnlyTarget, desc oc
 	}
 	for {
 		b, err := c.fetchSmallOnce(ctx, src, desc, what)
-		if again, dropped := handOver(src, desc.Digest, err); !again || !dropped || ctx.Err() != nil {
+		if again, dropped := c.handOver(src, desc.Digest, err); !again || !dropped || ctx.Err() != nil {
 			return b, err
 		}
 	}
@@ -648,4 +653,13 @@ func (s *sourceSet) offer(o *sourceSet) {
 	for _, src := range srcs {
 		s.add(src)
 	}
+}
+
+// lied reports a source (or an endpoint of one) that sent bytes not matching d: a warning naming it and a count.
+func (c *Cache) lied(source string, d digest.Digest, err error) {
+	if source == "" {
+		source = "a source of this pull"
+	}
+	c.m.lies.WithLabelValues(source).Inc()
+	c.log.Warn("a source sent bytes that do not match their digest; reading them from the next", "source", source, "digest", d.String(), "error", err.Error())
 }

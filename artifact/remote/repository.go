@@ -162,19 +162,22 @@ func (r *Repository) served(reference string, ep *endpointRepo) {
 }
 
 // Distrust is told that the bytes last read of d did not match it (a digest or size mismatch found by the
-// consumer): the endpoint that served them is not asked for d again by this Repository, and Distrust reports
-// whether another endpoint remains to read d from. A lying mirror or peer costs a refetch from the next endpoint,
+// consumer): the endpoint that served them is not asked for d again by this Repository; Distrust names it and
+// reports whether another endpoint remains to read d from. A lying mirror or peer costs a refetch from the next endpoint,
 // never the pull; the origin is the last, and its bytes failing is the pull's failure.
-func (r *Repository) Distrust(d digest.Digest) bool {
+func (r *Repository) Distrust(d digest.Digest) (endpoint string, more bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ep := r.servedBy[d.String()]
-	if ep == nil || ep == r.origin {
-		return false
+	if ep == nil {
+		return "", false
+	}
+	if ep == r.origin {
+		return ep.host, false
 	}
 	delete(r.servedBy, d.String())
 	mark(&r.distrusted, d.String(), ep)
-	return true
+	return ep.host, true
 }
 
 // firstOf runs fn on each endpoint in turn, mirrors first, until one succeeds: the one fallback of reads, for

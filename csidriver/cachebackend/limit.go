@@ -76,7 +76,9 @@ func (r *limitedReader) Read(p []byte) (int, error) {
 func (r *limitedReader) Close() error { return r.rc.Close() }
 
 // Distrust passes the cache's finding of wrong bytes on to the source, which may read from another endpoint.
-func (t limitedTarget) Distrust(d digest.Digest) bool {
-	ds, ok := t.ReadOnlyTarget.(cache.Distruster)
-	return ok && ds.Distrust(d)
+func (t limitedTarget) Distrust(d digest.Digest) (string, bool) {
+	if ds, ok := t.ReadOnlyTarget.(cache.Distruster); ok {
+		return ds.Distrust(d)
+	}
+	return "", false
 }
