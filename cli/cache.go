@@ -48,7 +48,7 @@ func (f *cacheFlags) open(opts cache.Options, ws *warnings) (*cache.Cache, error
 	c, err := cache.Open(opts)
 	if err != nil && heldElsewhere(f.root) {
 		return nil, fmt.Errorf("%w; on a live node that is the CSI driver, which holds its cache while it runs: list that "+
-			"cache through the driver with `modelpack prepull cache --socket SOCKET` (on the node's host "+
+			"cache through the driver with `modelpack cache ls --socket SOCKET` or `modelpack prepull cache --socket SOCKET` (on the node's host "+
 			"/var/lib/kubelet/plugins/<driver name>/prepull.sock, in the driver's container %s); "+
 			"du, gc, verify and rm need the driver stopped", err, prepull.DefaultSocket)
 	}
@@ -103,15 +103,20 @@ and then say so; list a live node's cache through the driver instead, with model
 }
 
 func cacheLsCmd(g *Globals, f *cacheFlags) *cobra.Command {
-	return &cobra.Command{
+	var socket string
+	cmd := &cobra.Command{
 		Use: "ls",
 		Example: `  modelpack cache ls --root /var/lib/modelpack
-  modelpack cache ls -o json`,
+  modelpack cache ls -o json
+  modelpack cache ls --socket /var/lib/kubelet/plugins/modelpack.csi.dev/prepull.sock   # a live node's, through its driver`,
 		Short: "List the manifests in the cache, most recently used first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Under -o json ls prints a bare array, with no room for warnings: what opening the cache repaired
 			// shows in the entries' states, and cache verify reports it.
+			if socket != "" {
+				return printDriverCache(cmd, g, socket) // the running driver holds the cache: ask it
+			}
 			var entries []cache.Entry
 			err := f.use(cache.Options{}, newWarnings(cmd, g), func(c *cache.Cache) (err error) {
 				entries, err = c.List()
@@ -147,6 +152,8 @@ func cacheLsCmd(g *Globals, f *cacheFlags) *cobra.Command {
 			return w.Flush()
 		},
 	}
+	cmd.Flags().StringVar(&socket, "socket", "", "list the cache of the driver running on this node, through its prepull socket (what modelpack prepull cache lists), instead of opening --root")
+	return cmd
 }
 
 func cacheDuCmd(g *Globals, f *cacheFlags) *cobra.Command {

@@ -200,7 +200,12 @@ func TestCacheLsOnLiveNode(t *testing.T) {
 			t.Errorf("cache ls --root %s on a live node: exit %d, stderr %q", r, code, stderr)
 		}
 	}
-	if code, out, stderr := run("prepull", "cache", "--socket", prepullSock); code != 0 || !strings.Contains(out, "DIGEST") {
-		t.Errorf("prepull cache --socket: exit %d %q %s", code, out, stderr)
+	for _, args := range [][]string{{"prepull", "cache", "--socket", prepullSock}, {"cache", "ls", "--socket", prepullSock}} {
+		if code, out, stderr := run(args...); code != 0 || !strings.Contains(out, "DIGEST") || !strings.Contains(out, "HELD BY") {
+			t.Errorf("%s: exit %d %q %s", strings.Join(args, " "), code, out, stderr)
+		}
+	}
+	if code, out, stderr := run("cache", "ls", "--socket", prepullSock, "-o", "json"); code != 0 || strings.TrimSpace(out) != "[]" {
+		t.Errorf("cache ls --socket -o json on an empty cache: exit %d %q %s", code, out, stderr)
 	}
 }

@@ -351,35 +351,39 @@ func prepullCacheCmd(g *Globals, f *prepullFlags) *cobra.Command {
 		Example: `  modelpack prepull cache -o json`,
 		Short:   "List the running driver's node cache: each model, its size and what holds it (pins, volumes)",
 		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			es, err := prepull.NewClient(f.socket).Cache(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if g.IsJSON() {
-				return PrintJSON(cmd.OutOrStdout(), es)
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "DIGEST\tSIZE\tSTATE\tHELD BY\tLAST USED\tNAME")
-			for _, e := range es {
-				state, held := "partial", "-"
-				if e.Complete {
-					state = "complete"
-				}
-				if len(e.Owners) > 0 {
-					held = strings.Join(e.Owners, ",")
-				} else if e.Complete {
-					held = "- (evictable)"
-				}
-				used := "-"
-				if !e.LastUsed.IsZero() {
-					used = e.LastUsed.Local().Format(time.DateTime)
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.Digest, humanBytes(e.Size), state, held, used, e.Name)
-			}
-			return tw.Flush()
-		},
+		RunE:    func(cmd *cobra.Command, _ []string) error { return printDriverCache(cmd, g, f.socket) },
 	}
+}
+
+// printDriverCache lists the cache of the driver serving socket: prepull cache, and cache ls --socket on a live
+// node.
+func printDriverCache(cmd *cobra.Command, g *Globals, socket string) error {
+	es, err := prepull.NewClient(socket).Cache(cmd.Context())
+	if err != nil {
+		return err
+	}
+	if g.IsJSON() {
+		return PrintJSON(cmd.OutOrStdout(), es)
+	}
+	tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "DIGEST\tSIZE\tSTATE\tHELD BY\tLAST USED\tNAME")
+	for _, e := range es {
+		state, held := "partial", "-"
+		if e.Complete {
+			state = "complete"
+		}
+		if len(e.Owners) > 0 {
+			held = strings.Join(e.Owners, ",")
+		} else if e.Complete {
+			held = "- (evictable)"
+		}
+		used := "-"
+		if !e.LastUsed.IsZero() {
+			used = e.LastUsed.Local().Format(time.DateTime)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.Digest, humanBytes(e.Size), state, held, used, e.Name)
+	}
+	return tw.Flush()
 }
 
 func runPrepullWatch(parent context.Context, f *prepullFlags) error {
