@@ -40,8 +40,12 @@ func (s Selector) IsZero() bool { return len(s.Kinds) == 0 && len(s.Include) == 
 // Validate checks kinds and glob syntax.
 func (s Selector) Validate() error {
 	for _, k := range s.Kinds {
-		if _, err := artifact.ParseKind(string(k)); err != nil {
+		// Callers parse what people type (aliases included); a selector holds the spec's names, which layers
+		// carry, so an alias here would select nothing.
+		if got, err := artifact.ParseKind(string(k)); err != nil {
 			return err
+		} else if got != k {
+			return fmt.Errorf("kind %q: use the spec's name %q", k, got)
 		}
 	}
 	for _, g := range s.Include {

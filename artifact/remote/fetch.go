@@ -406,10 +406,16 @@ func (f *fetcher) rawFile(ctx context.Context, ls []artifact.Layer) (err error) 
 		err = diskio.Preallocate(tmp, l.Size)
 	}
 	var v *verifiedStream
-	if err == nil {
+	complete := err == nil && held.Written() == l.Size
+	switch {
+	case complete:
+		// A run interrupted after the whole file arrived kept it: nothing is left to ask for (a Range from its
+		// end is refused), only its digest to check.
+		err = held.Check()
+	case err == nil:
 		v, err = f.openAt(ctx, l.Descriptor, held)
 	}
-	if err == nil {
+	if err == nil && !complete {
 		defer v.rr.Close()
 		_, err = io.CopyBuffer(onlyWriter{tmp}, v, make([]byte, fileBufferSize))
 		if err == nil {
