@@ -158,7 +158,10 @@ func (u *resumableUpload) send(ctx context.Context, open func(ctx context.Contex
 	if err != nil {
 		return err
 	}
-	if u.loc == "" {
+	// A fresh session holds nothing; a remembered one says where the body starts, which the registry checks
+	// (a session whose "0-0" meant one byte refuses a body from 0).
+	fresh := u.loc == ""
+	if fresh {
 		offset = 0
 		ep := u.r.origin
 		start := fmt.Sprintf("%s://%s/v2/%s/blobs/uploads/", ep.scheme, ep.host, u.r.Reference.Repository)
@@ -197,7 +200,7 @@ func (u *resumableUpload) send(ctx context.Context, open func(ctx context.Contex
 		}
 		defer rc.Close()
 		body = &fencedReader{r: &countingReader{r: io.LimitReader(rc, n), fn: m.add}}
-		if offset > 0 {
+		if !fresh {
 			hdr["Content-Range"] = fmt.Sprintf("%d-%d", offset, u.desc.Size-1)
 		}
 	}
@@ -220,7 +223,7 @@ func (u *resumableUpload) send(ctx context.Context, open func(ctx context.Contex
 	case resp.StatusCode == http.StatusRequestedRangeNotSatisfiable:
 		u.refused = offset
 		return fmt.Errorf("%w: %w", errSessionMoved, responseError(resp))
-	case offset > 0 && resp.StatusCode == http.StatusBadRequest:
+	case !fresh && resp.StatusCode == http.StatusBadRequest:
 		u.cancel(ctx)
 		return fmt.Errorf("%w: %w", errResumedCorrupt, responseError(resp))
 	}
