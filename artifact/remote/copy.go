@@ -75,7 +75,7 @@ func Push(ctx context.Context, src oras.ReadOnlyTarget, srcRef string, dst *Repo
 	if _, err := src.Resolve(ctx, srcRef); err != nil {
 		return nil, fmt.Errorf("push %s: %s is not in the local store: %w", dst, srcRef, err)
 	}
-	res, err := transfer(ctx, src, srcRef, dst, dstRef, dst, opts)
+	res, err := copyGraph(ctx, src, srcRef, dst, dstRef, dst, opts)
 	if err != nil {
 		return nil, withOp("push", dst, err)
 	}
@@ -89,7 +89,7 @@ func Pull(ctx context.Context, src *Repository, dst oras.Target, dstRef string, 
 	if src.Reference.Reference == "" {
 		return nil, fmt.Errorf("pull %s: the reference needs a tag or digest", src)
 	}
-	res, err := transfer(ctx, src, src.Reference.Reference, dst, dstRef, src, opts)
+	res, err := copyGraph(ctx, src, src.Reference.Reference, dst, dstRef, src, opts)
 	if err != nil {
 		return nil, withOp("pull", src, err)
 	}
@@ -108,7 +108,7 @@ func Copy(ctx context.Context, src, dst *Repository, opts TransferOptions) (*Res
 	if dstRef == "" {
 		dstRef = srcRef
 	}
-	res, err := transfer(ctx, src, srcRef, dst, dstRef, dst, opts)
+	res, err := copyGraph(ctx, src, srcRef, dst, dstRef, dst, opts)
 	if err != nil {
 		return nil, withOp("copy", dst, err)
 	}
@@ -133,12 +133,12 @@ func withOp(op string, repo *Repository, err error) error {
 	return &Error{Op: op, Registry: repo.Reference.Registry, Repository: repo.Reference.Repository, Kind: kindOf(err), Err: err, Hints: repo.opts.Hints}
 }
 
-// transfer copies the artifact srcRef names in two phases. First every blob (configs and layers of the manifest,
+// copyGraph copies the artifact srcRef names in two phases. First every blob (configs and layers of the manifest,
 // or of each manifest of an index), concurrently and independently: a blob that fails after its retries does not
 // cancel the others, which complete and are kept, and all failures are reported together. Then oras-go copies the
 // manifests (and, with Referrers, the referring artifacts) and tags the root; it finds the blobs in place. remote
 // names the registry side in errors.
-func transfer(ctx context.Context, src oras.ReadOnlyTarget, srcRef string, dst oras.Target, dstRef string, remote *Repository, opts TransferOptions) (*Result, error) {
+func copyGraph(ctx context.Context, src oras.ReadOnlyTarget, srcRef string, dst oras.Target, dstRef string, remote *Repository, opts TransferOptions) (*Result, error) {
 	t := newTracker(opts.Reporter)
 	ing, err := ingesterOf(dst)
 	if err != nil {
@@ -230,7 +230,7 @@ func transfer(ctx context.Context, src oras.ReadOnlyTarget, srcRef string, dst o
 	}
 	if opts.Referrers {
 		if err := copyCosignTags(ctx, src, dst, root, func(tag string) error {
-			_, err := transfer(ctx, src, tag, dst, tag, remote, TransferOptions{Concurrency: conc, Reporter: opts.Reporter})
+			_, err := copyGraph(ctx, src, tag, dst, tag, remote, TransferOptions{Concurrency: conc, Reporter: opts.Reporter})
 			return err
 		}); err != nil {
 			return nil, err
@@ -360,8 +360,8 @@ func copyBlob(ctx context.Context, src content.Fetcher, dst content.Storage, ing
 				// The registry could not mount: upload, counting the bytes.
 				uploaded = true
 				mt := t.meter(desc, 0)
-				rr := newResumableReader(ctx, desc, 0, openerFor(src), mt.add, timeoutsOf(src))
-				if err := rr.connect(); err != nil {
+				rr := blobReader(ctx, src, desc, 0, mt.add)
+				if err := rr.Connect(); err != nil {
 					return nil, err
 				}
 				return rr, nil
@@ -405,8 +405,8 @@ func transferBlob(ctx context.Context, src content.Fetcher, dst content.Storage,
 				return openAt(ctx, desc, offset, open)
 			}
 			// Another registry (copy): its download resumes too, from the byte the upload continues at.
-			rr := newResumableReader(ctx, desc, offset, open, nil, timeoutsOf(src))
-			if err := rr.connect(); err != nil {
+			rr := blobReader(ctx, src, desc, offset, nil)
+			if err := rr.Connect(); err != nil {
 				return nil, err
 			}
 			return rr, nil
@@ -416,8 +416,8 @@ func transferBlob(ctx context.Context, src content.Fetcher, dst content.Storage,
 		var m *meter
 		err := ing.Ingest(ctx, desc.Digest, desc.Size, func(ictx context.Context, offset int64) (io.ReadCloser, int64, error) {
 			m = t.meter(desc, offset)
-			rr := newResumableReader(ictx, desc, offset, open, m.add, timeoutsOf(src))
-			if err := rr.connect(); err != nil {
+			rr := blobReader(ictx, src, desc, offset, m.add)
+			if err := rr.Connect(); err != nil {
 				return nil, 0, err
 			}
 			return rr, offset, nil
@@ -437,8 +437,8 @@ func transferBlob(ctx context.Context, src content.Fetcher, dst content.Storage,
 			// A local source needs no resumption.
 			return src.Fetch(actx, desc)
 		}
-		rr := newResumableReader(actx, desc, 0, open, nil, timeoutsOf(src))
-		if err := rr.connect(); err != nil {
+		rr := blobReader(actx, src, desc, 0, nil)
+		if err := rr.Connect(); err != nil {
 			return nil, err
 		}
 		return rr, nil

@@ -20,6 +20,7 @@ import (
 	"github.com/modelpack/modelpack/artifact/archive"
 	"github.com/modelpack/modelpack/cas"
 	"github.com/modelpack/modelpack/internal/diskio"
+	"github.com/modelpack/modelpack/transfer"
 	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
@@ -274,7 +275,7 @@ func (f *fetcher) abandon(err error) {
 // drains what the consumer left (tar padding after the end marker), so the check runs.
 type verifiedStream struct {
 	io.Reader
-	rr *resumableReader
+	rr *transfer.Reader
 }
 
 func (v *verifiedStream) finish() error {
@@ -296,8 +297,8 @@ func (f *fetcher) openAt(ctx context.Context, desc ocispec.Descriptor, v *cas.Ve
 		v = cas.NewVerifier(desc.Digest, desc.Size)
 	}
 	m := f.t.meter(desc, v.Written())
-	rr := newResumableReader(ctx, desc, v.Written(), f.src.openBlob, m.add, f.src.opts.Timeouts)
-	if err := rr.connect(); err != nil {
+	rr := f.src.blobReader(ctx, desc, v.Written(), m.add)
+	if err := rr.Connect(); err != nil {
 		return nil, err
 	}
 	return &verifiedStream{Reader: v.Reader(rr), rr: rr}, nil

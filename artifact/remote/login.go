@@ -57,7 +57,7 @@ func newRegistry(host string, opts Options) (*remote.Registry, error) {
 		return nil, err
 	}
 	origin := eps[len(eps)-1]
-	hc, err := httpClient(opts, origin, host)
+	hc, err := httpClient(opts, origin, host, true)
 	if err != nil {
 		return nil, err
 	}

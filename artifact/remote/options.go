@@ -15,6 +15,8 @@ import (
 	"oras.land/oras-go/v2/registry/remote/auth"
 	"oras.land/oras-go/v2/registry/remote/credentials"
 	"oras.land/oras-go/v2/registry/remote/retry"
+
+	"github.com/modelpack/modelpack/transfer"
 )
 
 // Options configure how registries are reached. The zero value verifies TLS, reads credentials from the docker
@@ -78,6 +80,14 @@ type Timeouts struct {
 // download is never silent for 30 s (its response headers included), and eight attempts with backoff ride out a
 // registry restart.
 var DefaultTimeouts = Timeouts{ResponseHeader: 2 * time.Minute, Idle: 30 * time.Second, Attempts: 8}
+
+// policy is the transfer policy of blob reads under t.
+func (t Timeouts) policy() transfer.Policy {
+	t = t.orDefault()
+	p := transfer.Default
+	p.Idle, p.Attempts = t.Idle, t.Attempts
+	return p
+}
 
 func (t Timeouts) orDefault() Timeouts {
 	if t.ResponseHeader <= 0 {
@@ -234,11 +244,12 @@ const ioBufferSize = 256 << 10
 // against 256 KiB: README, Performance).
 const fileBufferSize = 1 << 20
 
-// httpClient builds the HTTP client of one endpoint of registry origin. Requests are retried by oras-go's retry
-// transport (5xx, 429, resets, with exponential backoff); whole-blob retries and resumption are layered above it.
-// Documents are limited above the retries (see limitDocuments).
-func httpClient(o Options, ep endpoint, origin string) (*http.Client, error) {
-	t, err := httpTransport(o, ep, origin)
+// httpClient builds the HTTP client of one endpoint of registry origin. With retries, requests are retried by
+// oras-go's retry transport under transfer.RequestRetry (5xx, 429, resets, with backoff): the origin's clients
+// for everything but blob reads, which the transfer seam retries itself; a mirror's clients have none (its error
+// moves the read to the next endpoint). Documents are limited above the retries (see limitDocuments).
+func httpClient(o Options, ep endpoint, origin string, retries bool) (*http.Client, error) {
+	t, err := httpTransport(o, ep, origin, retries)
 	if err != nil {
 		return nil, err
 	}
@@ -247,7 +258,7 @@ func httpClient(o Options, ep endpoint, origin string) (*http.Client, error) {
 
 // httpTransport is httpClient's transport, before the document limit: the one place an endpoint's connections,
 // TLS and rewrites are set up.
-func httpTransport(o Options, ep endpoint, origin string) (http.RoundTripper, error) {
+func httpTransport(o Options, ep endpoint, origin string, retries bool) (http.RoundTripper, error) {
 	tc, err := tlsConfig(ep)
 	if err != nil {
 		return nil, err
@@ -282,25 +293,10 @@ func httpTransport(o Options, ep endpoint, origin string) (http.RoundTripper, er
 	if ep.path != "" || ep.overridePath || ns != "" || len(ep.header) > 0 {
 		rt = &rewriteTransport{base: rt, ep: ep, ns: ns}
 	}
-	return &retry.Transport{Base: rt, Policy: func() retry.Policy { return requestPolicy }}, nil
-}
-
-// requestPolicy is oras-go's retry of one request (5xx, 429, resets, dial timeouts) except for a registry that
-// does not answer in time: the blob reader counts those attempts itself, with Timeouts.Attempts as its bound, so
-// a stalling registry fails in Attempts×ResponseHeader and not six times that.
-var requestPolicy retry.Policy = &retry.GenericPolicy{
-	Retryable: func(resp *http.Response, err error) (bool, error) {
-		var ne net.Error
-		var op *net.OpError
-		if errors.As(err, &ne) && ne.Timeout() && !(errors.As(err, &op) && op.Op == "dial") {
-			return false, err
-		}
-		return retry.DefaultPredicate(resp, err)
-	},
-	Backoff:  retry.DefaultBackoff,
-	MinWait:  200 * time.Millisecond,
-	MaxWait:  3 * time.Second,
-	MaxRetry: 5,
+	if !retries {
+		return rt, nil
+	}
+	return &retry.Transport{Base: rt, Policy: func() retry.Policy { return transfer.RequestRetry }}, nil
 }
 
 // authClient wraps an endpoint's HTTP client with oras-go's auth client (basic and bearer token flows).

@@ -20,6 +20,7 @@ import (
 	"oras.land/oras-go/v2/registry/remote/errcode"
 
 	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/transfer"
 )
 
 // Repository is a repository on a registry, reached directly or through mirrors. It is an oras.Target (and a
@@ -48,8 +49,9 @@ type Repository struct {
 
 type endpointRepo struct {
 	endpoint
-	repo *remote.Repository
-	hc   *http.Client // without auth, for the API-version ping
+	repo  *remote.Repository
+	blobs *auth.Client // repo's auth without oras-go's retries, for blob reads (see blobReader)
+	hc    *http.Client // without auth, for the API-version ping
 }
 
 // NewRepository parses ref (registry/repository[:tag|@digest]) and returns the repository and the parsed reference.
@@ -72,7 +74,13 @@ func NewRepository(ref string, opts Options) (*Repository, registry.Reference, e
 	r := &Repository{Reference: parsed, opts: opts}
 	cache := auth.NewCache()
 	for _, ep := range eps {
-		hc, err := httpClient(opts, ep, parsed.Registry)
+		hc, err := httpClient(opts, ep, parsed.Registry, !ep.mirror)
+		if err != nil {
+			return nil, registry.Reference{}, fmt.Errorf("%s: %w", ep.host, err)
+		}
+		// Blob reads are retried by the transfer seam alone (see package transfer): their client has no
+		// retries of its own, and shares the endpoint's tokens.
+		bc, err := httpClient(opts, ep, parsed.Registry, false)
 		if err != nil {
 			return nil, registry.Reference{}, fmt.Errorf("%s: %w", ep.host, err)
 		}
@@ -82,6 +90,7 @@ func NewRepository(ref string, opts Options) (*Repository, registry.Reference, e
 		er := &endpointRepo{
 			endpoint: ep,
 			hc:       hc,
+			blobs:    authClient(bc, cred, cache, opts.UserAgent),
 			repo: &remote.Repository{
 				Client:    authClient(hc, cred, cache, opts.UserAgent),
 				Reference: epRef,
@@ -105,7 +114,7 @@ func (r *Repository) wrap(subject string, err error) error {
 }
 
 // readers returns the endpoints that may serve a read of reference (see endpoint.serves), in order, without those
-// distrusted for it.
+// distrusted for it: healthy mirrors, then demoted ones, then the origin, always last since retries are its alone.
 func (r *Repository) readers(reference string) []*endpointRepo {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -113,13 +122,18 @@ func (r *Repository) readers(reference string) []*endpointRepo {
 	for _, ep := range r.endpoints {
 		switch {
 		case !ep.serves(reference) || r.distrusted[reference][ep]:
+		case ep == r.origin:
 		case r.demoted[reference][ep]:
 			last = append(last, ep)
 		default:
 			out = append(out, ep)
 		}
 	}
-	return append(out, last...)
+	out = append(out, last...)
+	if r.origin.serves(reference) && !r.distrusted[reference][r.origin] {
+		out = append(out, r.origin)
+	}
+	return out
 }
 
 // mark sets m[reference][ep], making the maps as needed; r.mu is held.
@@ -272,7 +286,7 @@ func (r *Repository) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.Rea
 		})
 		return f.rc, r.manifestErr(ctx, desc.Digest.String(), err)
 	}
-	return newResumableReader(ctx, desc, 0, r.openBlob, nil, r.opts.Timeouts), nil
+	return r.blobReader(ctx, desc, 0, nil), nil
 }
 
 // Exists asks the origin (HEAD) whether it has the manifest or blob.
@@ -324,36 +338,56 @@ func (r *Repository) Tags(ctx context.Context, last string, fn func(tags []strin
 	return r.wrap("", r.origin.repo.Tags(ctx, last, fn))
 }
 
-// FetchRange opens a blob from offset on (an HTTP Range request), trying the mirrors first. The reader reconnects
-// by itself after a dropped connection or a stall, continuing at the byte it stopped at, so start is always offset.
-// It delivers desc.Size-offset bytes; verifying them is the caller's job (cas.Ingest does).
+// FetchRange opens a blob from offset on (an HTTP Range request), mirrors first. The reader reconnects by itself
+// after a dropped connection or a stall, continuing at the byte it stopped at, so start is always offset. It
+// delivers desc.Size-offset bytes; verifying them is the caller's job (cas.Ingest does).
 func (r *Repository) FetchRange(ctx context.Context, desc ocispec.Descriptor, offset int64) (io.ReadCloser, int64, error) {
-	rr := newResumableReader(ctx, desc, offset, r.openBlob, nil, r.opts.Timeouts)
-	if err := rr.connect(); err != nil {
+	rr := r.blobReader(ctx, desc, offset, nil)
+	if err := rr.Connect(); err != nil {
 		return nil, 0, err
 	}
 	return rr, offset, nil
 }
 
-// openBlob opens a blob at offset, from the first endpoint that serves it. It is a cas.OpenFunc: start is offset
-// when the server honoured the Range request, 0 when it sent the whole blob.
-func (r *Repository) openBlob(ctx context.Context, desc ocispec.Descriptor, offset int64) (io.ReadCloser, int64, error) {
-	type opened struct {
-		rc    io.ReadCloser
-		start int64
-	}
-	o, err := firstOf(ctx, r.readers(desc.Digest.String()), func(ep *endpointRepo) (opened, error) {
-		rc, start, err := ep.rangeGet(ctx, desc, offset)
-		if err != nil {
-			return opened{}, err
+// blobReader reads desc from offset through the transfer seam, from the endpoints that serve it (readers): a
+// mirror's error moves the read to the next endpoint at once, the origin's are retried under the Options'
+// policy. The endpoint each connection is served by is recorded for Distrust; one that breaks off a transfer is
+// demoted for the digest, so later reads of it try the others first.
+func (r *Repository) blobReader(ctx context.Context, desc ocispec.Descriptor, offset int64, onRead func(int64)) *transfer.Reader {
+	ref := desc.Digest.String()
+	byName := func() map[string]*endpointRepo {
+		m := map[string]*endpointRepo{}
+		for _, ep := range r.endpoints {
+			m[ep.host] = ep
 		}
-		r.served(desc.Digest.String(), ep)
-		return opened{&brokeOff{ReadCloser: rc, r: r, reference: desc.Digest.String(), ep: ep}, start}, nil
+		return m
+	}()
+	return r.opts.Timeouts.policy().NewReader(ctx, transfer.Request{
+		Digest: desc.Digest, Size: desc.Size, Offset: offset, OnRead: onRead, Retryable: retryable,
+		Endpoints: func() []transfer.Endpoint {
+			var out []transfer.Endpoint
+			for _, ep := range r.readers(ref) {
+				out = append(out, transfer.Endpoint{Name: ep.host, Open: func(ctx context.Context, offset int64) (io.ReadCloser, int64, error) {
+					rc, start, err := ep.rangeGet(ctx, desc, offset)
+					if err != nil {
+						if ep == r.origin {
+							// The origin's answer is the one a caller hears of; it names the registry.
+							err = r.blobErr(ctx, desc, err)
+						}
+						return nil, 0, err
+					}
+					return &brokeOff{ReadCloser: rc, r: r, reference: ref, ep: ep}, start, nil
+				}})
+			}
+			return out
+		},
+		OnServe: func(name string) { r.served(ref, byName[name]) },
+		OnPass: func(name string, err error) {
+			r.mu.Lock()
+			mark(&r.demoted, ref, byName[name])
+			r.mu.Unlock()
+		},
 	})
-	if err != nil {
-		return nil, 0, r.blobErr(ctx, desc, err)
-	}
-	return o.rc, o.start, nil
 }
 
 // rangeGet asks for a blob from offset on (the whole blob for offset 0). oras-go's Fetch always starts at 0 (its
@@ -372,7 +406,7 @@ func (ep *endpointRepo) rangeGet(ctx context.Context, desc ocispec.Descriptor, o
 	if offset > 0 {
 		req.Header.Set("Range", fmt.Sprintf("bytes=%d-", offset))
 	}
-	resp, err := ep.repo.Client.Do(req)
+	resp, err := ep.blobs.Do(req)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -280,7 +280,7 @@ func discard(resp *http.Response) {
 // boundedClient is the HTTP client of endpoint ep for Transports: httpClient, with each read bounded as the
 // pull bounds its own (see stallBound).
 func boundedClient(o Options, ep endpoint, host string) (*http.Client, error) {
-	t, err := httpTransport(o, ep, host)
+	t, err := httpTransport(o, ep, host, !ep.mirror)
 	if err != nil {
 		return nil, err
 	}

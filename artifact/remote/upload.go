@@ -17,6 +17,8 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/registry/remote/auth"
 	"oras.land/oras-go/v2/registry/remote/errcode"
+
+	"github.com/modelpack/modelpack/transfer"
 )
 
 // resumableMin is the size above which a blob's upload session (POST, then one PUT streaming the blob and
@@ -188,7 +190,7 @@ func (u *resumableUpload) send(ctx context.Context, open func(ctx context.Contex
 	commit.RawQuery = q.Encode()
 
 	n := u.desc.Size - offset
-	pctx, cancel := context.WithTimeout(ctx, attemptTimeout(n))
+	pctx, cancel := context.WithTimeout(ctx, transfer.AttemptTimeout(n))
 	defer cancel()
 	m.seek(offset)
 	hdr := map[string]string{"Content-Type": "application/octet-stream"}
@@ -279,6 +281,7 @@ func (f *fencedReader) fence() {
 // cancels the session.
 func (r *Repository) pushResumable(ctx context.Context, desc ocispec.Descriptor, open func(ctx context.Context, offset int64) (io.ReadCloser, error), m *meter, sessions UploadSessions) error {
 	u := &resumableUpload{r: r, desc: desc, sessions: sessions, loc: sessions.UploadSession(r.Reference.Registry, r.Reference.Repository, desc.Digest)}
+	p := r.opts.Timeouts.policy()
 	for attempt := 1; ; attempt++ {
 		err := u.send(ctx, open, m)
 		if err == nil {
@@ -288,11 +291,11 @@ func (r *Repository) pushResumable(ctx context.Context, desc ocispec.Descriptor,
 			return ctx.Err()
 		}
 		again := retryable(err) || errors.Is(err, errSessionMoved) || errors.Is(err, errResumedCorrupt)
-		if !again || attempt >= maxPushAttempts {
+		if !again || attempt >= p.PushAttempts {
 			u.cancel(ctx)
 			return r.wrap(subjectOf(desc), err)
 		}
-		if err := sleep(ctx, backoff(attempt)); err != nil {
+		if err := p.Sleep(ctx, p.Backoff(attempt)); err != nil {
 			return err
 		}
 	}
