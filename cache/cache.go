@@ -146,6 +146,8 @@ type Cache struct {
 	flights map[flightKey]*flight
 	pulling map[digest.Digest]int // manifests a running pull is filling
 	held    map[digest.Digest]int // manifests a caller holds between finding them and acquiring a view (Hold)
+	// reaper has what a collection decided to delete and deletes it outside mu; a pull spares what it needs again.
+	reaper reaper
 
 	// uncleanVerified: the verification an unclean start asked for has completed, so Close may clear the marker.
 	unclean, uncleanVerified atomic.Bool

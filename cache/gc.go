@@ -144,17 +144,12 @@ func (s *snapshot) needs(keep func(*manifestRecord) bool) (blobs, layers map[dig
 // GC evicts unreferenced manifests, least recently used first, until usage is at most MaxBytes, then deletes
 // every blob, extracted layer, view and partial download that no remaining manifest needs. Content a reference
 // or a running pull needs, or that was used within MinAge, is never evicted. Safe to run concurrently with Pull
-// and Acquire: they and GC's decisions are ordered by one lock, and directories leave by atomic rename.
+// and Acquire: they and GC's decisions are ordered by one lock, directories leave by atomic rename, and blobs are
+// unlinked after that lock is released, each only if no pull needed it meanwhile (reaper.go).
 func (c *Cache) GC(ctx context.Context) (GCStats, error) {
 	start := time.Now()
 	var st GCStats
-	c.mu.Lock()
-	err := c.gcLocked(ctx, &st, nil)
-	c.mu.Unlock()
-	// Deleting the renamed-away trees takes time proportional to their files: outside the lock.
-	if terr := c.emptyTrash(); err == nil {
-		err = terr
-	}
+	err := c.collect(ctx, &st, nil)
 	st.Duration = time.Since(start)
 	c.m.gcRuns.Inc()
 	c.m.gcEvictions.Add(float64(len(st.Evicted)))
@@ -168,21 +163,62 @@ func (c *Cache) GC(ctx context.Context) (GCStats, error) {
 // Remove deletes a manifest (or the manifest an index digest chose) and whatever only it needed. It refuses with
 // ErrInUse while a reference or a pull uses it.
 func (c *Cache) Remove(d digest.Digest) error {
-	c.mu.Lock()
 	var st GCStats
-	err := c.gcLocked(context.Background(), &st, &d)
-	c.mu.Unlock()
-	if terr := c.emptyTrash(); err == nil {
-		err = terr
-	}
-	return err
+	return c.collect(context.Background(), &st, &d)
 }
 
-// gcLocked runs with c.mu held. With remove set it evicts exactly that manifest instead of applying the LRU policy.
-func (c *Cache) gcLocked(ctx context.Context, st *GCStats, remove *digest.Digest) error {
-	u, err := c.usageLocked()
+// collect is one collection in three steps, each under only the lock it needs: the store is listed with no lock
+// (what appears after the listing is swept next time), the decision is taken and committed under c.mu, and the
+// files decided on are deleted outside it. With remove set it evicts exactly that manifest instead of applying
+// the LRU policy.
+func (c *Cache) collect(ctx context.Context, st *GCStats, remove *digest.Digest) error {
+	c.reaper.run.Lock()
+	defer c.reaper.run.Unlock()
+	disk, err := c.listDisk()
 	if err != nil {
 		return err
+	}
+	c.mu.Lock()
+	p, err := c.decide(ctx, st, remove, disk)
+	c.mu.Unlock()
+	if p != nil {
+		err = errors.Join(err, c.reap(p, st))
+	}
+	// Deleting the renamed-away trees takes time proportional to their files: outside the lock too.
+	return errors.Join(err, c.emptyTrash())
+}
+
+// onDisk is a listing of the blob store: committed blobs and partial downloads with their sizes.
+type onDisk struct {
+	blobs, partials map[digest.Digest]int64
+}
+
+func (c *Cache) listDisk() (onDisk, error) {
+	d := onDisk{blobs: map[digest.Digest]int64{}}
+	if err := c.blobs.Walk(func(b digest.Digest, size int64) error {
+		d.blobs[b] = size
+		return nil
+	}); err != nil {
+		return d, err
+	}
+	var err error
+	d.partials, err = c.blobs.Partials()
+	return d, err
+}
+
+// reapPlan is what a collection decided to delete outside the lock.
+type reapPlan struct {
+	needed   map[digest.Digest]bool // the blobs the kept manifests need
+	blobs    []digest.Digest        // committed blobs no kept manifest needs
+	partials []digest.Digest        // partial downloads of blobs no kept manifest needs
+}
+
+// decide runs with c.mu held: it commits the evictions and renames the extracted layers and views to go into
+// trash/, and dooms the blobs and partial downloads to go (reaper.go), which reap deletes after c.mu is released.
+func (c *Cache) decide(ctx context.Context, st *GCStats, remove *digest.Digest, disk onDisk) (*reapPlan, error) {
+	u, err := c.usageLocked(disk)
+	if err != nil {
+		return nil, err
 	}
 	st.Before = u.Bytes
 	// Metadata first, files after its commit: a crash in between leaves files no record needs, which the next
@@ -212,7 +248,7 @@ func (c *Cache) gcLocked(ctx context.Context, st *GCStats, remove *digest.Digest
 			}
 			evict[target] = true
 		} else if c.opts.MaxBytes > 0 && u.Bytes > c.opts.MaxBytes {
-			c.chooseEvictions(s, u, inUse, evict)
+			c.chooseEvictions(s, u, disk, inUse, evict)
 		}
 		for d := range evict {
 			if err := ctx.Err(); err != nil {
@@ -250,10 +286,10 @@ func (c *Cache) gcLocked(ctx context.Context, st *GCStats, remove *digest.Digest
 		return nil
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	c.logEvictions(s, evict, u)
-	return c.sweep(s, evict, st)
+	return c.sweep(s, evict, disk, st)
 }
 
 // logEvictions says at info what GC evicted and why, and when the cache stays over MaxBytes because what is left
@@ -273,17 +309,14 @@ func (c *Cache) logEvictions(s *snapshot, evict map[digest.Digest]bool, u Usage)
 
 // chooseEvictions picks LRU victims among unused manifests until what remains fits MaxBytes. A victim frees the
 // blobs and layers no other kept manifest shares.
-func (c *Cache) chooseEvictions(s *snapshot, u Usage, inUse, evict map[digest.Digest]bool) {
+func (c *Cache) chooseEvictions(s *snapshot, u Usage, disk onDisk, inUse, evict map[digest.Digest]bool) {
 	// What each blob occupies on disk, committed or partial; extracted layers are keyed "layer:<digest>".
 	onDisk := map[digest.Digest]int64{}
-	c.blobs.Walk(func(d digest.Digest, size int64) error {
-		onDisk[d] = size
-		return nil
-	})
-	if partials, err := c.blobs.Partials(); err == nil {
-		for d, n := range partials {
-			onDisk[d] += n
-		}
+	for d, n := range disk.blobs {
+		onDisk[d] = n
+	}
+	for d, n := range disk.partials {
+		onDisk[d] += n
 	}
 	for d, st := range s.layers {
 		onDisk["layer:"+d] = st.Bytes
@@ -346,54 +379,43 @@ func (c *Cache) chooseEvictions(s *snapshot, u Usage, inUse, evict map[digest.Di
 	}
 }
 
-// sweep deletes what no kept manifest needs: blobs, extracted layers, partial downloads, the views of evicted
-// or vanished manifests, and partial (selector) views no reference uses. It runs under c.mu, so no pull can start
-// needing something between the snapshot and the deletions.
-func (c *Cache) sweep(s *snapshot, evict map[digest.Digest]bool, st *GCStats) error {
+// sweep runs under c.mu, so no pull can start needing something between the snapshot and the decision: it renames
+// to trash/ the extracted layers no kept manifest needs, the views of evicted or vanished manifests and partial
+// (selector) views no reference uses, and dooms the blobs and partial downloads no kept manifest needs, for reap.
+func (c *Cache) sweep(s *snapshot, evict map[digest.Digest]bool, disk onDisk, st *GCStats) (*reapPlan, error) {
 	blobs, layers := s.needs(func(m *manifestRecord) bool { return !evict[m.Descriptor.Digest] })
+	p := &reapPlan{needed: blobs}
 	kept := map[string]bool{}
 	for _, m := range s.manifests {
 		if !evict[m.Descriptor.Digest] {
 			kept[m.Descriptor.Digest.Encoded()] = true
 		}
 	}
+	doomed := map[digest.Digest]bool{}
+	for d := range disk.blobs {
+		if !blobs[d] {
+			p.blobs = append(p.blobs, d)
+			doomed[d] = true
+		}
+	}
+	for d := range disk.partials {
+		if !blobs[d] {
+			p.partials = append(p.partials, d)
+			doomed[d] = true
+		}
+	}
+	// Lock files of blobs no kept manifest needs go with them (removeStaleLocks): doomed too, so a pull that
+	// needs one again keeps it.
+	for d := range c.staleLocks() {
+		if !blobs[d] {
+			doomed[d] = true
+		}
+	}
+	c.reaper.doom(doomed)
 	var errs []error
-	err := c.blobs.Walk(func(d digest.Digest, _ int64) error {
-		if !blobs[d] {
-			if err := c.blobs.Delete(d); err != nil {
-				errs = append(errs, err)
-			} else {
-				st.Blobs++
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	if err := c.forgetScans(blobs); err != nil {
-		errs = append(errs, err)
-	}
-	partials, err := c.blobs.Partials()
-	if err != nil {
-		return err
-	}
-	for d := range partials {
-		if !blobs[d] {
-			if ok, _ := c.blobs.DropPartial(d); ok {
-				st.Partials++
-				delete(partials, d)
-			}
-		}
-	}
-	st.Partials += c.dropStalePartials(time.Now())
-	if _, err := c.blobs.PurgeQuarantine(); err != nil {
-		errs = append(errs, err)
-	}
-	c.removeStaleLocks(partials, blobs)
 	extracted, err := os.ReadDir(filepath.Join(c.root, "layers", "sha256"))
 	if err != nil {
-		return err
+		return p, err
 	}
 	for _, e := range extracted {
 		if d := digest.NewDigestFromEncoded(digest.SHA256, e.Name()); !layers[d] {
@@ -406,7 +428,7 @@ func (c *Cache) sweep(s *snapshot, evict map[digest.Digest]bool, st *GCStats) er
 	}
 	views, err := os.ReadDir(filepath.Join(c.root, "views"))
 	if err != nil {
-		return err
+		return p, err
 	}
 	referenced := map[string]bool{}
 	for _, r := range s.refs {
@@ -424,31 +446,83 @@ func (c *Cache) sweep(s *snapshot, evict map[digest.Digest]bool, st *GCStats) er
 			st.Views++
 		}
 	}
+	return p, errors.Join(errs...)
+}
+
+// reap deletes, outside c.mu, what sweep doomed and no pull has needed since (reaper.go), then what needs no
+// decision: partial downloads abandoned for their linger (an ingest holding one keeps it) and the quarantine.
+func (c *Cache) reap(p *reapPlan, st *GCStats) error {
+	var errs []error
+	for _, d := range p.blobs {
+		ok, err := c.reaper.reap(d, func() error { return c.blobs.Delete(d) })
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case ok:
+			st.Blobs++
+		}
+	}
+	for _, d := range p.partials {
+		var dropped bool
+		if _, err := c.reaper.reap(d, func() error {
+			var err error
+			dropped, err = c.blobs.DropPartial(d)
+			return err
+		}); err == nil && dropped {
+			st.Partials++
+		}
+	}
+	c.removeStaleLocks(p.needed)
+	spared := c.reaper.done()
+	// A spared blob's scan report stays: the pull that needed it again uses it.
+	if err := c.forgetScans(func(d digest.Digest) bool { return p.needed[d] || spared[d] }); err != nil {
+		errs = append(errs, err)
+	}
+	st.Partials += c.dropStalePartials(time.Now())
+	if _, err := c.blobs.PurgeQuarantine(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
-// removeStaleLocks deletes the lock files cas leaves behind after each ingest: those of committed blobs (an ingest
-// returns before locking when the blob exists) and of blobs nothing needs. Locks of partial downloads and of
-// needed blobs not yet here are kept: an ingest may be about to take them. One process holds the cache.
-func (c *Cache) removeStaleLocks(partials map[digest.Digest]int64, needed map[digest.Digest]bool) {
+// staleLocks lists the lock files cas leaves behind after each ingest, by digest, except those of partial
+// downloads (an ingest may be about to take them).
+func (c *Cache) staleLocks() map[digest.Digest]string {
 	dir := filepath.Join(c.root, "ingest")
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return
+		return nil
 	}
+	present := map[string]bool{}
+	for _, e := range entries {
+		present[e.Name()] = true
+	}
+	out := map[digest.Digest]string{}
 	for _, e := range entries {
 		name, ok := strings.CutSuffix(e.Name(), ".lock")
-		if !ok {
+		if !ok || present[name+".partial"] {
 			continue
 		}
 		alg, hex, _ := strings.Cut(name, "-")
-		d := digest.NewDigestFromEncoded(digest.Algorithm(alg), hex)
-		if _, busy := partials[d]; busy || d.Validate() != nil {
+		if d := digest.NewDigestFromEncoded(digest.Algorithm(alg), hex); d.Validate() == nil {
+			out[d] = filepath.Join(dir, e.Name())
+		}
+	}
+	return out
+}
+
+// removeStaleLocks deletes the lock files of committed blobs (an ingest returns before locking when the blob
+// exists) and of blobs the collection doomed and no pull spared. Locks of needed blobs not yet here are kept: an
+// ingest may be about to take them. One process holds the cache.
+func (c *Cache) removeStaleLocks(needed map[digest.Digest]bool) {
+	for d, path := range c.staleLocks() {
+		if needed[d] {
+			if _, err := c.blobs.Stat(d); err == nil {
+				os.Remove(path)
+			}
 			continue
 		}
-		if _, err := c.blobs.Stat(d); err == nil || !needed[d] {
-			os.Remove(filepath.Join(dir, e.Name()))
-		}
+		c.reaper.reap(d, func() error { return os.Remove(path) })
 	}
 }
 
@@ -492,28 +566,25 @@ func (c *Cache) usersLocked(s *snapshot, d digest.Digest) []string {
 }
 
 // Usage reports what the cache holds.
+// The store is listed before the lock is taken: the listing reads every blob's size, and the lock is a publish's.
 func (c *Cache) Usage() (Usage, error) {
+	disk, err := c.listDisk()
+	if err != nil {
+		return Usage{MaxBytes: c.opts.MaxBytes}, err
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.usageLocked()
+	return c.usageLocked(disk)
 }
 
-func (c *Cache) usageLocked() (Usage, error) {
+func (c *Cache) usageLocked(disk onDisk) (Usage, error) {
 	u := Usage{MaxBytes: c.opts.MaxBytes}
-	sizes := map[digest.Digest]int64{}
-	if err := c.blobs.Walk(func(d digest.Digest, size int64) error {
-		sizes[d] = size
+	sizes := disk.blobs
+	for _, size := range sizes {
 		u.Blobs += size
 		u.BlobCount++
-		return nil
-	}); err != nil {
-		return u, err
 	}
-	partials, err := c.blobs.Partials()
-	if err != nil {
-		return u, err
-	}
-	for _, n := range partials {
+	for _, n := range disk.partials {
 		u.Partials += n
 	}
 	views, err := os.ReadDir(filepath.Join(c.root, "views"))

@@ -430,6 +430,13 @@ func (c *Cache) beginPull(rec *manifestRecord) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.pulling[rec.Descriptor.Digest]++
+	// A collection that decided before this lock that no manifest needs these blobs deletes them after it: from
+	// here on it deletes none (reaper.go); one already gone is fetched again (fetchBlob checks first).
+	var need []digest.Digest
+	for _, b := range rec.blobs() {
+		need = append(need, b.Digest)
+	}
+	c.reaper.spare(need...)
 	err := c.db.Update(func(tx *bolt.Tx) error {
 		old, err := c.manifest(tx, rec.Descriptor.Digest)
 		if err != nil {

@@ -81,12 +81,12 @@ func (c *Cache) scanBlob(d digest.Digest, size int64) (scan.Report, error) {
 }
 
 // forgetScans drops the reports of blobs no longer kept.
-func (c *Cache) forgetScans(keep map[digest.Digest]bool) error {
+func (c *Cache) forgetScans(keep func(digest.Digest) bool) error {
 	return c.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketScans)
 		var gone [][]byte
 		err := b.ForEach(func(k, _ []byte) error {
-			if !keep[digest.Digest(k)] {
+			if !keep(digest.Digest(k)) {
 				gone = append(gone, append([]byte(nil), k...))
 			}
 			return nil
