@@ -61,12 +61,12 @@ $(TOOLS)/helm:
 # The whole suite: unit, race, short fuzz runs, interop, csi-sanity and e2e.
 # Tests find the pinned tools on PATH; under CI=true a missing tool or root is a failure, never a skip.
 # Packages with concurrency run once, under the race detector; the rest (CLI, e2e, deploy) run plainly.
-RACE_PKGS := ./cas/... ./cache/... ./csidriver/... ./artifact/... ./signing/... ./prepull/... ./internal/readahead/... ./internal/unixsock/...
+RACE_PKGS := ./cas/... ./transfer/... ./cache/... ./csidriver/... ./artifact/... ./signing/... ./prepull/... ./internal/readahead/... ./internal/unixsock/...
 test: tools build
 	$(GO) vet ./...
 	$(GO) vet -tags cluster ./e2e/cluster/...
 	$(GO) test -count=1 -race -timeout 25m $(RACE_PKGS)
-	$(GO) test -count=1 -timeout 25m $$($(GO) list ./... | grep -v -E '/(cas|cache|csidriver|artifact|signing|prepull|readahead|unixsock)(/|$$)')
+	$(GO) test -count=1 -timeout 25m $$($(GO) list ./... | grep -v -E '/(cas|transfer|cache|csidriver|artifact|signing|prepull|readahead|unixsock)(/|$$)')
 	$(MAKE) fuzz
 	$(MAKE) e2e-cluster
 
