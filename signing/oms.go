@@ -3,7 +3,6 @@ package signing
 import (
 	"bytes"
 	"context"
-	"crypto"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -291,13 +290,9 @@ func readBlob(repo name.Repository, desc ocispec.Descriptor, c client) ([]byte, 
 // as a referrer of the manifest (artifact type OMSArtifactType), which leaves the artifact's digest as it is.
 // It returns the signed digest reference and the referrer's digest.
 func SignOMS(ctx context.Context, ref, keyRef string, opts SignOptions) (signed, referrer string, err error) {
-	sv, err := loadSigner(keyRef, opts.SecretsDir, opts.Password)
+	signer, err := loadOMSSigner(keyRef, opts.SecretsDir, opts.Password)
 	if err != nil {
 		return "", "", err
-	}
-	signer, ok := sv.(crypto.Signer)
-	if !ok {
-		return "", "", fmt.Errorf("%s: this key cannot sign OMS signatures (ECDSA keys only)", keyRef)
 	}
 	c := writeClient(ctx, opts.Registry, ref)
 	d, err := resolve(ref, c)
@@ -393,13 +388,9 @@ func OMSVerifier(r Rule) (oms.Verifier, string, error) {
 // SignOMSDir signs a model directory as `model_signing sign key` does, with a cosign private key: every file
 // (but the signature and DefaultIgnores) by sha256, the bundle written to sigPath (DIR/model.sig when empty).
 func SignOMSDir(dir, sigPath, keyRef string, opts SignOptions) (*oms.Statement, string, error) {
-	sv, err := loadSigner(keyRef, opts.SecretsDir, opts.Password)
+	signer, err := loadOMSSigner(keyRef, opts.SecretsDir, opts.Password)
 	if err != nil {
 		return nil, "", err
-	}
-	signer, ok := sv.(crypto.Signer)
-	if !ok {
-		return nil, "", fmt.Errorf("%s: this key cannot sign OMS signatures (ECDSA keys only)", keyRef)
 	}
 	abs, err := filepath.Abs(dir)
 	if err != nil {
