@@ -97,7 +97,9 @@ With --format oms the model's files are signed as OpenSSF Model Signing does (mo
 in-toto statement listing every file with its sha256, taken from the raw layers' digests (nothing is read
 again), in a Sigstore bundle attached to the manifest as an OCI referrer; the artifact's digest is unchanged.
 Check it with modelpack verify --format oms, or an oms rule of the node policy. --oms DIR signs a local
-model directory instead and writes DIR/model.sig, which modelpack pack then carries as a layer.`,
+model directory instead and writes DIR/model.sig, which modelpack pack then carries as a layer. For OMS, KEY
+may also be a PEM ECDSA key (EC PRIVATE KEY or PRIVATE KEY, P-256/384/521), what model_signing signs with;
+a password is asked only for an EC PRIVATE KEY that openssl ec -aes256 encrypted.`,
 		Example: `  modelpack sign registry.local/models/llama3:8b --key cosign.key
   modelpack sign registry.local/models/llama3:8b --key cosign.key --format oms
   modelpack sign --oms ./llama3-8b --key cosign.key

@@ -2,6 +2,10 @@ package signing
 
 import (
 	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"hash"
@@ -132,6 +136,83 @@ func loadSigner(ref, secretsDir string, pass PassFunc) (signature.SignerVerifier
 		return nil, fmt.Errorf("%s: %w", ref, err)
 	}
 	return sv, nil
+}
+
+// PEM block types of private keys (RFC 7468 and SEC1), as openssl, Go and Python's cryptography write them.
+const (
+	pemECPrivateKey        = "EC PRIVATE KEY"        // SEC1: openssl ecparam -genkey, x509.MarshalECPrivateKey
+	pemPKCS8PrivateKey     = "PRIVATE KEY"           // PKCS#8: openssl genpkey, x509.MarshalPKCS8PrivateKey
+	pemEncryptedPKCS8      = "ENCRYPTED PRIVATE KEY" // PKCS#8 with a password (openssl genpkey -aes256)
+	pemECParameters        = "EC PARAMETERS"         // what openssl ecparam -genkey writes before the key
+	omsPrivateKeyTypesHelp = "a cosign key (cosign generate-key-pair, modelpack key generate, cosign import-key-pair) or a PEM ECDSA key: EC PRIVATE KEY (SEC1, plain or encrypted with openssl ec -aes256) or PRIVATE KEY (PKCS#8, plain), on P-256, P-384 or P-521"
+)
+
+// loadOMSSigner loads the private key an OMS signature is made with. model_signing signs with plain PEM ECDSA
+// keys (SEC1 or PKCS#8, what openssl and Python's cryptography write); those are read as they are, asking for
+// no password (only an RFC 1423-encrypted SEC1 key asks pass for one). Anything else is read as a cosign key, as
+// loadSigner does. Only ECDSA keys on the curves OMS
+// pairs with a hash are accepted.
+func loadOMSSigner(ref, secretsDir string, pass PassFunc) (crypto.Signer, error) {
+	raw, err := (&loader{secretsDir: secretsDir}).read(ref, secretPrivateKey)
+	if err != nil {
+		return nil, err
+	}
+	var block *pem.Block
+	for rest := raw; ; {
+		if block, rest = pem.Decode(rest); block == nil || block.Type != pemECParameters {
+			break
+		}
+	}
+	var signer crypto.Signer
+	switch {
+	case block == nil:
+		return nil, fmt.Errorf("%s: not a PEM private key (want %s)", ref, omsPrivateKeyTypesHelp)
+	case block.Type == pemECPrivateKey || block.Type == pemPKCS8PrivateKey:
+		// openssl ec -aes256 writes RFC 1423 encryption, which Python's cryptography (and so model_signing's
+		// password) reads; deprecated for its weak KDF, it is the one encrypted PEM form the standard library reads.
+		if x509.IsEncryptedPEMBlock(block) { //nolint:staticcheck
+			pw, err := pass(false)
+			if err != nil {
+				return nil, fmt.Errorf("%s: password of an encrypted %s: %w", ref, block.Type, err)
+			}
+			der, err := x509.DecryptPEMBlock(block, pw) //nolint:staticcheck
+			if err != nil {
+				return nil, fmt.Errorf("%s: decrypting the %s: %w", ref, block.Type, err)
+			}
+			block = &pem.Block{Type: block.Type, Bytes: der}
+		}
+		k, err := cryptoutils.UnmarshalPEMToPrivateKey(pem.EncodeToMemory(block), nil)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %s: %w", ref, block.Type, err)
+		}
+		s, ok := k.(crypto.Signer)
+		if !ok {
+			return nil, fmt.Errorf("%s: a %T key cannot sign", ref, k)
+		}
+		signer = s
+	case block.Type == pemEncryptedPKCS8:
+		return nil, fmt.Errorf("%s: an encrypted PKCS#8 key (%s) is not supported: decrypt it (openssl pkcs8 -in KEY -out plain.pem) or convert it to a cosign key (cosign import-key-pair --key KEY); want %s", ref, block.Type, omsPrivateKeyTypesHelp)
+	default:
+		sv, err := loadSigner(ref, secretsDir, pass)
+		if err != nil {
+			return nil, err
+		}
+		s, ok := sv.(crypto.Signer)
+		if !ok {
+			return nil, fmt.Errorf("%s: this key cannot sign OMS signatures (want %s)", ref, omsPrivateKeyTypesHelp)
+		}
+		signer = s
+	}
+	pub, ok := signer.Public().(*ecdsa.PublicKey)
+	if !ok {
+		return nil, fmt.Errorf("%s: a %T key: OMS signs with ECDSA keys only (want %s)", ref, signer.Public(), omsPrivateKeyTypesHelp)
+	}
+	switch pub.Curve {
+	case elliptic.P256(), elliptic.P384(), elliptic.P521():
+	default:
+		return nil, fmt.Errorf("%s: ECDSA curve %s: OMS signs on P-256, P-384 or P-521 only", ref, pub.Curve.Params().Name)
+	}
+	return signer, nil
 }
 
 // GenerateKeyPair writes a cosign key pair, PREFIX.key (encrypted with the password pass returns, mode 0600) and

@@ -3,7 +3,6 @@ package signing
 import (
 	"bytes"
 	"context"
-	"crypto"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -47,10 +46,15 @@ type OMSRule struct {
 	SignatureFile string `yaml:"signatureFile" json:"signatureFile,omitempty"`
 }
 
-// OMSArtifactType marks an OCI referrer carrying an OMS signature: its one layer is the bundle
-// (oms.BundleMediaType), titled model.sig. A type of its own keeps cosign's bundle readers from taking it for
-// a signature of the manifest.
+// OMSArtifactType marks an OCI referrer carrying an OMS signature: its one layer, of type OMSLayerMediaType and
+// titled model.sig, holds the bundle byte for byte as model_signing writes the file.
 const OMSArtifactType = "application/vnd.modelpack.oms.signature.v1+json"
+
+// OMSLayerMediaType is the type of the referrer's model.sig layer. It must not begin with
+// application/vnd.dev.sigstore.bundle: cosign verify lists every referrer of a digest whatever its artifactType,
+// takes any whose one layer has such a type for a Sigstore bundle signing the manifest, and then switches to
+// bundle mode, so an OMS bundle (whose subjects are the model's files) would hide the classic signature from it.
+const OMSLayerMediaType = "application/vnd.modelpack.oms.bundle.v1+json"
 
 type omsRule struct {
 	verifiers []oms.Verifier
@@ -250,11 +254,12 @@ func readReferrerBundle(ref name.Digest, c client) ([]byte, error) {
 		return nil, err
 	}
 	for _, l := range m.Layers {
-		if l.MediaType == oms.BundleMediaType {
+		// Referrers written before OMSLayerMediaType used the bundle's own media type; they still verify here.
+		if l.MediaType == OMSLayerMediaType || l.MediaType == oms.BundleMediaType {
 			return readBlob(ref.Context(), l, c)
 		}
 	}
-	return nil, fmt.Errorf("no layer of type %s", oms.BundleMediaType)
+	return nil, fmt.Errorf("no layer of type %s", OMSLayerMediaType)
 }
 
 // maxSignatureBlob bounds a signature read into memory (oms.Parse refuses anything larger anyway).
@@ -285,13 +290,9 @@ func readBlob(repo name.Repository, desc ocispec.Descriptor, c client) ([]byte, 
 // as a referrer of the manifest (artifact type OMSArtifactType), which leaves the artifact's digest as it is.
 // It returns the signed digest reference and the referrer's digest.
 func SignOMS(ctx context.Context, ref, keyRef string, opts SignOptions) (signed, referrer string, err error) {
-	sv, err := loadSigner(keyRef, opts.SecretsDir, opts.Password)
+	signer, err := loadOMSSigner(keyRef, opts.SecretsDir, opts.Password)
 	if err != nil {
 		return "", "", err
-	}
-	signer, ok := sv.(crypto.Signer)
-	if !ok {
-		return "", "", fmt.Errorf("%s: this key cannot sign OMS signatures (ECDSA keys only)", keyRef)
 	}
 	c := writeClient(ctx, opts.Registry, ref)
 	d, err := resolve(ref, c)
@@ -333,7 +334,7 @@ func SignOMS(ctx context.Context, ref, keyRef string, opts SignOptions) (signed,
 // putOMSReferrer pushes the bundle and a manifest whose subject is the signed manifest; go-containerregistry
 // updates the referrers fallback tag on registries without the referrers API.
 func putOMSReferrer(d name.Digest, subject v1.Descriptor, bundle []byte, c client) (string, error) {
-	layer := static.NewLayer(bundle, types.MediaType(oms.BundleMediaType))
+	layer := static.NewLayer(bundle, types.MediaType(OMSLayerMediaType))
 	empty := static.NewLayer([]byte("{}"), types.MediaType(ocispec.MediaTypeEmptyJSON))
 	for _, l := range []v1.Layer{layer, empty} {
 		if err := remote.WriteLayer(d.Repository, l, c.remote...); err != nil {
@@ -345,7 +346,7 @@ func putOMSReferrer(d name.Digest, subject v1.Descriptor, bundle []byte, c clien
 		ArtifactType: OMSArtifactType,
 		Config:       ocispec.Descriptor{MediaType: ocispec.MediaTypeEmptyJSON, Digest: digest.FromBytes([]byte("{}")), Size: 2, Data: []byte("{}")},
 		Layers: []ocispec.Descriptor{{
-			MediaType: oms.BundleMediaType, Digest: digest.FromBytes(bundle), Size: int64(len(bundle)),
+			MediaType: OMSLayerMediaType, Digest: digest.FromBytes(bundle), Size: int64(len(bundle)),
 			Annotations: map[string]string{ocispec.AnnotationTitle: oms.SignatureFile},
 		}},
 		Subject: &ocispec.Descriptor{MediaType: string(subject.MediaType), Digest: digest.Digest(subject.Digest.String()), Size: subject.Size},
@@ -387,13 +388,9 @@ func OMSVerifier(r Rule) (oms.Verifier, string, error) {
 // SignOMSDir signs a model directory as `model_signing sign key` does, with a cosign private key: every file
 // (but the signature and DefaultIgnores) by sha256, the bundle written to sigPath (DIR/model.sig when empty).
 func SignOMSDir(dir, sigPath, keyRef string, opts SignOptions) (*oms.Statement, string, error) {
-	sv, err := loadSigner(keyRef, opts.SecretsDir, opts.Password)
+	signer, err := loadOMSSigner(keyRef, opts.SecretsDir, opts.Password)
 	if err != nil {
 		return nil, "", err
-	}
-	signer, ok := sv.(crypto.Signer)
-	if !ok {
-		return nil, "", fmt.Errorf("%s: this key cannot sign OMS signatures (ECDSA keys only)", keyRef)
 	}
 	abs, err := filepath.Abs(dir)
 	if err != nil {

@@ -276,3 +276,40 @@ func TestOMSReferrerExemptsNoLayer(t *testing.T) {
 		t.Fatalf("the unsigned model.sig layer is not named: %v", err)
 	}
 }
+
+// TestOMSReferrerOldLayerType: referrers written before OMSLayerMediaType carry the bundle under its own media
+// type (which made cosign verify take them for bundles of the manifest). New ones do not; old ones still verify.
+func TestOMSReferrerOldLayerType(t *testing.T) {
+	host := startRegistry(t)
+	ctx := context.Background()
+	key, pub := newKeys(t, t.TempDir(), "cosign")
+	ref := pushFiles(t, host, "oms/old", "v1", map[string][]byte{"model.safetensors": []byte("old weights")})
+	_, referrer, err := SignOMS(ctx, ref, key, SignOptions{Password: testPass, Registry: plainTransports(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := name.NewDigest(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := d.Context().Digest(referrer)
+	desc, err := gcrremote.Get(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(desc.Manifest, []byte(`"mediaType":"`+OMSLayerMediaType+`"`)) || bytes.Contains(desc.Manifest, []byte("vnd.dev.sigstore.bundle")) {
+		t.Fatalf("the referrer's layer must be of type %s, nothing cosign reads as a bundle: %s", OMSLayerMediaType, desc.Manifest)
+	}
+	raw := bytes.Replace(desc.Manifest, []byte(OMSLayerMediaType), []byte(oms.BundleMediaType), 1)
+	rd := digestOf(raw)
+	if err := gcrremote.Put(d.Context().Digest(rd.String()), rawManifest(raw)); err != nil {
+		t.Fatal(err)
+	}
+	if err := gcrremote.Delete(old); err != nil {
+		t.Fatal(err)
+	}
+	dec, err := NewVerifier(omsPolicy(t, OMSRule{Keys: []string{pub}}), plainTransports(t)).Verify(ctx, ref)
+	if err != nil || !dec.Verified || !strings.Contains(dec.Authority, "referrer "+rd.String()) {
+		t.Fatalf("an old-style OMS referrer: %+v, %v", dec, err)
+	}
+}
