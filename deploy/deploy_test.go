@@ -22,6 +22,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -53,6 +54,8 @@ var newObject = map[string]func() any{
 	"v1/PersistentVolumeClaim":                        func() any { return &corev1.PersistentVolumeClaim{} },
 	"apps/v1/DaemonSet":                               func() any { return &appsv1.DaemonSet{} },
 	"apps/v1/Deployment":                              func() any { return &appsv1.Deployment{} },
+	"apps/v1/StatefulSet":                             func() any { return &appsv1.StatefulSet{} },
+	"networking.k8s.io/v1/NetworkPolicy":              func() any { return &networkingv1.NetworkPolicy{} },
 	"storage.k8s.io/v1/CSIDriver":                     func() any { return &storagev1.CSIDriver{} },
 	"storage.k8s.io/v1/StorageClass":                  func() any { return &storagev1.StorageClass{} },
 	"rbac.authorization.k8s.io/v1/ClusterRole":        func() any { return &rbacv1.ClusterRole{} },
@@ -214,6 +217,7 @@ func TestHelmMatchesKustomize(t *testing.T) {
 	for overlay, sets := range map[string][]string{
 		"default":        nil,
 		"native-volumes": {"nativeVolumes.enabled=true", "nativeVolumes.prefixes[0]=registry.example.com/models"},
+		"p2p-kraken":     {"p2p.kraken.enabled=true", "p2p.kraken.registry=registry.example.com"},
 	} {
 		t.Run(overlay, func(t *testing.T) { compareInstalls(t, index(kustomize(t, overlay)), index(helm(t, sets...))) })
 	}
@@ -264,8 +268,13 @@ func compareInstalls(t *testing.T, k, h map[string]object) {
 			t.Errorf("%s differs (-kustomize +chart):\n%s", kind, diff.Diff(specOf(ko.obj), specOf(ho.obj)))
 		}
 	}
-	for _, name := range []string{"modelpack-policy", "modelpack-prepull"} {
-		kc, hc := k["ConfigMap/"+name].obj.(*corev1.ConfigMap), h["ConfigMap/"+name].obj.(*corev1.ConfigMap)
+	for _, name := range []string{"modelpack-policy", "modelpack-prepull", "kraken-config", "modelpack-p2p-mirrors"} {
+		ko, kok := k["ConfigMap/"+name]
+		ho, hok := h["ConfigMap/"+name]
+		if !kok || !hok {
+			continue // a missing one is reported above
+		}
+		kc, hc := ko.obj.(*corev1.ConfigMap), ho.obj.(*corev1.ConfigMap)
 		for key, v := range kc.Data {
 			if strings.TrimSpace(stripComments(v)) != strings.TrimSpace(stripComments(hc.Data[key])) {
 				t.Errorf("ConfigMap %s key %s differs:\n kustomize %q\n chart     %q", name, key, v, hc.Data[key])
@@ -360,7 +369,7 @@ func checkInstall(t *testing.T, objs []object) {
 		if ps := podSpec(o); ps != nil {
 			checkImages(t, o, ps)
 			for _, c := range ps.Containers {
-				if strings.Contains(c.Image, "/modelpack") {
+				if strings.Contains(c.Image, "/modelpack/modelpack") { // not the Kraken image beside it
 					checkCommandLine(t, o, c)
 				}
 			}
@@ -899,6 +908,8 @@ func podSpec(o object) *corev1.PodSpec {
 	case *appsv1.DaemonSet:
 		return &v.Spec.Template.Spec
 	case *appsv1.Deployment:
+		return &v.Spec.Template.Spec
+	case *appsv1.StatefulSet:
 		return &v.Spec.Template.Spec
 	case *corev1.Pod:
 		return &v.Spec

@@ -1,0 +1,130 @@
+package deploy_test
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/BurntSushi/toml"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// TestP2PKraken holds both installs of the Kraken component to what makes it work on a real fleet: the driver on
+// the host network reads every registry through the agent on its own node (the port the agent serves its registry
+// API on, which admits only 127.0.0.1), the agent's admin port is node-local, and the origin and build-index reach
+// the user's registry through the Accept-header proxy beside them.
+func TestP2PKraken(t *testing.T) {
+	for name, objs := range map[string]func() []object{
+		"kustomize": func() []object { return kustomize(t, "p2p-kraken") },
+		"helm":      func() []object { return helm(t, "p2p.kraken.enabled=true", "p2p.kraken.registry=registry.example.com") },
+	} {
+		t.Run(name, func(t *testing.T) {
+			objs := objs()
+			checkInstall(t, objs)
+			checkKraken(t, index(objs))
+		})
+	}
+}
+
+func checkKraken(t *testing.T, ix map[string]object) {
+	t.Helper()
+	node := podSpec(ix["DaemonSet/modelpack-node"])
+	if !node.HostNetwork || node.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
+		t.Errorf("driver: hostNetwork %v, dnsPolicy %q: the node-local agent is the node's 127.0.0.1", node.HostNetwork, node.DNSPolicy)
+	}
+	plugin := container(node, "modelpack")
+	dir := parseFlags(plugin.Args)["hosts-dir"]
+	var vol *corev1.Volume
+	for _, m := range plugin.VolumeMounts {
+		if m.MountPath == dir {
+			vol = volume(node, m.Name)
+		}
+	}
+	if dir == "" || vol == nil || vol.ConfigMap == nil || len(vol.ConfigMap.Items) != 1 || vol.ConfigMap.Items[0].Path != "_default/hosts.toml" {
+		t.Fatalf("--hosts-dir %q is not a mounted _default/hosts.toml: %+v", dir, vol)
+	}
+	cm := ix["ConfigMap/"+vol.ConfigMap.Name].obj.(*corev1.ConfigMap)
+	var hosts struct {
+		Server string `toml:"server"`
+		Host   map[string]struct {
+			Capabilities []string `toml:"capabilities"`
+		} `toml:"host"`
+	}
+	if _, err := toml.Decode(cm.Data[vol.ConfigMap.Items[0].Key], &hosts); err != nil {
+		t.Fatalf("hosts.toml: %v", err)
+	}
+	if hosts.Server != "" {
+		t.Errorf("hosts.toml server = %q: the fallback must be each reference's own registry", hosts.Server)
+	}
+
+	agent := ix["DaemonSet/kraken-agent"].obj.(*appsv1.DaemonSet).Spec.Template.Spec
+	if !agent.HostNetwork {
+		t.Error("kraken-agent: not on the host network")
+	}
+	flags := parseFlags(agent.Containers[0].Command)
+	mirror := "http://127.0.0.1:" + flags["agent-registry-port"]
+	if h, ok := hosts.Host[mirror]; !ok || !slices.Equal(h.Capabilities, []string{"pull"}) || len(hosts.Host) != 1 {
+		t.Errorf("hosts.toml hosts %+v, want only %s with [pull]", hosts.Host, mirror)
+	}
+	var agentCfg struct {
+		AllowedCIDRs []string `json:"allowed_cidrs"`
+	}
+	kcfg := ix["ConfigMap/kraken-config"].obj.(*corev1.ConfigMap)
+	if err := yaml.Unmarshal([]byte(kcfg.Data["agent.yaml"]), &agentCfg); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(agentCfg.AllowedCIDRs, []string{"127.0.0.1"}) {
+		t.Errorf("agent allowed_cidrs %v: only the node itself may pull through its agent", agentCfg.AllowedCIDRs)
+	}
+
+	// The admin port is reachable only from the node; the peer port from everywhere.
+	np := ix["NetworkPolicy/kraken-agent-admin-node-local"].obj.(*networkingv1.NetworkPolicy)
+	admin, peer := flags["agent-server-port"], flags["peer-port"]
+	for _, rule := range np.Spec.Ingress {
+		for _, p := range rule.Ports {
+			switch p.Port.String() {
+			case admin:
+				if len(rule.From) != 1 || rule.From[0].IPBlock == nil || rule.From[0].IPBlock.CIDR != "127.0.0.1/32" {
+					t.Errorf("admin port %s admitted from %+v", admin, rule.From)
+				}
+			case peer:
+				if len(rule.From) != 0 {
+					t.Errorf("peer port %s limited to %+v: other agents and the origin must reach it", peer, rule.From)
+				}
+			}
+		}
+	}
+	if !slices.ContainsFunc(np.Spec.Ingress, func(r networkingv1.NetworkPolicyIngressRule) bool {
+		return slices.ContainsFunc(r.Ports, func(p networkingv1.NetworkPolicyPort) bool { return p.Port.String() == admin })
+	}) {
+		t.Errorf("NetworkPolicy does not name the admin port %s", admin)
+	}
+
+	// The origin and the build-index talk to the registry only through the Accept-header proxy in their pod.
+	for _, f := range []string{"origin.yaml", "build-index.yaml"} {
+		if !strings.Contains(kcfg.Data[f], "address: 127.0.0.1:5001") {
+			t.Errorf("%s: the registry backend is not the Accept-header proxy 127.0.0.1:5001", f)
+		}
+	}
+	if !strings.Contains(kcfg.Data["accept-proxy.conf"], "listen 127.0.0.1:5001;") || kcfg.Data["registry"] != "registry.example.com" {
+		t.Errorf("accept proxy: listen or registry %q wrong", kcfg.Data["registry"])
+	}
+	for _, key := range []string{"StatefulSet/kraken-origin", "Deployment/kraken-build-index"} {
+		ps := podSpec(ix[key])
+		if ps == nil || container(ps, "accept-proxy") == nil {
+			t.Errorf("%s has no accept-proxy container", key)
+		}
+	}
+}
+
+func volume(ps *corev1.PodSpec, name string) *corev1.Volume {
+	for i := range ps.Volumes {
+		if ps.Volumes[i].Name == name {
+			return &ps.Volumes[i]
+		}
+	}
+	return nil
+}
