@@ -143,4 +143,3 @@ func (f *flippingBody) Read(p []byte) (int, error) {
 }
 
 func (f *flippingBody) Close() error { return f.rc.Close() }
-
