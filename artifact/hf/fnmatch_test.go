@@ -47,7 +47,6 @@ func TestHubPatternsMatchHuggingfaceHub(t *testing.T) {
 	}
 }
 
-
 // FuzzHubPattern: no pattern or path makes the matcher panic or loop.
 func FuzzHubPattern(f *testing.F) {
 	f.Add("extra/[!a-c].txt", "extra/d.txt")
