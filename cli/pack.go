@@ -328,6 +328,11 @@ func warnCode(dir string, refuse bool, warn func(string)) error {
 	if err != nil {
 		return nil // what cannot be read is pack's to report, in its words
 	}
+	return codeFindings(reps, refuse, warn)
+}
+
+// codeFindings warns of (or with refuse, fails on) each report whose file runs code when loaded or is malformed.
+func codeFindings(reps []scan.FileReport, refuse bool, warn func(string)) error {
 	var bad []string
 	for _, r := range reps {
 		if r.Verdict == scan.Data || strings.HasPrefix(r.Path, ".") || strings.Contains(r.Path, "/.") {
