@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -74,8 +75,8 @@ cache's blobs/ followed.`,
 	fl.StringArrayVar(&f.kinds, "kind", nil, "KIND=GLOB: pack matching files or directories as KIND (weight, weight.config, doc, code, dataset; repeatable)")
 	fl.StringVar(&f.created, "created", "", "record a creation time (RFC 3339, or \"now\"); without it the artifact has no timestamp")
 	fl.IntVar(&f.concurrency, "concurrency", 0, "files packed at once (default GOMAXPROCS; 8 for hf://)")
-	fl.StringArrayVar(&f.include, "include", nil, "hf:// only: pack only files matching this glob (repeatable; a glob without / matches base names)")
-	fl.StringArrayVar(&f.exclude, "exclude", nil, "hf:// only: leave out files matching this glob (repeatable)")
+	fl.StringArrayVar(&f.include, "include", nil, "pack only files matching this glob (repeatable; hf://: huggingface_hub's allow_patterns, where * also matches /; a directory: unpack --include's globs, see docs/usage.md)")
+	fl.StringArrayVar(&f.exclude, "exclude", nil, "leave out files matching this glob (repeatable; same dialects as --include)")
 	fl.StringVar(&f.desc.Name, "name", "", "model name (descriptor.name)")
 	fl.StringVar(&f.desc.Family, "family", "", "model family, e.g. llama3 (descriptor.family)")
 	fl.StringVar(&f.desc.Version, "model-version", "", "model version (descriptor.version)")
@@ -149,10 +150,15 @@ func runPack(cmd *cobra.Command, g *Globals, f *packFlags, dir string, pushSink 
 		if f.concurrency == 0 {
 			opts.Concurrency = 8 // network-bound: more than GOMAXPROCS files at once
 		}
-	} else if len(f.include)+len(f.exclude) > 0 {
-		return fmt.Errorf("--include and --exclude choose the files of an hf:// model; for a directory, move the files out or name their kind with --kind")
+	} else {
+		for _, g := range append(slices.Clone(f.include), f.exclude...) {
+			if err := artifact.ValidateGlob(g); err != nil {
+				return usageErr("%w", err)
+			}
+		}
+		opts.Include, opts.Exclude = f.include, f.exclude
 	}
-	if err := warnCode(dir, f.refuseCode, ws.add); err != nil {
+	if err := warnCode(dir, opts.Include, opts.Exclude, f.refuseCode, ws.add); err != nil {
 		return err
 	}
 	var sink pack.Sink
@@ -323,11 +329,21 @@ func (s *packedLines) AddBlob(ctx context.Context, desc ocispec.Descriptor, open
 // warnCode scans what pack is about to read (for hf://, the files it staged; the weights it streams are scanned
 // by modelpack scan hf://…): a file whose loading runs code, or that the scanner cannot vouch for, is a warning,
 // or with refuse the error that stops the pack before anything is written.
-func warnCode(dir string, refuse bool, warn func(string)) error {
+func warnCode(dir string, include, exclude []string, refuse bool, warn func(string)) error {
 	reps, err := scan.Dir(dir)
 	if err != nil {
 		return nil // what cannot be read is pack's to report, in its words
 	}
+	if len(include)+len(exclude) > 0 { // the files --include/--exclude leave out are not packed, so not warned of
+		reps = slices.DeleteFunc(reps, func(r scan.FileReport) bool {
+			return (len(include) > 0 && !artifact.MatchInclude(include, r.Path)) || artifact.MatchInclude(exclude, r.Path)
+		})
+	}
+	return codeFindings(reps, refuse, warn)
+}
+
+// codeFindings warns of (or with refuse, fails on) each report whose file runs code when loaded or is malformed.
+func codeFindings(reps []scan.FileReport, refuse bool, warn func(string)) error {
 	var bad []string
 	for _, r := range reps {
 		if r.Verdict == scan.Data || strings.HasPrefix(r.Path, ".") || strings.Contains(r.Path, "/.") {

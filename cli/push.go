@@ -14,7 +14,7 @@ import (
 func pushCmd(g *Globals) *cobra.Command {
 	var rf remoteFlags
 	var from string
-	var referrers bool
+	var referrers, refuseCode bool
 	var sf *signFlags
 	cmd := &cobra.Command{
 		Use:   "push REF",
@@ -49,6 +49,16 @@ backoff on its own.`,
 			if local, err = store.Name(local); err != nil {
 				return err
 			}
+			// As pack does: a file whose loading runs code is said before it leaves this machine (issue 35), and
+			// --refuse-code stops the push before any request. What cannot be scanned is push's to report.
+			ws := newWarnings(cmd, g)
+			if info, err := loadArtifact(cmd.Context(), store, local); err == nil && info.Manifest != nil {
+				if reps, err := scanLayers(store, local, info); err == nil {
+					if err := codeFindings(reps, refuseCode, ws.add); err != nil {
+						return err
+					}
+				}
+			}
 			dst, _, err := remote.NewRepository(ref, rf.options())
 			if err != nil {
 				return err
@@ -64,10 +74,11 @@ backoff on its own.`,
 			if err != nil {
 				return err
 			}
-			return ui.print(transferJSON{Result: res, Signature: sig})
+			return ui.print(transferJSON{Result: res, Signature: sig, Warnings: ws.all()})
 		},
 	}
 	rf.register(cmd.Flags())
+	cmd.Flags().BoolVar(&refuseCode, "refuse-code", false, "fail, before sending anything, when a layer runs code when loaded or is malformed, as modelpack scan says (default: warn)")
 	sf = addSignFlags(cmd.Flags())
 	cmd.Flags().StringVar(&from, "from", "", "local store reference to push (default: REF)")
 	_ = cmd.RegisterFlagCompletionFunc("from", completeRefs(g, -1))

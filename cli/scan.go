@@ -174,6 +174,11 @@ func scanStored(cmd *cobra.Command, home, ref string, opts remote.Options) ([]sc
 	} else if err != nil {
 		return nil, err
 	}
+	return scanLayers(store, ref, info)
+}
+
+// scanLayers scans each layer of info where its blob lies in store.
+func scanLayers(store *layout.Store, ref string, info *artifactInfo) ([]scan.FileReport, error) {
 	if info.Manifest == nil {
 		return nil, fmt.Errorf("%s is a %s, not a manifest", ref, info.Descriptor.MediaType)
 	}

@@ -2,10 +2,12 @@ package cli
 
 import (
 	"encoding/json"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/modelpack/modelpack/internal/testenv"
@@ -229,5 +231,46 @@ func TestPackWarnsOnCode(t *testing.T) {
 	}
 	if code, out, _ := run("--home", home, "list", "-o", "json"); code != 0 || strings.Contains(out, "m:v1") {
 		t.Fatalf("pack --refuse-code stored something: %s", out)
+	}
+}
+
+// Item (issue 35): push warns about each layer that runs code when loaded, as pack does, and --refuse-code fails
+// before a single request reaches the registry (counted at a proxy in front of a real one).
+func TestPushWarnsOnCode(t *testing.T) {
+	run := binaryRunner(t, "DOCKER_CONFIG="+t.TempDir())
+	model := smallModel(t)
+	b, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "scan", "testdata", "vectors", "evil_torch.pt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(model, "pytorch_model.bin"), b, 0o644)
+	home := t.TempDir()
+	if code, _, errOut := run("--home", home, "pack", model, "-t", "m:v1"); code != 0 {
+		t.Fatalf("pack: exit %d\n%s", code, errOut)
+	}
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	var requests atomic.Int64
+	proxy := testenv.StartProxy(t, reg.Host, testenv.ProxyHooks{Request: func(http.ResponseWriter, *http.Request) bool {
+		requests.Add(1)
+		return true
+	}})
+
+	code, _, errOut := run("--home", home, "push", proxy.Host+"/org/m:v1", "--from", "m:v1", "--refuse-code")
+	if code != 1 || !strings.Contains(errOut, "--refuse-code: pytorch_model.bin is code (pytorch-zip): imports posix.system") {
+		t.Fatalf("push --refuse-code: exit %d\n%s", code, errOut)
+	}
+	if n := requests.Load(); n != 0 {
+		t.Fatalf("push --refuse-code sent %d requests to the registry", n)
+	}
+
+	code, _, errOut = run("--home", home, "push", proxy.Host+"/org/m:v1", "--from", "m:v1")
+	if code != 0 || !strings.Contains(errOut, "warning: pytorch_model.bin is code (pytorch-zip): imports posix.system") {
+		t.Fatalf("push: exit %d\n%s", code, errOut)
+	}
+	code, out, errOut := run("--home", home, "push", proxy.Host+"/org/m:v1", "--from", "m:v1", "-o", "json")
+	var res struct{ Warnings []string }
+	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || len(res.Warnings) != 1 ||
+		!strings.HasPrefix(res.Warnings[0], "pytorch_model.bin is code (pytorch-zip): imports posix.system") || errOut != "" {
+		t.Fatalf("push -o json: exit %d\n%s%s", code, out, errOut)
 	}
 }

@@ -255,22 +255,19 @@ func filterNote(o Options) string {
 	return " that --include/--exclude keep"
 }
 
+// checkGlobs refuses only the empty pattern: fnmatch reads every other string (an unclosed "[" is a literal), and an
+// empty one can select no file, which is surely a quoting slip.
 func checkGlobs(globs []string, flag string) error {
 	for _, g := range globs {
-		if _, err := path.Match(g, ""); err != nil {
-			return fmt.Errorf("%s %q: %w", flag, g, err)
+		if g == "" {
+			return fmt.Errorf("%s \"\": an empty pattern selects no file; give a glob such as \"*.safetensors\"", flag)
 		}
 	}
 	return nil
 }
 
-func matches(glob, p string) bool {
-	if ok, _ := path.Match(glob, p); ok {
-		return true
-	}
-	ok, _ := path.Match(glob, path.Base(p))
-	return ok && !strings.Contains(glob, "/")
-}
+// matches is huggingface_hub's allow_patterns/ignore_patterns test (see fnmatch.go).
+func matches(glob, p string) bool { return hubMatch(glob, p) }
 
 func selected(p string, o Options) bool {
 	in := len(o.Include) == 0

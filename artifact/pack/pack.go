@@ -89,6 +89,10 @@ type Options struct {
 	Source string
 	// Warn, if set, hears about things that do not stop the pack (a weight header that cannot be parsed).
 	Warn func(msg string)
+	// Include and Exclude choose the directory's files with artifact.MatchInclude (the syntax of unpack
+	// --include): with Include set only matching files are packed, and a file or directory matching Exclude is
+	// left out. Directories left with no file are dropped. Remote files are not filtered (their source chose them).
+	Include, Exclude []string
 	// Strict makes a rule (flag or Modelfile) that matches nothing an error, before any blob is written, instead of
 	// a warning.
 	Strict bool
@@ -134,6 +138,9 @@ func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Des
 	}
 	nodes, err := t.walk(name, skip, len(opts.Remote) > 0)
 	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	if nodes, err = chooseFiles(nodes, opts.Include, opts.Exclude, name); err != nil {
 		return ocispec.Descriptor{}, err
 	}
 	if nodes, err = addRemote(name, nodes, opts.Remote); err != nil {

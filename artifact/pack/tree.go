@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/modelpack/modelpack/artifact"
+
 	"github.com/modelpack/modelpack/internal/beneath"
 )
 
@@ -212,4 +214,35 @@ func (t *tree) resolve(at, target string) (string, bool) {
 		return target, true
 	}
 	return target, t.commit != "" && within("blobs", target)
+}
+
+// chooseFiles keeps the files include admits and exclude does not (artifact.MatchInclude: a matching directory
+// stands for everything under it), and the directories that still hold a kept file. A choice that keeps nothing is
+// an error naming the globs, before any blob is written.
+func chooseFiles(nodes []node, include, exclude []string, name func(string) string) ([]node, error) {
+	if len(include)+len(exclude) == 0 {
+		return nodes, nil
+	}
+	kept := map[string]bool{}
+	var files []node
+	for _, n := range nodes {
+		if n.dir || (len(include) > 0 && !artifact.MatchInclude(include, n.rel)) || artifact.MatchInclude(exclude, n.rel) {
+			continue
+		}
+		files = append(files, n)
+		kept[n.rel] = true
+		for d := path.Dir(n.rel); d != "." && !kept[d]; d = path.Dir(d) {
+			kept[d] = true
+		}
+	}
+	if len(files) == 0 {
+		return nil, badInput(name(""), "--include %q --exclude %q leave no file to pack", include, exclude)
+	}
+	var out []node
+	for _, n := range nodes {
+		if kept[n.rel] {
+			out = append(out, n)
+		}
+	}
+	return out, nil
 }
