@@ -93,8 +93,8 @@ type flushLog struct {
 }
 
 func (l *flushLog) Enabled(context.Context, slog.Level) bool { return true }
-func (l *flushLog) WithAttrs([]slog.Attr) slog.Handler      { return l }
-func (l *flushLog) WithGroup(string) slog.Handler           { return l }
+func (l *flushLog) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *flushLog) WithGroup(string) slog.Handler            { return l }
 func (l *flushLog) Handle(_ context.Context, r slog.Record) error {
 	if r.Message != "phase" {
 		return nil
