@@ -65,7 +65,8 @@
 // ErrDigestMismatch (= cas's), and archive.ErrUnsafePath, ErrLinkEscape, ErrSpecialFile from layer extraction.
 //
 // Crash safety: metadata is written in bbolt transactions; a view or layer directory appears under its final name
-// only by rename once complete; GC commits metadata before it deletes files. A SIGKILL at any point leaves a cache
+// only by rename once complete; GC commits metadata before it deletes files, and unlinks blobs after releasing
+// the lock that orders pulls and publishes, each only if no pull needed it again meanwhile (reaper.go). A SIGKILL at any point leaves a cache
 // that Open recovers, and a pull that resumes where it stopped. Blobs are named as soon as they are verified and
 // flushed to disk in the background (cas): a process crash loses nothing (the page cache holds them), and after a
 // restart of the machine Open re-hashes every blob whose flush had not completed before anything can use it.

@@ -3,13 +3,13 @@
 // with its peer (oras, curl) and prints ratios; push runs against a second registry with basic auth (htpasswd,
 // bcrypt cost 10). Absolute times drift on shared machines; read the ratios.
 //
-//	go run ./internal/cmd/bench [AREA...]     # areas: pack transport push cache flush driver prepull scan cluster
+//	go run ./internal/cmd/bench [AREA...]     # areas: pack transport push cache flush publish driver prepull scan cluster
 //
 // With no arguments it runs BENCH_ONLY (comma-separated) or every area. Other settings, all optional:
 // BENCH_WORK (scratch, /var/tmp/modelpack-bench), BENCH_MODEL_SIZE (shard size of the model: a smaller model for a
-// quick run), RUNS (rounds of every area), PREPULL_N, WARM_N, BENCH_BASELINE_BIN (an older modelpack measured in
+// quick run), RUNS (rounds of every area), PREPULL_N, WARM_N, GC_BLOBS, BENCH_BASELINE_BIN (an older modelpack measured in
 // the same rounds, for transport and driver), MODELPACK and ORAS (the binaries pack compares), DRIVER_LOG_LEVEL.
-// flush, driver and prepull need root (the page cache dropped, mounts). cluster runs e2e/cluster/bench (its own cluster).
+// flush, publish, driver and prepull need root (the page cache dropped, mounts). cluster runs e2e/cluster/bench (its own cluster).
 package main
 
 import (
@@ -39,6 +39,7 @@ var areas = []area{
 	{"push", benchPush},
 	{"cache", benchCache},
 	{"flush", benchFlush},
+	{"publish", benchPublish},
 	{"driver", benchDriver},
 	{"prepull", benchPrepull},
 	{"scan", benchScan},
