@@ -96,7 +96,7 @@ func build(tmp, version, revision string, platforms []string, caBundle string) (
 		bin := filepath.Join(tmp, arch, "modelpack")
 		cmd := exec.Command("go", "build", "-trimpath", "-ldflags",
 			"-s -w -X github.com/modelpack/modelpack/cli.Version="+version+" -X github.com/modelpack/modelpack/cli.Revision="+revision,
-			"-o", bin, "./cli/modelpack")
+			"-o", bin, "github.com/modelpack/modelpack/cli/modelpack")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch)
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		if err := cmd.Run(); err != nil {
