@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # The modelpack image: the CLI, the CSI driver (node and controller) and the prepull watcher in one binary.
 #   docker build --build-arg VERSION=v0.1.0 -t ghcr.io/modelpack/modelpack:v0.1.0 .
-# Multi-platform: docker buildx build --platform linux/amd64,linux/arm64 … (the build cross-compiles; no emulation).
+# Multi-platform: docker buildx build --platform linux/amd64,linux/arm64 … (the build cross-compiles; no emulation),
+# or without Docker: make image (an OCI layout in bin/image) or make image IMAGE=host/repo:tag (pushed).
 
 ARG GO_VERSION=1.26.8
 
@@ -19,14 +20,11 @@ RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache
     go build -trimpath -ldflags "-s -w -X github.com/modelpack/modelpack/cli.Version=${VERSION}" \
       -o /out/modelpack ./cli/modelpack
 
-# Not distroless: bind mounts are system calls, but unmounts and any other mount go through k8s.io/mount-utils,
-# which runs util-linux umount and mount, and those need a libc and their libraries. Debian slim with just those
-# packages is the smallest base that has them.
-FROM debian:13-slim
-RUN apt-get update \
- && apt-get install -y --no-install-recommends mount ca-certificates \
- && rm -rf /var/lib/apt/lists/* \
- && mount --version && umount --version
+# The same image `make image` builds without a container engine (internal/cmd/image): the static binary and a CA
+# bundle, nothing else. The driver bind-mounts and unmounts by system calls and execs nothing, so it needs no shell,
+# libc or mount(8). Debug a running pod with `kubectl debug --image=busybox`.
+FROM scratch
+COPY --from=build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
 COPY --from=build /out/modelpack /usr/local/bin/modelpack
 # Root by default: the node plugin mounts into the kubelet's directories. The controller Deployment runs it as
 # 65532 through its securityContext.

@@ -28,12 +28,19 @@ TOOL_BINS := $(TOOLS)/registry $(TOOLS)/csi-sanity $(TOOLS)/oras $(TOOLS)/crane 
 HUB_JS_DIR := internal/testenv/hubserver/npm
 HUB_JS := $(BIN)/npm/node_modules/@huggingface/hub/package.json
 
-.PHONY: all build tools test test-unit test-race fuzz demo bench manifests clean cluster-deps cluster-build cluster-up cluster-down e2e-cluster fleet-build e2e-fleet
+.PHONY: all build image tools test test-unit test-race fuzz demo bench manifests clean cluster-deps cluster-build cluster-up cluster-down e2e-cluster fleet-build e2e-fleet
 
 all: build
 
 build:
 	$(GO) build -trimpath -ldflags "-X github.com/modelpack/modelpack/cli.Version=$(VERSION) -X github.com/modelpack/modelpack/cli.Revision=$(REVISION)" -o $(BIN)/modelpack ./cli/modelpack
+
+# The driver image for linux/amd64 and linux/arm64 as one OCI index, without a container engine
+# (internal/cmd/image): an OCI image layout in bin/image tagged $(VERSION), or pushed with IMAGE=host/repo:tag.
+IMAGE ?=
+PLATFORMS ?= linux/amd64,linux/arm64
+image:
+	$(GO) run ./internal/cmd/image --version $(VERSION) --revision $(REVISION) --platforms $(PLATFORMS) $(if $(IMAGE),$(IMAGE),--layout $(BIN)/image)
 
 tools: $(TOOL_BINS) $(HUB_JS)
 

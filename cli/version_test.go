@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/modelpack/modelpack/internal/testenv"
+	"golang.org/x/mod/module"
+	modzip "golang.org/x/mod/zip"
 )
 
 // Item: the built binary says its version and the commit it was built from, and the version is the image tag the
@@ -110,6 +112,74 @@ func TestVersionOfPlainGoBuild(t *testing.T) {
 	}
 	text, err := exec.Command(bin, "version").Output()
 	if err != nil || !strings.Contains(string(text), rev[:12]) || strings.Contains(string(text), "modelpack dev") {
+		t.Errorf("version: %v %q", err, text)
+	}
+}
+
+// Item 32.9: `go install github.com/modelpack/modelpack/cli/modelpack@VERSION` works and the binary says VERSION.
+// The module at VERSION is served from a file:// module proxy made of a clean copy of this checkout (HEAD plus
+// its uncommitted changes), as proxy.golang.org would serve a tag; dependencies come from the module cache.
+func TestGoInstallAtVersion(t *testing.T) {
+	root := testenv.RepoRoot()
+	src, proxy, gobin := t.TempDir(), t.TempDir(), t.TempDir()
+	// git archive: the committed tree only, no .git and nothing untracked (bin/, caches), as a tag's zip is.
+	if out, err := exec.Command("sh", "-c", `git -C "$1" archive HEAD | tar -x -C "$2"`, "sh", root, src).CombinedOutput(); err != nil {
+		t.Fatalf("git archive: %v\n%s", err, out)
+	}
+	if diff, err := exec.Command("git", "-C", root, "diff", "--binary", "HEAD").Output(); err != nil {
+		t.Fatal(err)
+	} else if len(diff) > 0 {
+		apply := exec.Command("git", "apply", "-")
+		apply.Dir, apply.Stdin = src, bytes.NewReader(diff)
+		if out, err := apply.CombinedOutput(); err != nil {
+			t.Fatalf("git apply: %v\n%s", err, out)
+		}
+	}
+	const version = "v0.1.0"
+	dir := filepath.Join(proxy, "github.com", "modelpack", "modelpack", "@v")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(dir, version+".zip"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := modzip.CreateFromDir(f, module.Version{Path: "github.com/modelpack/modelpack", Version: version}, src); err != nil {
+		t.Fatalf("module zip: %v", err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	gomod, err := os.ReadFile(filepath.Join(src, "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range map[string][]byte{
+		version + ".mod":  gomod,
+		version + ".info": []byte(`{"Version":"` + version + `","Time":"2026-12-01T00:00:00Z"}`),
+		"list":            []byte(version + "\n"),
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	install := exec.Command("go", "install", "github.com/modelpack/modelpack/cli/modelpack@"+version)
+	install.Dir = t.TempDir() // outside any module, as a user runs it
+	// This module from the file proxy, every dependency from the module cache; no checksum database here (there is
+	// no network), so dependencies are checked against the module's own go.sum only.
+	install.Env = append(os.Environ(), "GOBIN="+gobin, "GOPROXY=file://"+proxy, "GOSUMDB=off", "GOFLAGS=-mod=mod", "GOTOOLCHAIN=local")
+	if out, err := install.CombinedOutput(); err != nil {
+		t.Fatalf("go install …@%s: %v\n%s", version, err, out)
+	}
+	out, err := exec.Command(filepath.Join(gobin, "modelpack"), "version", "-o", "json").Output()
+	if err != nil {
+		t.Fatalf("version: %v", err)
+	}
+	var v struct{ Version string }
+	if err := json.Unmarshal(out, &v); err != nil || v.Version != version {
+		t.Errorf("go install …@%s says version %q (%v): %s", version, v.Version, err, out)
+	}
+	if text, err := exec.Command(filepath.Join(gobin, "modelpack"), "version").Output(); err != nil || !strings.HasPrefix(string(text), "modelpack "+version+" ") {
 		t.Errorf("version: %v %q", err, text)
 	}
 }

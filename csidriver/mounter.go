@@ -10,19 +10,21 @@ import (
 )
 
 // bindMounter is mount-utils' mounter with the two operations a publish does — a bind mount and its read-only
-// remount — made as system calls. mount-utils runs mount(8) for each, which costs milliseconds per exec on
-// every pod start; everything else (mount point detection, corrupt-mount handling, listing) stays mount-utils'.
+// remount — and unmounts made as system calls. mount-utils runs mount(8) for each, which costs milliseconds per
+// exec on every pod start, and the image has no mount(8) (it is the static binary and a CA bundle); everything
+// else (mount point detection, corrupt-mount handling, listing) stays mount-utils', which reads /proc.
 type bindMounter struct {
 	mount.Interface
 }
 
 func newBindMounter() mount.Interface { return bindMounter{mount.NewWithoutSystemd("")} }
 
-// Mount handles bind mounts with ro, nosuid, nodev and noexec; any other request goes to mount-utils.
+// Mount handles bind mounts with ro, nosuid, nodev and noexec, the only mounts the driver makes; anything else is
+// refused rather than handed to mount(8), which the image does not have.
 func (m bindMounter) Mount(source, target, fstype string, options []string) error {
 	flags, attrs, ok := bindOptions(options)
 	if !ok || fstype != "" {
-		return m.Interface.Mount(source, target, fstype, options)
+		return fmt.Errorf("mount %s on %s: fstype %q options %q: only bind mounts (options bind, ro, nosuid, nodev, noexec; no fstype) are supported", source, target, fstype, options)
 	}
 	if err := bindWithAttrs(source, target, attrs); !errors.Is(err, unix.ENOSYS) {
 		return err

@@ -1067,9 +1067,26 @@ func TestDockerfile(t *testing.T) {
 	}
 	for _, from := range regexp.MustCompile(`(?m)^FROM (?:--platform=\S+ )?(\S+)`).FindAllSubmatch(df, -1) {
 		img := strings.ReplaceAll(string(from[1]), "${GO_VERSION}", string(argVer[1]))
+		if img == "scratch" {
+			continue // the empty base: nothing to pin
+		}
 		if !pinned.MatchString(img[strings.LastIndex(img, "/")+1:]) || strings.HasSuffix(img, ":latest") {
 			t.Errorf("base image %s is not pinned to a tag or digest", img)
 		}
+	}
+	// The Dockerfile's image is the one internal/cmd/image (make image) builds: the binary and the CA bundle at
+	// the same paths, on an empty base.
+	builder, err := os.ReadFile("../internal/cmd/image/main.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/usr/local/bin/modelpack", "/etc/ssl/certs/ca-certificates.crt"} {
+		if !bytes.Contains(df, []byte(" "+path+"\n")) || !bytes.Contains(builder, []byte("="+path)) {
+			t.Errorf("%s: the Dockerfile and internal/cmd/image do not both put it in the image", path)
+		}
+	}
+	if !regexp.MustCompile(`(?m)^FROM scratch$`).Match(df) {
+		t.Error("the Dockerfile's image is not FROM scratch, as internal/cmd/image's is")
 	}
 }
 
