@@ -150,8 +150,7 @@ const (
 // loadOMSSigner loads the private key an OMS signature is made with. model_signing signs with plain PEM ECDSA
 // keys (SEC1 or PKCS#8, what openssl and Python's cryptography write); those are read as they are, asking for
 // no password (only an RFC 1423-encrypted SEC1 key asks pass for one). Anything else is read as a cosign key, as
-// loadSigner does. Only ECDSA keys on the curves OMS
-// pairs with a hash are accepted.
+// loadSigner does. Only ECDSA keys on the curves OMS pairs with a hash are accepted.
 func loadOMSSigner(ref, secretsDir string, pass PassFunc) (crypto.Signer, error) {
 	raw, err := (&loader{secretsDir: secretsDir}).read(ref, secretPrivateKey)
 	if err != nil {
@@ -171,6 +170,9 @@ func loadOMSSigner(ref, secretsDir string, pass PassFunc) (crypto.Signer, error)
 		// openssl ec -aes256 writes RFC 1423 encryption, which Python's cryptography (and so model_signing's
 		// password) reads; deprecated for its weak KDF, it is the one encrypted PEM form the standard library reads.
 		if x509.IsEncryptedPEMBlock(block) { //nolint:staticcheck
+			if pass == nil {
+				return nil, fmt.Errorf("%s: an encrypted %s needs a password (COSIGN_PASSWORD)", ref, block.Type)
+			}
 			pw, err := pass(false)
 			if err != nil {
 				return nil, fmt.Errorf("%s: password of an encrypted %s: %w", ref, block.Type, err)
