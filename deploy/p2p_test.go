@@ -1,6 +1,11 @@
 package deploy_test
 
 import (
+	"bytes"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -127,4 +132,49 @@ func volume(ps *corev1.PodSpec, name string) *corev1.Volume {
 		}
 	}
 	return nil
+}
+
+// Helm reads no file outside its chart (and a chart's symbolic links break when it is packaged or vendored as a
+// subchart), so the chart carries a copy of the component's objects and configs; the copy must be exact, or the
+// two installs drift apart.
+func TestHelmKrakenFilesMatchTheComponent(t *testing.T) {
+	component, chart := "components/p2p-kraken", "helm/modelpack/files/p2p-kraken"
+	list := func(root string) map[string][]byte {
+		files := map[string][]byte{}
+		err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			if d.Type()&fs.ModeSymlink != 0 {
+				return fmt.Errorf("%s is a symbolic link", p)
+			}
+			rel, _ := filepath.Rel(root, p)
+			if rel == "kustomization.yaml" { // kustomize's own, not an object of the component
+				return nil
+			}
+			b, err := os.ReadFile(p)
+			files[rel] = b
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return files
+	}
+	want, got := list(component), list(chart)
+	if len(want) == 0 {
+		t.Fatalf("%s holds no files", component)
+	}
+	for name, b := range want {
+		if c, ok := got[name]; !ok {
+			t.Errorf("%s/%s is missing: copy %s/%s there", chart, name, component, name)
+		} else if !bytes.Equal(c, b) {
+			t.Errorf("%s/%s differs from %s/%s: copy it again", chart, name, component, name)
+		}
+	}
+	for name := range got {
+		if _, ok := want[name]; !ok {
+			t.Errorf("%s/%s has no counterpart in %s", chart, name, component)
+		}
+	}
 }
