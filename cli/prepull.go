@@ -413,7 +413,8 @@ func runPrepullWatch(parent context.Context, f *prepullFlags) error {
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 		// The readiness probe: 200 only when this node holds every listed model, so `kubectl rollout status`
-		// waits for the fleet; the body names what lags and why (the kubelet puts it in the pod's Unhealthy event).
+		// waits for the fleet; the body names what lags and why (the kubelet event shows only the status code:
+		// the reasons are in this pod's log, one line per failed entry).
 		mux.HandleFunc("/readyz", func(rw http.ResponseWriter, _ *http.Request) {
 			ok, why := w.Ready()
 			if !ok {
