@@ -92,7 +92,7 @@ Prometheus metrics on --metrics-addr. It needs no Kubernetes API access.`,
 	l.BoolVar(&f.detach, "detach", false, "return once the references are queued instead of following them")
 	l.DurationVar(&f.timeout, "timeout", 0, "stop following after this long (the pulls go on; 0 = until done)")
 	l.StringVar(&f.watch, "watch", "", "DaemonSet mode: keep the list equal to this file, reconciling on every change")
-	l.StringVar(&f.metricsAddr, "metrics-addr", csidriver.DefaultMetricsAddr("9809"), "with --watch: address serving /metrics and /healthz (empty disables; default: $POD_IP, else 127.0.0.1)")
+	l.StringVar(&f.metricsAddr, "metrics-addr", csidriver.DefaultMetricsAddr("9809"), "with --watch: address serving /metrics, /healthz and /readyz (empty disables; default: $POD_IP, else 127.0.0.1)")
 	l.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "with --watch: node label on the metrics (env NODE_NAME)")
 	l.DurationVar(&f.poll, "poll", 2*time.Second, "with --watch: how often the file is re-read")
 	l.DurationVar(&f.resync, "resync", time.Minute, "with --watch: how often the list is sent again unchanged, restoring a restarted driver")
@@ -412,6 +412,16 @@ func runPrepullWatch(parent context.Context, f *prepullFlags) error {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+		// The readiness probe: 200 only when this node holds every listed model, so `kubectl rollout status`
+		// waits for the fleet; the body names what lags and why (the kubelet event shows only the status code:
+		// the reasons are in this pod's log, one line per failed entry).
+		mux.HandleFunc("/readyz", func(rw http.ResponseWriter, _ *http.Request) {
+			ok, why := w.Ready()
+			if !ok {
+				rw.WriteHeader(http.StatusServiceUnavailable)
+			}
+			fmt.Fprintln(rw, why)
+		})
 		l, err := net.Listen("tcp", f.metricsAddr)
 		if err != nil {
 			return fmt.Errorf("--metrics-addr: %w", err)

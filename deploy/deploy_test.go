@@ -690,6 +690,10 @@ func checkPrepull(t *testing.T, ix map[string]object, pre object, hostSocket str
 	if !excluded {
 		t.Error("the prepull DaemonSet may run on control-plane nodes")
 	}
+	// Ready only when the node holds every listed model: the probe reads the watcher's /readyz on the metrics port.
+	if rp := c.ReadinessProbe; rp == nil || rp.HTTPGet == nil || rp.HTTPGet.Path != "/readyz" || rp.HTTPGet.Port.String() != "metrics" {
+		t.Errorf("prepull readinessProbe %+v: want httpGet /readyz on the metrics port", rp)
+	}
 	f := parseFlags(c.Args)
 	if got := hostPathAt(t, ps, c, path.Dir(f["socket"])) + "/" + path.Base(f["socket"]); got != hostSocket {
 		t.Errorf("prepull reaches %s on the host, the plugin serves %s", got, hostSocket)

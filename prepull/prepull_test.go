@@ -631,3 +631,59 @@ func TestPrepullNeverRepeatsAPassword(t *testing.T) {
 		t.Errorf("the password is logged:\n%s", logs.String())
 	}
 }
+
+// TestWatcherReadyOnlyWhenEveryModelIsHeld: the readiness the DaemonSet's probe reads is false, with every
+// lagging model and its reason, until the driver holds each entry of the list in force; a failing entry keeps it
+// false with the failure named, and dropping that entry from the list makes the node ready.
+func TestWatcherReadyOnlyWhenEveryModelIsHeld(t *testing.T) {
+	be := newFake()
+	gateA := be.gate("r/a:1")
+	be.bad["bad/x:1"] = errors.New("name unknown")
+	c := serve(t, be, Options{RetryDelay: time.Hour})
+	dir := t.TempDir()
+	w := &Watcher{Client: c, File: filepath.Join(dir, "models.yaml"), List: "configmap", Poll: 10 * time.Millisecond,
+		Log: quietLog(), Metrics: NewWatchMetrics(nil, "")}
+	if ok, why := w.Ready(); ok || why != "prepull list not loaded yet" {
+		t.Fatalf("before any list: Ready = %v, %q", ok, why)
+	}
+	writeConfigMap(t, dir, "models.yaml", "models:\n  - r/a:1\n  - bad/x:1\n")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+
+	// a is held in its pull by the gate, bad fails: both are named, with the state and the failure's reason.
+	waitFor(t, c, "configmap", func(m map[string]Entry) bool { return m["bad/x:1"].State == StateFailed })
+	eventually(t, func() bool {
+		ok, why := w.Ready()
+		return !ok && strings.Contains(why, "2 of 2 models not ready") &&
+			strings.Contains(why, "bad/x:1: failed: resolve: name unknown") && strings.Contains(why, "r/a:1: pulling")
+	})
+
+	// a arrives: the failing entry alone keeps the node unready.
+	close(gateA)
+	waitFor(t, c, "configmap", func(m map[string]Entry) bool { return m["r/a:1"].State == StateReady })
+	eventually(t, func() bool {
+		ok, why := w.Ready()
+		return !ok && why == "1 of 2 models not ready: bad/x:1: failed: resolve: name unknown"
+	})
+
+	// The failing entry is dropped from the list: every listed model is held.
+	writeConfigMap(t, dir, "models.yaml", "models:\n  - r/a:1\n")
+	eventually(t, func() bool {
+		ok, why := w.Ready()
+		return ok && why == "all 1 models ready"
+	})
+
+	// An invalid edit keeps the last good list in force, and so the readiness.
+	writeConfigMap(t, dir, "models.yaml", "models: [\n")
+	eventually(t, func() bool { return testutil.ToFloat64(w.Metrics.listValid) == 0 })
+	if ok, why := w.Ready(); !ok {
+		t.Fatalf("an invalid edit made the node unready: %q", why)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +25,54 @@ type Watcher struct {
 	Poll, Resync time.Duration
 	Log          *slog.Logger
 	Metrics      *WatchMetrics
+
+	// Readiness is what the pod's readiness probe reads (Ready): the fleet's view of "this node holds every
+	// listed model" is then kubectl rollout status and kubectl get pods, with no API access from the node.
+	rmu     sync.Mutex
+	rloaded bool
+	rwant   []string
+	rseen   map[string]Entry
+}
+
+// Ready reports whether the driver holds every reference of the last good list, and otherwise why not: the
+// list not loaded yet, or each reference still pending, pulling or failed (with its error). A bad edit keeps the
+// last good list, so readiness follows the list in force, not the file.
+func (w *Watcher) Ready() (bool, string) {
+	w.rmu.Lock()
+	defer w.rmu.Unlock()
+	if !w.rloaded {
+		return false, "prepull list not loaded yet"
+	}
+	var lag []string
+	for _, r := range w.rwant {
+		e, ok := w.rseen[r]
+		switch {
+		case !ok:
+			lag = append(lag, r+": not yet known to the driver")
+		case e.State != StateReady:
+			lag = append(lag, r+": "+e.Status())
+		}
+	}
+	if len(lag) > 0 {
+		return false, fmt.Sprintf("%d of %d models not ready: %s", len(lag), len(w.rwant), strings.Join(lag, "; "))
+	}
+	return true, fmt.Sprintf("all %d models ready", len(w.rwant))
+}
+
+func (w *Watcher) setWant(refs []string) {
+	w.rmu.Lock()
+	defer w.rmu.Unlock()
+	w.rloaded, w.rwant = true, append([]string(nil), refs...)
+}
+
+func (w *Watcher) setSeen(entries []Entry) {
+	seen := make(map[string]Entry, len(entries))
+	for _, e := range entries {
+		seen[e.Ref] = e
+	}
+	w.rmu.Lock()
+	defer w.rmu.Unlock()
+	w.rseen = seen
 }
 
 // Run reconciles until ctx ends. A file that does not parse leaves the last good list in force, so a bad edit
@@ -98,6 +147,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 				m.reconciles.Inc()
 				synced, lastSync = true, time.Now()
 				m.listEntries.Set(float64(len(refs)))
+				w.setWant(refs)
 				// Entry metrics come from the follower alone: a reply to this call may be older than what it
 				// has already seen, and would set the metrics back with nothing left to correct them.
 				select {
@@ -153,6 +203,7 @@ func (w *Watcher) follow(ctx context.Context, log *slog.Logger, m *WatchMetrics,
 		}
 		since = s.Version
 		m.observe(s.Entries)
+		w.setSeen(s.Entries)
 		seen := map[string]bool{}
 		for _, e := range s.Entries {
 			seen[e.Ref] = true
