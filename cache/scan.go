@@ -3,6 +3,7 @@ package cache
 import (
 	"encoding/json"
 	"fmt"
+	"path/filepath"
 
 	digest "github.com/opencontainers/go-digest"
 	bolt "go.etcd.io/bbolt"
@@ -73,7 +74,9 @@ func (c *Cache) scanBlob(d digest.Digest, size int64) (scan.Report, error) {
 		return scan.Report{}, err
 	}
 	defer f.Close()
-	rec = scanRecord{Version: scan.Version, Report: scan.File(f, size)}
+	lim := scan.DefaultLimits
+	lim.SpoolDir = filepath.Join(c.root, "tmp") // what a compressed member inflates to stays under the root
+	rec = scanRecord{Version: scan.Version, Report: lim.File(f, size)}
 	c.m.scans.WithLabelValues(string(rec.Report.Verdict)).Inc()
 	return rec.Report, c.db.Update(func(tx *bolt.Tx) error {
 		return putJSON(tx.Bucket(bucketScans), string(d), rec)

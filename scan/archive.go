@@ -69,7 +69,7 @@ func (s *scanner) compressed(format string, r io.ReaderAt, size int64, depth int
 		defer z.Close()
 		rd = z
 	}
-	ra, done, err := spoolFile(rd, -1, s.lim.MaxSpool)
+	ra, done, err := s.spool(rd, -1)
 	if err != nil {
 		return malformedReport(format, format+": "+err.Error())
 	}
@@ -81,9 +81,11 @@ func (s *scanner) compressed(format string, r io.ReaderAt, size int64, depth int
 	return res.report()
 }
 
-// spoolFile copies rd into an unlinked-on-done temporary file. n is the declared size, or -1.
-func spoolFile(rd io.Reader, n, max int64) (io.ReaderAt, func(), error) {
-	f, err := os.CreateTemp("", "modelpack-scan-*")
+// spoolFile copies rd into a temporary file in SpoolDir, removed by done, within MaxSpool. n is the declared
+// size, or -1.
+func (s *scanner) spoolFile(rd io.Reader, n int64) (io.ReaderAt, func(), error) {
+	max := s.lim.MaxSpool
+	f, err := os.CreateTemp(s.lim.SpoolDir, "modelpack-scan-*")
 	if err != nil {
 		return nil, nil, err
 	}

@@ -116,6 +116,9 @@ type Limits struct {
 	MaxSpool int64
 	// HDF5Window is how far into an HDF5 file the search for a Keras model_config looks.
 	HDF5Window int64
+	// SpoolDir is where those temporary files go; empty is os.TempDir(). The node sets its cache root's own
+	// scratch directory: a node plugin's root file system is read-only, and nothing of it is written elsewhere.
+	SpoolDir string
 }
 
 // DefaultLimits are generous for real models and small for hostile ones.

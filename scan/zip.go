@@ -433,5 +433,5 @@ func (s *scanner) spool(rd io.Reader, n int64) (io.ReaderAt, func(), error) {
 		}
 		return bytes.NewReader(b), func() {}, nil
 	}
-	return spoolFile(rd, n, s.lim.MaxSpool)
+	return s.spoolFile(rd, n)
 }
