@@ -16,3 +16,19 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 {{- define "modelpack.pluginDir" -}}
 {{ .Values.kubeletDir }}/plugins/{{ .Values.driverName }}
 {{- end -}}
+
+{{/* A DaemonSet's updateStrategy from values: rollingUpdate only with RollingUpdate (the API refuses it with
+OnDelete, and a --set of type alone must not inherit the default's maxUnavailable into an invalid object). */}}
+{{- define "modelpack.updateStrategy" -}}
+type: {{ .type }}
+{{- if and (eq .type "RollingUpdate") .rollingUpdate }}
+rollingUpdate:
+  {{- toYaml .rollingUpdate | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* A pod template's labels: the user's podLabels, under the selector's own, which win (a podLabels entry that
+changed a selector label would orphan the pods). Called with (dict "component" NAME "labels" .Values.X.podLabels). */}}
+{{- define "modelpack.podLabels" -}}
+{{- toYaml (merge (dict "app.kubernetes.io/name" "modelpack" "app.kubernetes.io/component" .component) (.labels | default dict)) }}
+{{- end -}}
