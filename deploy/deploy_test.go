@@ -141,11 +141,18 @@ func kustomize(t *testing.T, overlay string) []object {
 
 func helm(t *testing.T, sets ...string) []object {
 	t.Helper()
-	args := []string{"template", "modelpack", "helm/modelpack", "--namespace", "modelpack"}
+	var args []string
 	for _, s := range sets {
 		args = append(args, "--set", s)
 	}
-	return decode(t, "helm "+strings.Join(sets, " "), run(t, testenv.Tool(t, "helm"), args...))
+	return helmArgs(t, args...)
+}
+
+// helmArgs renders the chart into the modelpack namespace with any helm template flags (--set-string, -f, ...).
+func helmArgs(t *testing.T, flags ...string) []object {
+	t.Helper()
+	args := append([]string{"template", "modelpack", "helm/modelpack", "--namespace", "modelpack"}, flags...)
+	return decode(t, "helm "+strings.Join(flags, " "), run(t, testenv.Tool(t, "helm"), args...))
 }
 
 func TestKustomizeOverlays(t *testing.T) {
@@ -1105,6 +1112,22 @@ func TestHelmValuesSchema(t *testing.T) {
 		"node.logFormat=xml":     "/node/logFormat",
 		"mirrors._default[0]=m1": "/mirrors/_default/0",
 		"nativeVolumes.prefixes[0]=registry.example.com/models:v1": "/nativeVolumes/prefixes/0",
+		"node.updateStrategy.type=Recreate":                        "/node/updateStrategy/type",
+		"prepull.updateStrategy.rollingUpdate.maxUnavailable=half": "/prepull/updateStrategy/rollingUpdate/maxUnavailable",
+		"node.updateStrategy.rollingUpdate.maxUnavalable=1":        "additional properties 'maxUnavalable'",
+		"node.registryCredentials.secretName=Registry_Creds":       "/node/registryCredentials/secretName",
+		"node.registryCredentials.name=registry-creds":             "additional properties 'name'",
+		"node.podLabels.tier=1":                                    "/node/podLabels/tier",
+		"prepull.podAnnotations.team=7":                            "/prepull/podAnnotations/team",
+		"controller.podLabels.tier=1":                              "/controller/podLabels/tier",
+		"node.tolerations=all":                                     "/node/tolerations",
+		"prepull.tolerations[0]=all":                               "/prepull/tolerations/0",
+		"controller.tolerations=all":                               "/controller/tolerations",
+		"node.affinity=anywhere":                                   "/node/affinity",
+		"controller.affinity=anywhere":                             "/controller/affinity",
+		"node.nodeSelector.gpu=true":                               "/node/nodeSelector/gpu",
+		"controller.priorityClassName[0]=high":                     "/controller/priorityClassName",
+		"node.resources=small":                                     "/node/resources",
 	} {
 		cmd := exec.Command(helmBin, "template", "modelpack", "helm/modelpack", "--set", set)
 		cmd.Env = append(os.Environ(), "HOME="+t.TempDir())
