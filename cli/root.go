@@ -48,7 +48,7 @@ type Globals struct {
 	Debug  bool // print every registry and Hub request and answer on stderr
 
 	httpLog *httplog.Logger // --debug's, made once the flags are parsed
-	warned *warnings // what the command said beside its result (newWarnings), for the error document too
+	warned  *warnings       // what the command said beside its result (newWarnings), for the error document too
 }
 
 // wrapTransport is what wraps the HTTP transports of registries and the Hub: nil, or with --debug the logger.

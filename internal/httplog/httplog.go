@@ -77,13 +77,13 @@ type body struct {
 	l     *Logger
 	n     int64
 	start time.Time
-	bytes int64
+	bytes atomic.Int64 // a stall bound may Close while a Read waits
 	once  sync.Once
 }
 
 func (b *body) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	b.bytes += int64(n)
+	b.bytes.Add(int64(n))
 	if err != nil {
 		b.done(err)
 	}
@@ -102,7 +102,7 @@ func (b *body) done(err error) {
 		if err != nil && err != io.EOF {
 			how = "failed (" + err.Error() + ")"
 		}
-		b.l.print(fmt.Sprintf("[debug #%d] < %s in %s, %d body bytes read\n", b.n, how, round(b.l.now().Sub(b.start)), b.bytes))
+		b.l.print(fmt.Sprintf("[debug #%d] < %s in %s, %d body bytes read\n", b.n, how, round(b.l.now().Sub(b.start)), b.bytes.Load()))
 	})
 }
 
