@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestRedactHeader(t *testing.T) {
@@ -91,3 +92,42 @@ func TestWrapLogsExchangesWithoutSecrets(t *testing.T) {
 		}
 	}
 }
+
+// TestTimings checks the two times printed, with a clock that moves only when the exchange does: the time to the
+// headers, then the total once the body is closed; a failed request prints its error, its URL redacted.
+func TestTimings(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "abc") }))
+	defer srv.Close()
+	var out bytes.Buffer
+	l := New(&out)
+	clock := time.Unix(0, 0)
+	l.now = func() time.Time { return clock }
+	next := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		clock = clock.Add(5 * time.Millisecond)
+		return http.DefaultTransport.RoundTrip(r)
+	})
+	resp, err := (&http.Client{Transport: l.Wrap(next)}).Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock = clock.Add(2 * time.Millisecond)
+	resp.Body.Close()
+	for _, want := range []string{"[debug #1] < HTTP/1.1 200 OK (headers after 5ms)\n", "[debug #1] < done in 7ms, 0 body bytes read\n"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, out.String())
+		}
+	}
+
+	out.Reset()
+	srv.Close()
+	if _, err := (&http.Client{Transport: l.Wrap(next)}).Get(srv.URL + "/x?token=querysecret"); err == nil {
+		t.Fatal("a closed server answered")
+	}
+	if got := out.String(); !strings.Contains(got, "[debug #2] < error after 5ms: ") || strings.Contains(got, "querysecret") {
+		t.Errorf("failed request's log:\n%s", got)
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
