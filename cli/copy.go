@@ -8,7 +8,7 @@ import (
 )
 
 func copyCmd(g *Globals) *cobra.Command {
-	var rf remoteFlags
+	rf := remoteFlags{g: g}
 	var from, to sideFlags
 	var referrers bool
 	cmd := &cobra.Command{

@@ -8,7 +8,7 @@ import (
 )
 
 func fetchCmd(g *Globals) *cobra.Command {
-	var rf remoteFlags
+	rf := remoteFlags{g: g}
 	var filters, include []string
 	var sync bool
 	var wf writeFlags

@@ -15,7 +15,7 @@ import (
 )
 
 func loginCmd(g *Globals) *cobra.Command {
-	var rf remoteFlags
+	rf := remoteFlags{g: g}
 	var user, password string
 	var passwordStdin bool
 	cmd := &cobra.Command{
@@ -91,7 +91,7 @@ with docker login. The password is read from --password-stdin, --password, or a 
 }
 
 func logoutCmd(g *Globals) *cobra.Command {
-	var rf remoteFlags
+	rf := remoteFlags{g: g}
 	cmd := &cobra.Command{
 		Use:   "logout REGISTRY",
 		Short: "Remove a registry's credentials from the docker config",

@@ -137,7 +137,7 @@ func runPack(cmd *cobra.Command, g *Globals, f *packFlags, dir string, pushSink 
 		defer store.Close()
 	}
 	if hf.IsReference(dir) {
-		snap, err := hfSnapshot(ctx, f, dir, store)
+		snap, err := hfSnapshot(ctx, g, f, dir, store)
 		if err != nil {
 			return err
 		}
@@ -187,12 +187,12 @@ func runPack(cmd *cobra.Command, g *Globals, f *packFlags, dir string, pushSink 
 
 // hfSnapshot resolves an hf:// reference and stages the model's small files; the weights must fit in the free
 // space of store, if set, less what it holds.
-func hfSnapshot(ctx context.Context, f *packFlags, s string, store *layout.Store) (*hf.Snapshot, error) {
+func hfSnapshot(ctx context.Context, g *Globals, f *packFlags, s string, store *layout.Store) (*hf.Snapshot, error) {
 	ref, err := hf.ParseReference(s)
 	if err != nil {
 		return nil, err
 	}
-	client, err := hf.FromEnv()
+	client, err := g.hubClient()
 	if err != nil {
 		return nil, err
 	}

@@ -9,7 +9,7 @@ import (
 )
 
 func pullCmd(g *Globals) *cobra.Command {
-	var rf remoteFlags
+	rf := remoteFlags{g: g}
 	var referrers bool
 	cmd := &cobra.Command{
 		Use:   "pull REF",

@@ -12,7 +12,7 @@ import (
 )
 
 func pushCmd(g *Globals) *cobra.Command {
-	var rf remoteFlags
+	rf := remoteFlags{g: g}
 	var from string
 	var referrers, refuseCode bool
 	var sf *signFlags
@@ -127,7 +127,7 @@ func (s *signingSink) printResult(warnings []string) error {
 // packPushSink gives `pack --push` its sink: it adds the connection and signing flags to cmd and returns what
 // streams the pack to the registry through a remote sink.
 func packPushSink(cmd *cobra.Command, g *Globals) func(ctx context.Context, ref string) (pack.Sink, error) {
-	var rf remoteFlags
+	rf := remoteFlags{g: g}
 	rf.registerConnection(cmd.Flags())
 	sf := addSignFlags(cmd.Flags())
 	return func(ctx context.Context, ref string) (pack.Sink, error) {

@@ -24,6 +24,7 @@ import (
 
 // remoteFlags are the connection flags of every command that talks to a registry.
 type remoteFlags struct {
+	g                  *Globals // for --debug
 	opts               remote.Options
 	username, password string
 }
@@ -72,6 +73,9 @@ func (f *remoteFlags) options() remote.Options {
 	o := f.opts
 	o.UserAgent = "modelpack/" + Version
 	o.LoopbackPlainHTTP = true // as docker and containerd treat localhost, 127.0.0.0/8 and [::1]
+	if f.g != nil {
+		o.WrapTransport = f.g.wrapTransport()
+	}
 	if c := explicitCredential(f.username, f.password); c != nil {
 		o.Credential = c
 		o.Hints.Credentials = "check -u/--username and -p/--password; they override the credentials stored by login"

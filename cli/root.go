@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -18,6 +19,8 @@ import (
 	"golang.org/x/term"
 
 	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/artifact/hf"
+	"github.com/modelpack/modelpack/internal/httplog"
 )
 
 // Version is set at build time with -ldflags "-X github.com/modelpack/modelpack/cli.Version=…".
@@ -42,8 +45,30 @@ type Globals struct {
 	Home   string // local store root ($MODELPACK_HOME)
 	Output string // table or json
 	Quiet  bool
+	Debug  bool // print every registry and Hub request and answer on stderr
 
-	warned *warnings // what the command said beside its result (newWarnings), for the error document too
+	httpLog *httplog.Logger // --debug's, made once the flags are parsed
+	warned  *warnings       // what the command said beside its result (newWarnings), for the error document too
+}
+
+// wrapTransport is what wraps the HTTP transports of registries and the Hub: nil, or with --debug the logger.
+func (g *Globals) wrapTransport() func(http.RoundTripper) http.RoundTripper {
+	if g.httpLog == nil {
+		return nil
+	}
+	return g.httpLog.Wrap
+}
+
+// hubClient is the Hub's client configured from the environment (hf.FromEnv), logged under --debug.
+func (g *Globals) hubClient() (*hf.Client, error) {
+	c, err := hf.FromEnv()
+	if err != nil {
+		return nil, err
+	}
+	if w := g.wrapTransport(); w != nil {
+		c.WrapTransport(w)
+	}
+	return c, nil
 }
 
 // NewRoot builds the command tree.
@@ -66,12 +91,16 @@ func newRoot() (*cobra.Command, *Globals) {
 					return asUsage(err)
 				}
 			}
+			if g.Debug {
+				g.httpLog = httplog.New(cmd.ErrOrStderr())
+			}
 			return validateOutput(g.Output)
 		},
 	}
 	root.PersistentFlags().StringVar(&g.Home, "home", defaultHome(), "local store directory (env MODELPACK_HOME)")
 	root.PersistentFlags().StringVarP(&g.Output, "output", "o", "table", "output format: table or json")
 	root.PersistentFlags().BoolVarP(&g.Quiet, "quiet", "q", false, "print no progress")
+	root.PersistentFlags().BoolVar(&g.Debug, "debug", false, "print every registry and Hugging Face Hub request and answer on stderr (method, URL, status, headers with credentials redacted, timings)")
 	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json"}, cobra.ShellCompDirectiveNoFileComp))
 	for _, c := range commands {
 		root.AddCommand(c(g))

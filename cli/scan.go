@@ -35,7 +35,7 @@ type scannedFile struct {
 }
 
 func scanCmd(g *Globals) *cobra.Command {
-	var rf remoteFlags
+	rf := remoteFlags{g: g}
 	var policyFile, reference string
 	cmd := &cobra.Command{
 		Use:   "scan DIR|FILE|REF|hf://ORG/NAME[@REVISION]",
@@ -85,7 +85,7 @@ refused. A directory is judged as the model --reference names.`,
 					return fmt.Errorf("--policy judges a Hub model as a model reference: name it with --reference REGISTRY/REPOSITORY[:TAG|@DIGEST]")
 				}
 				res.Reference = args[0]
-				if files, err = scanHub(cmd.Context(), args[0]); err != nil {
+				if files, err = scanHub(cmd.Context(), g, args[0]); err != nil {
 					return err
 				}
 			} else {
@@ -201,12 +201,12 @@ func scanLayers(store *layout.Store, ref string, info *artifactInfo) ([]scan.Fil
 
 // scanHub scans every file of a Hugging Face Hub model where it lies, with range reads: safetensors cost their
 // header, not their download.
-func scanHub(ctx context.Context, s string) ([]scan.FileReport, error) {
+func scanHub(ctx context.Context, g *Globals, s string) ([]scan.FileReport, error) {
 	ref, err := hf.ParseReference(s)
 	if err != nil {
 		return nil, err
 	}
-	client, err := hf.FromEnv()
+	client, err := g.hubClient()
 	if err != nil {
 		return nil, err
 	}

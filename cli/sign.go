@@ -76,7 +76,7 @@ func (s *signFlags) signPushed(ctx context.Context, digestRef string, o remote.O
 }
 
 func signCmd(g *Globals) *cobra.Command {
-	var rf remoteFlags
+	rf := remoteFlags{g: g}
 	var sf signFlags
 	var tlogUpload bool
 	var format, omsDir, omsSignature string

@@ -179,7 +179,7 @@ func listCmd(g *Globals) *cobra.Command {
 }
 
 func inspectCmd(g *Globals) *cobra.Command {
-	var rf remoteFlags
+	rf := remoteFlags{g: g}
 	var fromRemote bool
 	cmd := &cobra.Command{
 		Use:   "inspect REF",

@@ -9,7 +9,7 @@ import (
 )
 
 func tagsCmd(g *Globals) *cobra.Command {
-	var rf remoteFlags
+	rf := remoteFlags{g: g}
 	cmd := &cobra.Command{
 		Use:   "tags REGISTRY/REPOSITORY",
 		Short: "List the tags of a repository in a registry",

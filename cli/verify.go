@@ -115,7 +115,7 @@ func (f *verifyFlags) rule() (signing.Rule, error) {
 }
 
 func verifyCmd(g *Globals) *cobra.Command {
-	var rf remoteFlags
+	rf := remoteFlags{g: g}
 	f := &verifyFlags{}
 	cmd := &cobra.Command{
 		Use:   "verify REF (--key PUB | --certificate-identity ID --certificate-oidc-issuer URL | --policy FILE)",

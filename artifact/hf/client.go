@@ -46,7 +46,13 @@ func NewClient(endpoint, token string, idle time.Duration) (*Client, error) {
 		idle = remote.DefaultTimeouts.Idle
 	}
 	return &Client{endpoint: u, token: token, idle: idle, MaxRetryAfter: 5 * time.Minute, RateLimitAttempts: 5,
-		http: httpClient(u, token, idle)}, nil
+		http: httpClient(u, token, idle, nil)}, nil
+}
+
+// WrapTransport makes wrap wrap the transport of c's connections, under authentication and redirects, as
+// remote.Options.WrapTransport does a registry's: instrumentation sees every request as it goes on the wire.
+func (c *Client) WrapTransport(wrap func(http.RoundTripper) http.RoundTripper) {
+	c.http = httpClient(c.endpoint, c.token, c.idle, wrap)
 }
 
 // FromEnv returns a client configured as huggingface_hub configures itself: HF_ENDPOINT (default the public

@@ -18,11 +18,18 @@ import (
 //     never rides a redirect or a next page to the download hosts LFS files redirect to, or anywhere else,
 //     whatever the status (307/308 too) and however often a 429 there is retried;
 //   - a redirect from https to plain http (the same host included) is refused, as the registries' are.
-func httpClient(endpoint *url.URL, token string, idle time.Duration) *http.Client {
+//
+// wrap, if not nil, wraps the connections' transport, under the token and the redirects: it sees each hop as it
+// goes on the wire (the CLI's --debug).
+func httpClient(endpoint *url.URL, token string, idle time.Duration, wrap func(http.RoundTripper) http.RoundTripper) *http.Client {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.DialContext = remote.GuardDial(&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}, endpoint.Scheme, endpoint.Host, "Hub")
 	tr.MaxIdleConnsPerHost = 16
-	rt := bearer{next: tr, origin: origin(endpoint), token: token}
+	var next http.RoundTripper = tr
+	if wrap != nil {
+		next = wrap(tr)
+	}
+	rt := bearer{next: next, origin: origin(endpoint), token: token}
 	return &http.Client{Transport: remote.BoundStalls(rt, idle), CheckRedirect: func(req *http.Request, via []*http.Request) error {
 		if len(via) >= 10 {
 			return fmt.Errorf("stopped after 10 redirects")
