@@ -129,7 +129,8 @@ stamp registry-ready
 img=$RUN/images
 ( cd "$ROOT" && go build -trimpath -o "$img/ociimage" ./e2e/cmd/ociimage && \
   CGO_ENABLED=0 go build -trimpath -o "$img/kubelet-registrar" ./e2e/cmd/kubelet-registrar && \
-  CGO_ENABLED=0 go build -trimpath -o "$img/csi-livenessprobe" ./e2e/cmd/csi-livenessprobe )
+  CGO_ENABLED=0 go build -trimpath -o "$img/csi-livenessprobe" ./e2e/cmd/csi-livenessprobe && \
+  CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$img/modelpack" ./cli/modelpack ) # the suite's host-side CLI
 busybox=$(command -v busybox)
 applets=""
 for a in sh cat ls sleep echo true false test find head tail wc sha256sum stat dd touch mount umount grep sed awk cut tr sort xargs id df wget; do
