@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -12,8 +13,9 @@ import (
 	"github.com/modelpack/modelpack/internal/testenv"
 )
 
-// Item: fetch and unpack into a directory whose file system cannot hold what is still to write fail at once, with
-// both numbers and the path, and write nothing; what fits (a --include of the small file) still goes.
+// Item: fetch and unpack into a directory, and pull into a store, whose file system cannot hold what is still to
+// write fail at once, with both numbers and the path, and write nothing; what fits (a --include of the small file)
+// still goes.
 func TestWriteRefusedWhenTheDiskIsTooSmall(t *testing.T) {
 	disk := testenv.SmallDisk(t, "256k")
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
@@ -56,6 +58,22 @@ func TestWriteRefusedWhenTheDiskIsTooSmall(t *testing.T) {
 			t.Fatalf("%s refused but wrote %v (%v)", name, entries, err)
 		}
 	}
+	// pull: the blobs its store lacks (the layers, and the config counted in need) must fit there; none is
+	// written (opening the store writes its small metadata first, so the free space is no longer the disk's; the
+	// config blob adds to the files' bytes).
+	storeHome := filepath.Join(disk, "home")
+	code, _, stderr := run("--home", storeHome, "pull", "--plain-http", ref)
+	if code != 1 || !strings.Contains(stderr, fmt.Sprintf("free on the file system of %s; nothing was written (free space there, or give --home another directory)", storeHome)) ||
+		!regexp.MustCompile(regexp.QuoteMeta(storeHome)+`: 1\.0 MiB \(10488\d\d bytes\) to write, more than the \d+ KiB \(\d+ bytes\) free`).MatchString(stderr) {
+		t.Fatalf("pull into a store on a %d-byte disk: exit %d: %s", free, code, stderr)
+	}
+	filepath.WalkDir(disk, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() && strings.Contains(p, "blobs") {
+			t.Errorf("pull refused but wrote %s", p)
+		}
+		return nil
+	})
+	os.RemoveAll(storeHome)
 	dst := filepath.Join(disk, "cfg")
 	if code, _, stderr := run("fetch", "--plain-http", ref, dst, "--include", "config.json"); code != 0 {
 		t.Fatalf("fetch of what fits: exit %d: %s", code, stderr)

@@ -104,6 +104,32 @@ var freeSpace = diskio.FreeSpace
 // and what an interrupted fetch kept in DIR/.modelpack-partial. A tar layer's extracted size can exceed its blob's:
 // the check is a floor, not a promise. A file system whose free space cannot be read is not checked.
 func checkSpace(dir string, layers []artifact.Layer) error {
+	var need int64
+	for _, l := range layers {
+		need += l.Size
+	}
+	return needSpace(dir, need, "free space there, or choose layers with --filter/--include", func() (held int64) {
+		for _, l := range layers {
+			if pack.Identical(dir, l) {
+				held += l.Size
+			}
+		}
+		_ = filepath.WalkDir(filepath.Join(dir, remote.PartialDir), func(_ string, d fs.DirEntry, err error) error {
+			if err == nil && d.Type().IsRegular() {
+				if fi, err := d.Info(); err == nil {
+					held += fi.Size()
+				}
+			}
+			return nil
+		})
+		return held
+	})
+}
+
+// needSpace refuses need bytes more than the free space of dir's file system (dir's nearest existing parent when
+// dir is yet to be made). held, if set, counts the bytes of need already there; it runs only when need does not
+// fit, being costly. hint says what the user can do.
+func needSpace(dir string, need int64, hint string, held func() int64) error {
 	at := dir
 	for {
 		if _, err := os.Stat(at); err == nil {
@@ -116,32 +142,14 @@ func checkSpace(dir string, layers []artifact.Layer) error {
 		at = up
 	}
 	free, err := freeSpace(at)
-	if err != nil {
+	if err != nil || need <= free {
 		return nil
 	}
-	var need int64
-	for _, l := range layers {
-		need += l.Size
-	}
-	if need <= free {
-		return nil
-	}
-	for _, l := range layers {
-		if pack.Identical(dir, l) {
-			need -= l.Size
+	if held != nil {
+		if need -= held(); need <= free {
+			return nil
 		}
 	}
-	_ = filepath.WalkDir(filepath.Join(dir, remote.PartialDir), func(_ string, d fs.DirEntry, err error) error {
-		if err == nil && d.Type().IsRegular() {
-			if fi, err := d.Info(); err == nil {
-				need -= fi.Size()
-			}
-		}
-		return nil
-	})
-	if need <= free {
-		return nil
-	}
-	return fmt.Errorf("%s: %s (%d bytes) to write, more than the %s (%d bytes) free on the file system of %s; nothing was written (free space there, or choose --filter/--include)",
-		dir, humanBytes(need), need, humanBytes(free), free, at)
+	return fmt.Errorf("%s: %s (%d bytes) to write, more than the %s (%d bytes) free on the file system of %s; nothing was written (%s)",
+		dir, humanBytes(need), need, humanBytes(free), free, at, hint)
 }
