@@ -93,10 +93,6 @@ func (w *writeFlags) skipIdentical(dir string, sel func(artifact.Layer) bool) fu
 	}
 }
 
-// freeSpace is the statfs of the file system holding a path (diskio.FreeSpace); tests of the arithmetic alone
-// may set it, the command tests fill a real small tmpfs.
-var freeSpace = diskio.FreeSpace
-
 // checkSpace refuses, before anything is written, layers whose bytes still to write exceed the free space of the
 // file system DIR is on (DIR, or its nearest existing parent when it is yet to be made): a pull that would fill the
 // disk fails at once with both numbers instead of after hours with ENOSPC. Still to write are the layers' sizes
@@ -141,7 +137,7 @@ func needSpace(dir string, need int64, hint string, held func() int64) error {
 		}
 		at = up
 	}
-	free, err := freeSpace(at)
+	free, err := diskio.FreeSpace(at)
 	if err != nil || need <= free {
 		return nil
 	}
