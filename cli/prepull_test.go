@@ -72,7 +72,8 @@ func TestPrepullStatusSizeOfCachedModel(t *testing.T) {
 	if code, _, stderr := run("pack", model, "-t", ref, "--push", "--plain-http"); code != 0 {
 		t.Fatalf("pack --push: exit %d: %s", code, stderr)
 	}
-	sock := startPrepullAPI(t, reg.Host)
+	root := t.TempDir()
+	sock, stop := servePrepullAPI(t, root, []string{reg.Host})
 	status := func() (prepull.Entry, string) {
 		t.Helper()
 		code, out, stderr := run("prepull", "status", "--socket", sock, "-o", "json")
@@ -86,18 +87,25 @@ func TestPrepullStatusSizeOfCachedModel(t *testing.T) {
 		}
 		return es[0], table
 	}
-	for _, args := range [][]string{{"prepull", ref}, {"prepull", "cancel", ref}, {"prepull", ref}} {
-		if code, _, stderr := run(append(args, "--socket", sock)...); code != 0 {
-			t.Fatalf("%v: exit %d: %s", args, code, stderr)
-		}
-		if args[1] == "cancel" {
-			continue
-		}
+	check := func(after string) {
+		t.Helper()
 		e, table := status()
 		lines := strings.Split(strings.TrimSpace(table), "\n")
 		if e.State != prepull.StateReady || e.Total <= 0 || e.Done != e.Total || len(lines) != 2 ||
 			strings.Fields(lines[1])[2] == "-" || !strings.Contains(lines[1], humanBytes(e.Total)) {
-			t.Fatalf("after %v: entry %+v, table:\n%s\nwant ready with its size", args, e, table)
+			t.Fatalf("after %s: entry %+v, table:\n%s\nwant ready with its size", after, e, table)
 		}
 	}
+	for _, args := range [][]string{{"prepull", ref}, {"prepull", "cancel", ref}, {"prepull", ref}} {
+		if code, _, stderr := run(append(args, "--socket", sock)...); code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, stderr)
+		}
+		if args[1] != "cancel" {
+			check(strings.Join(args, " "))
+		}
+	}
+	// The driver restarted: the entry comes back from its pin, with the size of the cache's record.
+	stop()
+	sock, _ = servePrepullAPI(t, root, []string{reg.Host})
+	check("a restart")
 }
