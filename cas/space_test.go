@@ -14,16 +14,7 @@ import (
 )
 
 // smallDisk mounts a tmpfs of size bytes at a fresh directory (unmounted at cleanup).
-func smallDisk(t *testing.T, size string) string {
-	t.Helper()
-	testenv.RequireRoot(t)
-	dir := t.TempDir()
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size); err != nil {
-		testenv.Unavailable(t, "mount a tmpfs: %v", err)
-	}
-	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
-	return dir
-}
+func smallDisk(t *testing.T, size string) string { return testenv.SmallDisk(t, size) }
 
 func freeBytes(t *testing.T, dir string) int64 {
 	t.Helper()

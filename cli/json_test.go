@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,7 +69,15 @@ func runnableCommands() []string {
 // startPrepullAPI serves the prepull API on a real node cache, as the driver does, and returns its socket.
 func startPrepullAPI(t *testing.T, plainHTTP ...string) string {
 	t.Helper()
-	c, err := cache.Open(cache.Options{Root: t.TempDir()})
+	sock, _ := servePrepullAPI(t, t.TempDir(), plainHTTP)
+	return sock
+}
+
+// servePrepullAPI serves the prepull API on the node cache at root until stop (or the test's end), as a driver
+// run does: a second call on the same root after stop is the driver restarted.
+func servePrepullAPI(t *testing.T, root string, plainHTTP []string) (sock string, stop func()) {
+	t.Helper()
+	c, err := cache.Open(cache.Options{Root: root})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,26 +86,30 @@ func startPrepullAPI(t *testing.T, plainHTTP ...string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sock := filepath.Join(dir, "prepull.sock")
+	sock = filepath.Join(dir, "prepull.sock")
 	be := cachebackend.New(c, cachebackend.Options{
 		Remote: remote.Options{RegistryConfig: filepath.Join(t.TempDir(), "config.json"), PlainHTTPHosts: plainHTTP},
 	}).Prepuller(nil, 0)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- prepull.Serve(ctx, sock, be, prepull.Options{Logger: slog.New(slog.DiscardHandler)}) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("prepull.Serve: %v", err)
-		}
-		c.Close()
-		os.RemoveAll(dir)
-	})
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("prepull.Serve: %v", err)
+			}
+			c.Close()
+			os.RemoveAll(dir)
+		})
+	}
+	t.Cleanup(stop)
 	client := prepull.NewClient(sock)
 	deadline := time.Now().Add(10 * time.Second)
 	for { // readiness, as prepull's own tests wait for it
 		if _, err := client.Entries(context.Background(), "", 0); err == nil {
-			return sock
+			return sock, stop
 		} else if time.Now().After(deadline) {
 			t.Fatalf("prepull API did not start: %v", err)
 		}

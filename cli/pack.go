@@ -36,10 +36,12 @@ type packFlags struct {
 func packCmd(g *Globals) *cobra.Command {
 	f := &packFlags{}
 	cmd := &cobra.Command{
-		Use:     "pack DIR|hf://ORG/NAME[@REVISION] -t NAME[:TAG]",
+		Use:     "pack DIR|FILE|hf://ORG/NAME[@REVISION] -t NAME[:TAG]",
 		Aliases: []string{"build"},
 		Short:   "Pack a model directory or a Hugging Face model into a ModelPack artifact in the local store",
 		Long: `Pack a model directory into a CNCF ModelPack artifact in the local store.
+
+A single FILE (model.gguf, model.safetensors) packs as an artifact of that one file; the files beside it are not read.
 
 Each weight file (safetensors, gguf, bin, pt, onnx, …) becomes a raw layer of its own; config and tokenizer
 files become weight.config layers, README/LICENSE/*.md doc layers, *.py and friends code layers. --dataset and
@@ -60,12 +62,10 @@ license; createdAt is the commit's date, so the same revision always packs to th
 directory of a Hub cache (models--ORG--NAME/snapshots/COMMIT) packs as a model directory, its symlinks into the
 cache's blobs/ followed.`,
 		Example: `  modelpack pack ./llama3-8b -t llama3:8b
+  modelpack pack ./qwen2.5-0.5b-q4_k_m.gguf -t qwen2.5:0.5b-q4
   modelpack pack hf://Qwen/Qwen2.5-0.5B-Instruct -t qwen2.5:0.5b --exclude '*.gguf'
   modelpack pack ./model -t registry.local/org/model:v1 --dataset data --layer-format tar+zstd`,
 		Args: cobra.ExactArgs(1),
-		ValidArgsFunction: func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
-			return nil, cobra.ShellCompDirectiveFilterDirs
-		},
 	}
 	fl := cmd.Flags()
 	fl.StringVarP(&f.tag, "tag", "t", "", "reference to tag the artifact with, NAME[:TAG] (required)")

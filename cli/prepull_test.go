@@ -2,9 +2,12 @@ package cli
 
 import (
 	"bytes"
+	"encoding/json"
 	"strings"
 	"testing"
 
+	"github.com/modelpack/modelpack/internal/testenv"
+	"github.com/modelpack/modelpack/internal/testmodel"
 	"github.com/modelpack/modelpack/prepull"
 )
 
@@ -54,4 +57,55 @@ func TestPrepullTable(t *testing.T) {
 	if got := pick([]prepull.Entry{{Ref: "b"}, {Ref: "a"}}, []string{"a", "c", "b", "a"}); len(got) != 2 || got[0].Ref != "a" || got[1].Ref != "b" {
 		t.Errorf("pick = %+v", got)
 	}
+}
+
+// Item: `prepull status` shows the model's size also when the node's cache held it already (a model prepulled
+// again after a cancel, or mounted before): no bytes moved, so no progress told the size; the cache's record does.
+func TestPrepullStatusSizeOfCachedModel(t *testing.T) {
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	run := binaryRunner(t, "DOCKER_CONFIG="+t.TempDir())
+	model := t.TempDir()
+	if err := testmodel.Generate(model, testmodel.Small); err != nil {
+		t.Fatal(err)
+	}
+	ref := reg.Host + "/pp/sized:v1"
+	if code, _, stderr := run("pack", model, "-t", ref, "--push", "--plain-http"); code != 0 {
+		t.Fatalf("pack --push: exit %d: %s", code, stderr)
+	}
+	root := t.TempDir()
+	sock, stop := servePrepullAPI(t, root, []string{reg.Host})
+	status := func() (prepull.Entry, string) {
+		t.Helper()
+		code, out, stderr := run("prepull", "status", "--socket", sock, "-o", "json")
+		var es []prepull.Entry
+		if err := json.Unmarshal([]byte(out), &es); code != 0 || err != nil || len(es) != 1 {
+			t.Fatalf("prepull status -o json: exit %d, %v: %s %s", code, err, out, stderr)
+		}
+		code, table, stderr := run("prepull", "status", "--socket", sock)
+		if code != 0 {
+			t.Fatalf("prepull status: exit %d: %s", code, stderr)
+		}
+		return es[0], table
+	}
+	check := func(after string) {
+		t.Helper()
+		e, table := status()
+		lines := strings.Split(strings.TrimSpace(table), "\n")
+		if e.State != prepull.StateReady || e.Total <= 0 || e.Done != e.Total || len(lines) != 2 ||
+			strings.Fields(lines[1])[2] == "-" || !strings.Contains(lines[1], humanBytes(e.Total)) {
+			t.Fatalf("after %s: entry %+v, table:\n%s\nwant ready with its size", after, e, table)
+		}
+	}
+	for _, args := range [][]string{{"prepull", ref}, {"prepull", "cancel", ref}, {"prepull", ref}} {
+		if code, _, stderr := run(append(args, "--socket", sock)...); code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, stderr)
+		}
+		if args[1] != "cancel" {
+			check(strings.Join(args, " "))
+		}
+	}
+	// The driver restarted: the entry comes back from its pin, with the size of the cache's record.
+	stop()
+	sock, _ = servePrepullAPI(t, root, []string{reg.Host})
+	check("a restart")
 }

@@ -3,6 +3,8 @@ package cli
 import (
 	"fmt"
 
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
 	"github.com/modelpack/modelpack/artifact/layout"
 	"github.com/modelpack/modelpack/artifact/remote"
 	"github.com/spf13/cobra"
@@ -42,7 +44,17 @@ Mirrors configured in --hosts-dir are tried before the registry itself.`,
 			}
 			defer store.Close()
 			ui := newTransferUI(cmd, g, "pulled")
-			res, err := remote.Pull(cmd.Context(), src, store, local, remote.TransferOptions{Reporter: ui.reporter(), Referrers: referrers, Sources: store})
+			// The blobs the store lacks must fit in the free space of its file system, checked before any is written.
+			check := func(blobs []ocispec.Descriptor) error {
+				var need int64
+				for _, b := range blobs {
+					if ok, err := store.Exists(cmd.Context(), b); err != nil || !ok {
+						need += b.Size
+					}
+				}
+				return needSpace(store.Root(), need, "free space there, or give --home another directory", nil)
+			}
+			res, err := remote.Pull(cmd.Context(), src, store, local, remote.TransferOptions{Reporter: ui.reporter(), Referrers: referrers, Sources: store, Check: check})
 			ui.stop()
 			if err != nil {
 				return err

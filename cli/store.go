@@ -340,6 +340,9 @@ records (the epoch for a reproducible pack), as fetch gives them.`,
 			if err := wf.checkImage(args[0], args[1], selected); err != nil {
 				return err
 			}
+			if err := checkSpace(args[1], selected); err != nil {
+				return err
+			}
 			var bar *progressBar
 			if g.ShowProgress() {
 				bar = &progressBar{desc: "unpacking"}

@@ -2,6 +2,9 @@ package cli
 
 import (
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -9,6 +12,8 @@ import (
 
 	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/artifact/pack"
+	"github.com/modelpack/modelpack/artifact/remote"
+	"github.com/modelpack/modelpack/internal/diskio"
 )
 
 // writeFlags say what unpack and fetch may do to the directory they write into.
@@ -32,7 +37,10 @@ func (w *writeFlags) check(ref, dir string) func([]artifact.Layer) error {
 		if err := w.checkImage(ref, dir, layers); err != nil {
 			return err
 		}
-		return pack.CheckTargets(dir, layers, w.force)
+		if err := pack.CheckTargets(dir, layers, w.force); err != nil {
+			return err
+		}
+		return checkSpace(dir, layers)
 	}
 }
 
@@ -83,4 +91,61 @@ func (w *writeFlags) skipIdentical(dir string, sel func(artifact.Layer) bool) fu
 	return func(l artifact.Layer) bool {
 		return sel(l) && !pack.Identical(dir, l)
 	}
+}
+
+// checkSpace refuses, before anything is written, layers whose bytes still to write exceed the free space of the
+// file system DIR is on (DIR, or its nearest existing parent when it is yet to be made): a pull that would fill the
+// disk fails at once with both numbers instead of after hours with ENOSPC. Still to write are the layers' sizes
+// less the files DIR holds byte for byte (counted only when the sum does not fit, as reading them costs a hash)
+// and what an interrupted fetch kept in DIR/.modelpack-partial. A tar layer's extracted size can exceed its blob's:
+// the check is a floor, not a promise. A file system whose free space cannot be read is not checked.
+func checkSpace(dir string, layers []artifact.Layer) error {
+	var need int64
+	for _, l := range layers {
+		need += l.Size
+	}
+	return needSpace(dir, need, "free space there, or choose layers with --filter/--include", func() (held int64) {
+		for _, l := range layers {
+			if pack.Identical(dir, l) {
+				held += l.Size
+			}
+		}
+		_ = filepath.WalkDir(filepath.Join(dir, remote.PartialDir), func(_ string, d fs.DirEntry, err error) error {
+			if err == nil && d.Type().IsRegular() {
+				if fi, err := d.Info(); err == nil {
+					held += fi.Size()
+				}
+			}
+			return nil
+		})
+		return held
+	})
+}
+
+// needSpace refuses need bytes more than the free space of dir's file system (dir's nearest existing parent when
+// dir is yet to be made). held, if set, counts the bytes of need already there; it runs only when need does not
+// fit, being costly. hint says what the user can do.
+func needSpace(dir string, need int64, hint string, held func() int64) error {
+	at := dir
+	for {
+		if _, err := os.Stat(at); err == nil {
+			break
+		}
+		up := filepath.Dir(at)
+		if up == at {
+			return nil
+		}
+		at = up
+	}
+	free, err := diskio.FreeSpace(at)
+	if err != nil || need <= free {
+		return nil
+	}
+	if held != nil {
+		if need -= held(); need <= free {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s: %s (%d bytes) to write, more than the %s (%d bytes) free on the file system of %s; nothing was written (%s)",
+		dir, humanBytes(need), need, humanBytes(free), free, at, hint)
 }

@@ -90,6 +90,7 @@ func (m *manager) restore(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("prepull: reading pins: %w", err)
 	}
+	sizes := m.cachedSizes(ctx)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for name, d := range pins {
@@ -102,7 +103,7 @@ func (m *manager) restore(ctx context.Context) error {
 			continue
 		}
 		m.items[k] = &item{
-			e:        Entry{List: list, Ref: ref, Digest: d, State: StateReady, Pin: name, Updated: time.Now()},
+			e:        Entry{List: list, Ref: ref, Digest: d, State: StateReady, Pin: name, Done: sizes[d], Total: sizes[d], Updated: time.Now()},
 			released: make(chan struct{}),
 			retry:    make(chan struct{}, 1),
 		}
@@ -328,15 +329,41 @@ func (m *manager) attempt(ctx context.Context, it *item) error {
 			return fmt.Errorf("pin: %w", err)
 		}
 	}
+	// A model the cache held already is not transferred, so no progress told its size: the cache's record does.
+	m.mu.Lock()
+	unknown := it.e.Total == 0
+	m.mu.Unlock()
+	var held int64
+	if unknown {
+		held = m.cachedSizes(ctx)[manifest]
+	}
 	var size int64
 	m.update(it, func(e *Entry) {
 		e.State = StateReady
+		if e.Total == 0 {
+			e.Total = held
+		}
 		e.Done = max(e.Done, e.Total)
 		size = e.Total
 	})
 	m.log.Info("prepull ready", "list", it.e.List, "ref", ref, "digest", desc.Digest, "manifest", manifest, "bytes", size,
 		"seconds", time.Since(start).Round(time.Millisecond).Seconds())
 	return nil
+}
+
+// cachedSizes is the size of each manifest the cache holds (its blobs' bytes); what cannot be read is left
+// unknown, the size being only for show.
+func (m *manager) cachedSizes(ctx context.Context) map[digest.Digest]int64 {
+	entries, err := m.be.Cache(ctx)
+	if err != nil {
+		m.log.Warn("prepull: listing the cache for sizes", "error", err)
+		return nil
+	}
+	sizes := make(map[digest.Digest]int64, len(entries))
+	for _, e := range entries {
+		sizes[e.Digest] = e.Size
+	}
+	return sizes
 }
 
 func (m *manager) update(it *item, f func(*Entry)) {

@@ -117,14 +117,23 @@ func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Des
 			return ocispec.Descriptor{}, err
 		}
 	}
+	// A lone file (model.gguf, as oras and ollama take one) packs as a model of that one file, read from its
+	// directory.
+	only := ""
+	if fi, err := os.Stat(dir); err == nil && fi.Mode().IsRegular() {
+		dir, only = filepath.Dir(dir), filepath.Base(dir)
+	}
 	t, err := openTree(dir)
 	if err != nil {
 		return ocispec.Descriptor{}, err
 	}
 	defer t.Close()
-	mf, mfRel, err := loadModelfile(t, dir, opts.Modelfile)
-	if err != nil {
-		return ocispec.Descriptor{}, err
+	t.only = only
+	mf, mfRel := &Modelfile{}, ""
+	if only == "" || opts.Modelfile != "" { // the Modelfile beside a lone file is not its recipe
+		if mf, mfRel, err = loadModelfile(t, dir, opts.Modelfile); err != nil {
+			return ocispec.Descriptor{}, err
+		}
 	}
 	// The Modelfile is the recipe, not part of the model: DIR/Modelfile is never packed, nor is one named by
 	// Options.Modelfile inside DIR.

@@ -369,9 +369,13 @@ func TestBadInput(t *testing.T) {
 		"missing directory": {func(t *testing.T, dir string) (string, pack.Options) {
 			return filepath.Join(dir, "nope"), pack.Options{}
 		}, "nope: no such directory"},
-		"not a directory": {func(t *testing.T, dir string) (string, pack.Options) {
-			return filepath.Join(dir, "config.json"), pack.Options{}
-		}, "config.json: a file, not a model directory: put it in a directory of its own"},
+		"a fifo": {func(t *testing.T, dir string) (string, pack.Options) {
+			p := filepath.Join(dir, "pipe")
+			if err := syscall.Mkfifo(p, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return p, pack.Options{}
+		}, "pipe: is a named pipe (fifo); only a model directory or a regular file can be packed"},
 		"empty directory": {func(t *testing.T, dir string) (string, pack.Options) {
 			e := filepath.Join(dir, "empty")
 			os.MkdirAll(filepath.Join(e, "sub"), 0o755)

@@ -95,9 +95,7 @@ func checkDir(dir string) error {
 		return badInput(dir, "%v", unwrapPathError(err))
 	}
 	if !fi.IsDir() {
-		// oras packs files; a ModelPack artifact is a model's directory. Say how to make one of a lone file.
-		base := filepath.Base(dir)
-		return badInput(dir, "a file, not a model directory: put it in a directory of its own and pack that (mkdir model && ln %s model/%s && modelpack pack model -t NAME:TAG)", dir, base)
+		return badInput(dir, "%s; only a model directory or a regular file can be packed", beneath.Describe(fi.Mode()))
 	}
 	return nil
 }

@@ -23,6 +23,8 @@ type tree struct {
 	real string
 	// commit is the snapshot's commit in a Hub cache, whose files are links into root's blobs/ ("" elsewhere).
 	commit string
+	// only is the one file packed when Pack was given a file, not a directory (root is then its directory).
+	only string
 }
 
 func (t *tree) Close() error { return t.root.Close() }
@@ -94,9 +96,9 @@ func isCommit(name string) bool {
 func (t *tree) walk(name func(rel string) string, skip map[string]bool, more bool) ([]node, error) {
 	var nodes []node
 	files := 0
-	err := t.root.Walk(t.prefix, func(e beneath.Entry) error {
+	visit := func(e beneath.Entry) error {
 		rel := e.Rel
-		if strings.HasPrefix(path.Base(rel), ".") || skip[rel] {
+		if t.only == "" && (strings.HasPrefix(path.Base(rel), ".") || skip[rel]) {
 			return beneath.SkipDir
 		}
 		mode := e.Stat.Mode
@@ -121,7 +123,17 @@ func (t *tree) walk(name func(rel string) string, skip map[string]bool, more boo
 		}
 		files++
 		return nil
-	})
+	}
+	var err error
+	if t.only != "" {
+		// A lone file: its directory's other entries are not the model's, so they are neither listed nor judged.
+		var st beneath.Stat
+		if st, err = t.root.Lstat(path.Join(t.prefix, t.only)); err == nil {
+			err = visit(beneath.Entry{Rel: t.only, Stat: st})
+		}
+	} else {
+		err = t.root.Walk(t.prefix, visit)
+	}
 	if err != nil {
 		var ue *UserError
 		var pe *fs.PathError

@@ -55,6 +55,9 @@ type TransferOptions struct {
 	// Sessions, if set, keeps the upload session of each large blob a push sends, so an interrupted push resumes
 	// where the registry's copy stopped.
 	Sessions UploadSessions
+	// Check, if set, sees the root's blobs (config and layers) before any is copied; its error stops the transfer
+	// with nothing written (pull checks the free space of its store with it).
+	Check func([]ocispec.Descriptor) error
 }
 
 // BlobSources is where blobs were last seen in a registry (layout.Store keeps it beside the local store).
@@ -155,6 +158,11 @@ func copyGraph(ctx context.Context, src oras.ReadOnlyTarget, srcRef string, dst 
 	blobs, err := collectBlobs(ctx, src, root)
 	if err != nil {
 		return nil, err
+	}
+	if opts.Check != nil {
+		if err := opts.Check(blobs); err != nil {
+			return nil, err
+		}
 	}
 	mountFrom := ""
 	s, srcIsRepo := src.(*Repository)

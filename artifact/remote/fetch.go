@@ -100,7 +100,7 @@ func fetch(ctx context.Context, src *Repository, dir string, opts FetchOptions) 
 		removeDir()
 		return nil, err
 	}
-	partials := filepath.Join(dir, partialDir)
+	partials := filepath.Join(dir, PartialDir)
 	f := &fetcher{src: src, dir: dir, staging: staging, partials: partials, opts: opts, t: t}
 	defer func() {
 		if err != nil {
@@ -211,8 +211,8 @@ func resolveManifest(ctx context.Context, src *Repository, reference string) (oc
 	return desc, m, nil
 }
 
-// partialDir, under a fetch's target directory, holds the raw files an interrupted fetch had begun.
-const partialDir = ".modelpack-partial"
+// PartialDir, under a fetch's target directory, holds the raw files an interrupted fetch had begun.
+const PartialDir = ".modelpack-partial"
 
 func readManifest(rc io.ReadCloser, desc ocispec.Descriptor) ([]byte, error) {
 	defer rc.Close()

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"syscall"
 	"testing"
 )
 
@@ -54,6 +55,19 @@ func RequireRoot(t testing.TB) {
 	if os.Geteuid() != 0 {
 		Unavailable(t, "needs root for mounts")
 	}
+}
+
+// SmallDisk mounts a tmpfs of size ("4m", "256k") at a fresh directory, unmounted by that path at cleanup, also
+// when the test fails: a file system small enough to fill.
+func SmallDisk(t testing.TB, size string) string {
+	t.Helper()
+	RequireRoot(t)
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size); err != nil {
+		Unavailable(t, "mount a tmpfs: %v", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
+	return dir
 }
 
 // RepoRoot is the module root, found from this file's location.
