@@ -4,8 +4,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -60,21 +58,9 @@ func TestFailingMirrorMovesThePullToTheOriginAtOnce(t *testing.T) {
 			if fault == "refused" {
 				mirror.Close()
 			}
-			hosts := t.TempDir()
-			os.MkdirAll(filepath.Join(hosts, origin.Host), 0o755)
-			os.WriteFile(filepath.Join(hosts, origin.Host, "hosts.toml"), []byte(`server = "http://`+origin.Host+`"
-
-[host."http://`+mirror.Host+`"]
-  capabilities = ["pull", "resolve"]
-`), 0o644)
 			// The idle limit is the stall bound the stalling mirror is cut off by; nothing here waits for it
 			// otherwise.
-			tm := mpremote.Timeouts{ResponseHeader: 10 * time.Second, Idle: time.Second, Attempts: 8}
-			repo, _, err := mpremote.NewRepository(origin.Host+"/m/model:v1", mpremote.Options{PlainHTTP: true, HostsDir: hosts,
-				RegistryConfig: filepath.Join(t.TempDir(), "config.json"), Timeouts: tm})
-			if err != nil {
-				t.Fatal(err)
-			}
+			repo := mirroredRepo(t, origin.Host, mirror.Host, mpremote.Timeouts{ResponseHeader: 10 * time.Second, Idle: time.Second, Attempts: 8})
 			c := openCache(t, t.TempDir(), Options{})
 			if _, err := c.Pull(context.Background(), repo, desc, nil); err != nil {
 				t.Fatalf("a pull whose mirror fails (%s): %v", fault, err)

@@ -344,3 +344,22 @@ func onlyChild(t testing.TB, parent, name string) {
 func startRegistry(t testing.TB) *testenv.Registry {
 	return testenv.StartRegistry(t, testenv.RegistryOptions{})
 }
+
+// mirroredRepo is the repository m/model:v1 of the plain-HTTP registry origin read through a hosts.toml that
+// puts mirror first, with timeouts tm and no credentials.
+func mirroredRepo(t testing.TB, origin, mirror string, tm remote.Timeouts) *remote.Repository {
+	t.Helper()
+	hosts := t.TempDir()
+	os.MkdirAll(filepath.Join(hosts, origin), 0o755)
+	os.WriteFile(filepath.Join(hosts, origin, "hosts.toml"), []byte(`server = "http://`+origin+`"
+
+[host."http://`+mirror+`"]
+  capabilities = ["pull", "resolve"]
+`), 0o644)
+	repo, _, err := remote.NewRepository(origin+"/m/model:v1", remote.Options{PlainHTTP: true, HostsDir: hosts,
+		RegistryConfig: filepath.Join(t.TempDir(), "config.json"), Timeouts: tm})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return repo
+}

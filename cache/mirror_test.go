@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -53,19 +51,7 @@ func TestLyingMirrorHandsTheBlobToTheOrigin(t *testing.T) {
 				w.Write(bad)
 				return true
 			}
-			hosts := t.TempDir()
-			os.MkdirAll(filepath.Join(hosts, origin.Host), 0o755)
-			os.WriteFile(filepath.Join(hosts, origin.Host, "hosts.toml"), []byte(`server = "http://`+origin.Host+`"
-
-[host."http://`+mirror.Host+`"]
-  capabilities = ["pull", "resolve"]
-`), 0o644)
-			fast := mpremote.Timeouts{ResponseHeader: 5 * time.Second, Idle: 5 * time.Second, Attempts: 2}
-			repo, _, err := mpremote.NewRepository(origin.Host+"/m/model:v1", mpremote.Options{PlainHTTP: true, HostsDir: hosts,
-				RegistryConfig: filepath.Join(t.TempDir(), "config.json"), Timeouts: fast})
-			if err != nil {
-				t.Fatal(err)
-			}
+			repo := mirroredRepo(t, origin.Host, mirror.Host, mpremote.Timeouts{ResponseHeader: 5 * time.Second, Idle: 5 * time.Second, Attempts: 2})
 			c := openCache(t, t.TempDir(), Options{})
 			if _, err := c.Pull(context.Background(), repo, desc, nil); err != nil {
 				t.Fatalf("a pull whose mirror %s a blob: %v", lie, err)
