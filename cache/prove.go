@@ -83,12 +83,42 @@ func (c *Cache) prove(ctx context.Context, src oras.ReadOnlyTarget, desc ocispec
 	return g.Wait()
 }
 
-// deliveredBy reports whether source i of the set delivered blob d, from its first byte, in this pull.
+// A source that reads through mirrors (remote.Repository with a hosts.toml) may be served what its caller may not
+// read: a mirror answers with its own credentials (a P2P agent or a pull-through cache reads the origin with the
+// fleet's). Only the origin speaks for the caller: what a mirror delivered is asked of the origin (a HEAD) like
+// content the cache already held, and a cold pull first asks the origin whether it serves the manifest at all, so
+// a caller it refuses never makes the node pull through a mirror.
+type mirroredSource interface {
+	Mirrored() bool
+	FromOrigin(d digest.Digest) bool
+}
+
+// askOrigin asks src's origin whether it serves desc to src's caller, when src reads through mirrors.
+func askOrigin(ctx context.Context, src oras.ReadOnlyTarget, desc ocispec.Descriptor) error {
+	if m, ok := src.(mirroredSource); !ok || !m.Mirrored() {
+		return nil
+	}
+	ok, err := src.Exists(ctx, desc)
+	if err != nil {
+		return fmt.Errorf("ask the registry whether it serves %s before pulling it through a mirror: %w", desc.Digest, err)
+	}
+	if !ok {
+		return fmt.Errorf("%w: the registry does not serve %s (a mirror's copy is not read for callers the registry does not serve)", ErrNotFound, desc.Digest)
+	}
+	return nil
+}
+
+// deliveredBy reports whether source i of the set delivered blob d, from its first byte, in this pull, from its
+// origin (see mirroredSource).
 func (s *sourceSet) deliveredBy(i int) func(digest.Digest) bool {
 	return func(d digest.Digest) bool {
 		s.mu.Lock()
-		defer s.mu.Unlock()
 		got, ok := s.served[d]
+		src := s.list[i]
+		s.mu.Unlock()
+		if m, viaMirrors := src.(mirroredSource); viaMirrors && !m.FromOrigin(d) {
+			return false
+		}
 		return ok && got.i == i && got.start == 0
 	}
 }

@@ -112,6 +112,9 @@ func (c *Cache) Pull(ctx context.Context, src oras.ReadOnlyTarget, desc ocispec.
 		c.touch(rec.Descriptor.Digest)
 		return rec.Descriptor, nil
 	}
+	if err := askOrigin(ctx, src, desc); err != nil {
+		return ocispec.Descriptor{}, err
+	}
 	for round := 0; ; round++ {
 		f, own, id := c.joinFlight(desc, src, progress)
 		select {

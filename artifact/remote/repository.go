@@ -175,6 +175,18 @@ func (r *Repository) served(reference string, ep *endpointRepo) {
 	r.servedBy[reference] = ep
 }
 
+// Mirrored reports whether reads may be answered by a mirror rather than the origin.
+func (r *Repository) Mirrored() bool { return len(r.endpoints) > 1 }
+
+// FromOrigin reports whether the last read of d (a manifest or blob, from any offset) was answered by the origin
+// itself. A mirror answers with its own credentials (a P2P agent or a pull-through cache reads the origin with
+// the fleet's), so what it served shows nothing of what the origin serves this Repository's caller.
+func (r *Repository) FromOrigin(d digest.Digest) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.servedBy[d.String()] == r.origin
+}
+
 // Distrust is told that the bytes last read of d did not match it (a digest or size mismatch found by the
 // consumer): the endpoint that served them is not asked for d again by this Repository; Distrust names it and
 // reports whether another endpoint remains to read d from. A lying mirror or peer costs a refetch from the next endpoint,
