@@ -173,7 +173,10 @@ func Open(opts Options) (*Cache, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, d := range []string{root, filepath.Join(root, "layers", "sha256"), filepath.Join(root, "views"), filepath.Join(root, "tmp"), filepath.Join(root, "trash")} {
+	if err := privateDir(root, opts.Logger); err != nil {
+		return nil, err
+	}
+	for _, d := range []string{filepath.Join(root, "layers", "sha256"), filepath.Join(root, "views"), filepath.Join(root, "tmp"), filepath.Join(root, "trash")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("create cache: %w", err)
 		}
@@ -519,4 +522,25 @@ func shortHex(d digest.Digest) string {
 		s = s[:12]
 	}
 	return strings.TrimSpace(s)
+}
+
+// privateDir makes dir, the cache root, its owner's alone (0700). The cache holds every tenant's models, and the
+// access records decide who may read one: a local user walking the host path to a view would pass them by. Pods
+// lose nothing, since a pod reads its model through its own bind mount, whose source's parents it never walks.
+// A root left open by an older release is closed, and the fix logged.
+func privateDir(dir string, log *slog.Logger) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create cache: %w", err)
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("create cache: %w", err)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		if err := os.Chmod(dir, 0o700); err != nil {
+			return fmt.Errorf("cache root %s is open to other users (%s) and cannot be closed: %w", dir, fi.Mode().Perm(), err)
+		}
+		log.Warn("cache root was open to other users: closed it", "root", dir, "was", fi.Mode().Perm().String())
+	}
+	return nil
 }
