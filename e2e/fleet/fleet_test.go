@@ -30,7 +30,7 @@ const nodes = 3
 
 // model is a safetensors model of shards shards of size bytes each, seeded by seed, pushed to the registry itself
 // (not through the counting proxy) as repo:v1; it returns the files and the digests of the weights.
-func model(t *testing.T, o *origin, repo string, shards int, size int64, seed uint64) (map[string][]byte, []digest.Digest) {
+func model(t testing.TB, o *origin, repo string, shards int, size int64, seed uint64) (map[string][]byte, []digest.Digest) {
 	t.Helper()
 	files := map[string][]byte{}
 	var ds []digest.Digest
@@ -44,7 +44,7 @@ func model(t *testing.T, o *origin, repo string, shards int, size int64, seed ui
 }
 
 // mounted fails the test unless target holds exactly files.
-func mounted(t *testing.T, name, target string, files map[string][]byte) {
+func mounted(t testing.TB, name, target string, files map[string][]byte) {
 	t.Helper()
 	for _, f := range slices.Sorted(maps.Keys(files)) {
 		got, err := os.ReadFile(filepath.Join(target, f))

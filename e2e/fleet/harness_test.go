@@ -49,7 +49,7 @@ type hold struct {
 	once    sync.Once
 }
 
-func startOrigin(t *testing.T) *origin {
+func startOrigin(t testing.TB) *origin {
 	t.Helper()
 	o := &origin{reg: testenv.StartRegistry(t, testenv.RegistryOptions{}), served: map[string]int64{}}
 	o.Proxy = testenv.StartProxy(t, o.reg.Host, testenv.ProxyHooks{
@@ -137,7 +137,7 @@ func (c *counted) Close() error { return c.rc.Close() }
 // node is one simulated node: a `modelpack csi-driver` process with its own root and socket, reading the model
 // registry through its hosts directory, and (with the P2P layer) its own Kraken agent.
 type node struct {
-	t      *testing.T
+	t      testing.TB
 	name   string
 	root   string
 	sock   string
@@ -152,7 +152,7 @@ type node struct {
 }
 
 // startNodes starts one driver per agent (mirror: its agent), or n drivers straight to the registry (agents nil).
-func startNodes(t *testing.T, dir string, o *origin, n int, agents []*kraken.Agent, tag string) []*node {
+func startNodes(t testing.TB, dir string, o *origin, n int, agents []*kraken.Agent, tag string) []*node {
 	t.Helper()
 	var nodes []*node
 	for i := range n {
@@ -166,7 +166,7 @@ func startNodes(t *testing.T, dir string, o *origin, n int, agents []*kraken.Age
 	return nodes
 }
 
-func (nd *node) start(t *testing.T, root string, o *origin) {
+func (nd *node) start(t testing.TB, root string, o *origin) {
 	t.Helper()
 	nd.root, nd.sock, nd.log = root, filepath.Join(root, "csi.sock"), filepath.Join(root, "driver.log")
 	hosts := filepath.Join(root, "hosts.d", public)
@@ -278,7 +278,7 @@ func (nd *node) unpublishAll() {
 
 // publishAll publishes ref on every node at once, as N pods scheduled together, and returns the targets in node
 // order and the time until the last publish returned; a failed publish ends the test.
-func publishAll(t *testing.T, nodes []*node, ref, pod string) ([]string, time.Duration) {
+func publishAll(t testing.TB, nodes []*node, ref, pod string) ([]string, time.Duration) {
 	t.Helper()
 	targets, took := publishAllErr(t, nodes, ref, pod)
 	if t.Failed() {
@@ -288,7 +288,7 @@ func publishAll(t *testing.T, nodes []*node, ref, pod string) ([]string, time.Du
 }
 
 // publishAllErr is publishAll for a goroutine: a failed publish is an error of the test, not a FailNow.
-func publishAllErr(t *testing.T, nodes []*node, ref, pod string) ([]string, time.Duration) {
+func publishAllErr(t testing.TB, nodes []*node, ref, pod string) ([]string, time.Duration) {
 	targets, errs := make([]string, len(nodes)), make([]error, len(nodes))
 	start := time.Now()
 	var wg sync.WaitGroup

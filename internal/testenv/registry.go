@@ -26,6 +26,8 @@ type RegistryOptions struct {
 	Addr string
 	// AccessLog writes every request to LogPath (combined log format), for tests that count what was served.
 	AccessLog bool
+	// ProxyRemoteURL, if set, makes the registry a pull-through cache of that registry (distribution's proxy mode).
+	ProxyRemoteURL string
 }
 
 // Registry is a running distribution registry (v3.1.2) on loopback.
@@ -75,6 +77,9 @@ func LaunchRegistry(bin, cfgDir string, opts RegistryOptions) (*Registry, error)
 	}
 	if opts.CertFile != "" {
 		tlsCfg = fmt.Sprintf("  tls:\n    certificate: %s\n    key: %s\n", opts.CertFile, opts.KeyFile)
+	}
+	if opts.ProxyRemoteURL != "" {
+		auth += fmt.Sprintf("proxy:\n  remoteurl: %s\n", opts.ProxyRemoteURL)
 	}
 	cfg := fmt.Sprintf(`version: 0.1
 log:

@@ -164,6 +164,9 @@ func (f *Fleet) start(t testing.TB, dir, component string, vars []string, args .
 	return p
 }
 
+// Pgid is the component's process group: it and the nginx it forks.
+func (p *Proc) Pgid() int { return p.cmd.Process.Pid }
+
 // Kill ends the component and its nginx at once (SIGKILL to the process group): a node's agent dying. It returns
 // once no process of the group is left alive.
 func (p *Proc) Kill() {

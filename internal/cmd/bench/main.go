@@ -3,13 +3,14 @@
 // with its peer (oras, curl) and prints ratios; push runs against a second registry with basic auth (htpasswd,
 // bcrypt cost 10). Absolute times drift on shared machines; read the ratios.
 //
-//	go run ./internal/cmd/bench [AREA...]     # areas: pack transport push cache flush publish driver prepull scan cluster
+//	go run ./internal/cmd/bench [AREA...]     # areas: pack transport push cache flush publish driver prepull scan cluster fleet
 //
 // With no arguments it runs BENCH_ONLY (comma-separated) or every area. Other settings, all optional:
 // BENCH_WORK (scratch, /var/tmp/modelpack-bench), BENCH_MODEL_SIZE (shard size of the model: a smaller model for a
 // quick run), RUNS (rounds of every area), PREPULL_N, WARM_N, GC_BLOBS, BENCH_BASELINE_BIN (an older modelpack measured in
 // the same rounds, for transport and driver), MODELPACK and ORAS (the binaries pack compares), DRIVER_LOG_LEVEL.
-// flush, publish, driver and prepull need root (the page cache dropped, mounts). cluster runs e2e/cluster/bench (its own cluster).
+// flush, publish, driver and prepull need root (the page cache dropped, mounts). cluster runs e2e/cluster/bench (its own cluster);
+// fleet runs e2e/fleet's BenchmarkFleet (simulated nodes, Kraken, a capped registry link; BENCH_FLEET_* settings).
 package main
 
 import (
@@ -57,7 +58,7 @@ func run(args []string) error {
 	if len(selected) == 0 && os.Getenv("BENCH_ONLY") != "" {
 		selected = strings.Split(os.Getenv("BENCH_ONLY"), ",")
 	}
-	known := []string{"cluster"}
+	known := []string{"cluster", "fleet"}
 	for _, a := range areas {
 		known = append(known, a.name)
 	}
@@ -95,7 +96,13 @@ func run(args []string) error {
 		if e != nil {
 			os.Setenv("MODEL_DIR", e.modelDir)
 		}
-		return benchCluster()
+		if err := benchCluster(); err != nil {
+			return err
+		}
+	}
+	if want("fleet") {
+		fmt.Println("== fleet")
+		return benchFleet()
 	}
 	return nil
 }
@@ -195,6 +202,13 @@ func (e *env) push(dir, ref string) error {
 // starts its own cluster); BENCH_* settings reach it through the environment.
 func benchCluster() error {
 	cmd := exec.Command("go", "run", "-tags", "cluster", "./e2e/cluster/bench")
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	return cmd.Run()
+}
+
+// benchFleet runs e2e/fleet's BenchmarkFleet: its own registry, Kraken and simulated nodes (the fleet tag).
+func benchFleet() error {
+	cmd := exec.Command("go", "test", "-tags", "fleet", "-run", "^$", "-bench", "^BenchmarkFleet$", "-benchtime", "1x", "-timeout", "60m", "./e2e/fleet/")
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	return cmd.Run()
 }
