@@ -138,6 +138,11 @@ for a in sh cat ls sleep echo true false test find head tail wc sha256sum stat d
 done
 "$img/ociimage" --file "$busybox=/bin/busybox" $applets --cmd /bin/sh $REGISTRY/e2e/busybox:1 > "$img/busybox.ref"
 "$img/ociimage" --file "$busybox=/bin/busybox" --link /bin/sleep=busybox --entrypoint /bin/sleep,2147483647 $REGISTRY/e2e/pause:1 > /dev/null
+# A real inference program for test pods: Debian's tesseract (OCR) with exactly the shared libraries it loads, and
+# no model: the pods mount theirs through the driver.
+elf=(--file "$(command -v tesseract)=/usr/bin/tesseract")
+while read -r lib; do elf+=(--file "$lib=$lib"); done < <(ldd "$(command -v tesseract)" | grep -o '/[^ ]*' | sort -u)
+"$img/ociimage" "${elf[@]}" --entrypoint /usr/bin/tesseract $REGISTRY/e2e/tesseract:1 > "$img/tesseract.ref"
 # The driver image as `make image` builds it (internal/cmd/image): the same binary-and-CA-bundle image, here for
 # linux/amd64 only (containerd picks it from the index as from the published one; arm64 would only cost time).
 ( cd "$ROOT" && go run ./internal/cmd/image --version e2e --platforms linux/amd64 $REGISTRY/modelpack/modelpack:e2e ) > "$img/modelpack.ref"

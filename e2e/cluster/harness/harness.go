@@ -35,6 +35,7 @@ type Cluster struct {
 	Registry   string // host:port of the cluster's plain-HTTP registry
 	Node       string // the single node's name
 	Busybox    string // a busybox image in Registry for test pods
+	Tesseract  string // Debian's tesseract OCR program, without a model, as an image in Registry
 	Modelpack  string // the modelpack binary the driver image was built from
 	// Poll is the time between two polls of the Wait helpers (default 250 ms). Each poll runs a kubectl, which
 	// on two cores takes CPU from what a benchmark measures.
@@ -77,6 +78,10 @@ func Connect(t testing.TB) *Cluster {
 		t.Fatalf("cluster state incomplete: %v", err)
 	}
 	c.Busybox = strings.TrimSpace(string(ref))
+	if ref, err = os.ReadFile(filepath.Join(dir, "images", "tesseract.ref")); err != nil {
+		t.Fatalf("cluster state incomplete: %v", err)
+	}
+	c.Tesseract = strings.TrimSpace(string(ref))
 	return c
 }
 

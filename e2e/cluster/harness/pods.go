@@ -19,15 +19,19 @@ type PodSpec struct {
 	Volumes         []Volume
 	// RestartAlways keeps the pod running (a Script that loops); the default is restartPolicy Never.
 	RestartAlways bool
+	// Image and Command, when set, replace busybox and /bin/sh -c Script.
+	Image   string
+	Command []string
 }
 
-// Volume is one pod volume: exactly one of CSI, Image or Claim.
+// Volume is one pod volume: exactly one of CSI, Image, Claim or ConfigMap.
 type Volume struct {
 	Name, MountPath string
 	CSI             map[string]string // modelpack.csi.dev volumeAttributes
 	SecretRef       string            // the CSI volume's nodePublishSecretRef, in the pod's namespace
 	Image           string            // native image volume reference
 	Claim           string            // PersistentVolumeClaim name
+	ConfigMap       string            // ConfigMap name, its keys as files
 }
 
 // PodManifest renders spec as a Pod manifest for the cluster's node.
@@ -54,9 +58,15 @@ func (c *Cluster) PodManifest(spec PodSpec) string {
 			vol["image"] = map[string]any{"reference": v.Image, "pullPolicy": "IfNotPresent"}
 		case v.Claim != "":
 			vol["persistentVolumeClaim"] = map[string]any{"claimName": v.Claim, "readOnly": true}
+		case v.ConfigMap != "":
+			vol["configMap"] = map[string]any{"name": v.ConfigMap}
 		}
 		vols = append(vols, vol)
 		mounts = append(mounts, map[string]any{"name": v.Name, "mountPath": v.MountPath, "readOnly": true})
+	}
+	image, command := c.Busybox, []string{"/bin/sh", "-c", spec.Script}
+	if spec.Image != "" {
+		image, command = spec.Image, spec.Command
 	}
 	pod := map[string]any{
 		"apiVersion": "v1",
@@ -69,9 +79,9 @@ func (c *Cluster) PodManifest(spec PodSpec) string {
 			"terminationGracePeriodSeconds": 1,
 			"containers": []map[string]any{{
 				"name":            "c",
-				"image":           c.Busybox,
+				"image":           image,
 				"imagePullPolicy": "IfNotPresent",
-				"command":         []string{"/bin/sh", "-c", spec.Script},
+				"command":         command,
 				"volumeMounts":    mounts,
 			}},
 			"volumes": vols,
