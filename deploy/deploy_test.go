@@ -224,7 +224,7 @@ func TestHelmMatchesKustomize(t *testing.T) {
 	for overlay, sets := range map[string][]string{
 		"default":        nil,
 		"native-volumes": {"nativeVolumes.enabled=true", "nativeVolumes.prefixes[0]=registry.example.com/models"},
-		"p2p-kraken":     {"p2p.kraken.enabled=true", "p2p.kraken.registry=registry.example.com"},
+		"p2p-kraken":     krakenSets,
 	} {
 		t.Run(overlay, func(t *testing.T) { compareInstalls(t, index(kustomize(t, overlay)), index(helm(t, sets...))) })
 	}

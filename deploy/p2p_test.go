@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -14,7 +15,11 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
+
+	"github.com/modelpack/modelpack/internal/testenv"
 )
 
 // TestP2PKraken holds both installs of the Kraken component to what makes it work on a real fleet: the driver on
@@ -24,17 +29,46 @@ import (
 func TestP2PKraken(t *testing.T) {
 	for name, objs := range map[string]func() []object{
 		"kustomize": func() []object { return kustomize(t, "p2p-kraken") },
-		"helm":      func() []object { return helm(t, "p2p.kraken.enabled=true", "p2p.kraken.registry=registry.example.com") },
+		"helm":      func() []object { return helm(t, krakenSets...) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			objs := objs()
 			checkInstall(t, objs)
-			checkKraken(t, index(objs))
+			checkKraken(t, index(objs), []string{"10.0.0.0/16"})
 		})
+	}
+	// Kraken authenticates nobody: the chart refuses to install it without the nodes' CIDRs, and admits each.
+	if out, err := helmErr(t, "p2p.kraken.enabled=true", "p2p.kraken.registry=registry.example.com"); err == nil || !strings.Contains(out, "p2p.kraken.nodeCIDRs") {
+		t.Errorf("the chart installed Kraken without p2p.kraken.nodeCIDRs (%v):\n%s", err, out)
+	}
+	checkKraken(t, index(helm(t, "p2p.kraken.enabled=true", "p2p.kraken.registry=registry.example.com",
+		"p2p.kraken.nodeCIDRs={10.1.0.0/16,192.168.7.0/24}")), []string{"10.1.0.0/16", "192.168.7.0/24"})
+}
+
+// krakenSets install the chart as deploy/overlays/p2p-kraken is.
+var krakenSets = []string{"p2p.kraken.enabled=true", "p2p.kraken.registry=registry.example.com", "p2p.kraken.nodeCIDRs={10.0.0.0/16}"}
+
+// fleetOnly fails the test unless from admits exactly Kraken's own pods and the nodes' CIDRs.
+func fleetOnly(t *testing.T, what string, from []networkingv1.NetworkPolicyPeer, nodes []string) {
+	t.Helper()
+	var cidrs []string
+	pods := false
+	for _, f := range from {
+		switch {
+		case f.IPBlock != nil && len(f.IPBlock.Except) == 0:
+			cidrs = append(cidrs, f.IPBlock.CIDR)
+		case f.PodSelector != nil && f.NamespaceSelector == nil && len(f.PodSelector.MatchLabels) == 1 && f.PodSelector.MatchLabels["app.kubernetes.io/name"] == "kraken":
+			pods = true
+		default:
+			t.Errorf("%s admitted from %+v: only the nodes and Kraken's pods may reach it", what, f)
+		}
+	}
+	if !pods || !slices.Equal(cidrs, nodes) {
+		t.Errorf("%s admitted from nodes %v and Kraken's pods %v, want nodes %v and Kraken's pods", what, cidrs, pods, nodes)
 	}
 }
 
-func checkKraken(t *testing.T, ix map[string]object) {
+func checkKraken(t *testing.T, ix map[string]object, nodes []string) {
 	t.Helper()
 	node := podSpec(ix["DaemonSet/modelpack-node"])
 	if !node.HostNetwork || node.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
@@ -96,9 +130,7 @@ func checkKraken(t *testing.T, ix map[string]object) {
 					t.Errorf("admin port %s admitted from %+v", admin, rule.From)
 				}
 			case peer:
-				if len(rule.From) != 0 {
-					t.Errorf("peer port %s limited to %+v: other agents and the origin must reach it", peer, rule.From)
-				}
+				fleetOnly(t, "agent peer port "+peer, rule.From, nodes)
 			}
 		}
 	}
@@ -106,6 +138,24 @@ func checkKraken(t *testing.T, ix map[string]object) {
 		return slices.ContainsFunc(r.Ports, func(p networkingv1.NetworkPolicyPort) bool { return p.Port.String() == admin })
 	}) {
 		t.Errorf("NetworkPolicy does not name the admin port %s", admin)
+	}
+
+	// The origin, the tracker and the build-index serve any blob to whoever asks: the fleet's alone.
+	cluster := ix["NetworkPolicy/kraken-cluster-fleet-only"].obj.(*networkingv1.NetworkPolicy)
+	if len(cluster.Spec.Ingress) != 1 || len(cluster.Spec.Ingress[0].Ports) != 0 {
+		t.Errorf("kraken-cluster-fleet-only: ingress %+v, want one rule for every port", cluster.Spec.Ingress)
+	} else {
+		fleetOnly(t, "origin, tracker and build-index", cluster.Spec.Ingress[0].From, nodes)
+	}
+	for _, key := range []string{"StatefulSet/kraken-origin", "Deployment/kraken-tracker", "Deployment/kraken-build-index"} {
+		sel, err := metav1.LabelSelectorAsSelector(&cluster.Spec.PodSelector)
+		if err != nil || !sel.Matches(labels.Set(podLabels(ix[key]))) {
+			t.Errorf("kraken-cluster-fleet-only does not select %s's pods (%v)", key, err)
+		}
+	}
+	// The agent's store, every tenant's blobs, is root's alone before the agent writes to it.
+	if cmd := strings.Join(agent.Containers[0].Command, " "); !strings.Contains(cmd, "chmod 0700 /var/lib/kraken-agent && exec /usr/bin/kraken-agent") {
+		t.Errorf("kraken-agent does not close its store before it starts: %s", cmd)
 	}
 
 	// The origin and the build-index talk to the registry only through the Accept-header proxy in their pod.
@@ -177,4 +227,28 @@ func TestHelmKrakenFilesMatchTheComponent(t *testing.T) {
 			t.Errorf("%s/%s has no counterpart in %s", chart, name, component)
 		}
 	}
+}
+
+// podLabels are the labels of the pods a workload makes.
+func podLabels(o object) map[string]string {
+	switch v := o.obj.(type) {
+	case *appsv1.DaemonSet:
+		return v.Spec.Template.Labels
+	case *appsv1.Deployment:
+		return v.Spec.Template.Labels
+	case *appsv1.StatefulSet:
+		return v.Spec.Template.Labels
+	}
+	return nil
+}
+
+// helmErr renders the chart and returns helm's output and error, for values it must refuse.
+func helmErr(t *testing.T, sets ...string) (string, error) {
+	t.Helper()
+	args := []string{"template", "modelpack", "helm/modelpack", "--namespace", "modelpack"}
+	for _, s := range sets {
+		args = append(args, "--set", s)
+	}
+	out, err := exec.Command(testenv.Tool(t, "helm"), args...).CombinedOutput()
+	return string(out), err
 }
