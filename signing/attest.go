@@ -99,9 +99,10 @@ type AttestOptions struct {
 // does: a DSSE envelope (payloadType application/vnd.in-toto+json) carrying an in-toto Statement v1 whose
 // subject is the manifest digest and whose predicate is pred, in the sha256-<hex>.att tag with the predicateType
 // annotation cosign writes, or, with NewBundleFormat, as a Sigstore bundle referrer (what cosign attest
-// --new-bundle-format writes). Attesting the same statement again with the same key leaves one attestation; a
-// different statement is added beside earlier ones, as cosign attest does without --replace. It returns where
-// the attestation was stored (the tag, or the referrer's digest).
+// --new-bundle-format writes). In the tag, attesting the same statement again with the same key leaves one
+// attestation and a different statement is added beside earlier ones, as cosign attest does without --replace;
+// each bundle is a referrer of its own. It returns where the attestation was stored (the tag, or a description
+// of the referrer).
 func AttestScan(ctx context.Context, digestRef, keyRef string, pred ScanPredicate, opts AttestOptions) (string, error) {
 	d, err := name.NewDigest(digestRef)
 	if err != nil {

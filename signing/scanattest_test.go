@@ -87,8 +87,16 @@ func TestScanAttestation(t *testing.T) {
 			if err != nil || !dec.Verified || !strings.Contains(dec.Authority, "scan attestation by key "+scannerPub) {
 				t.Fatalf("%+v %v", dec, err)
 			}
-			// Attesting the same report again leaves one attestation.
+			// Attesting the same report again leaves one attestation in the tag.
 			attestScan(t, ref, scanner, dataScan(layer.Digest.String()), bundle)
+			if !bundle {
+				d, _ := name.NewDigest(ref)
+				c := readClient(ctx, plainTransports(t), ref)
+				tag, _ := ociremote.AttestationTag(d, c.oci...)
+				if atts, err := classicAttestations(tag, c); err != nil || len(atts) != 1 {
+					t.Fatalf("%d attestations after attesting twice: %v", len(atts), err)
+				}
+			}
 
 			dec, err = scanAttestationPolicy(t, Rule{}, otherPub).Verify(ctx, ref)
 			wantUnsafe(t, dec, err, ReasonWrongKey, "a scan attestation ("+ScanPredicateType+") by key "+otherPub+" is required")
