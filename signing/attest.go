@@ -3,6 +3,7 @@ package signing
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,12 +11,13 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	cbundle "github.com/sigstore/cosign/v2/pkg/cosign/bundle"
-	cremote "github.com/sigstore/cosign/v2/pkg/cosign/remote"
+	"github.com/sigstore/cosign/v2/pkg/oci"
 	"github.com/sigstore/cosign/v2/pkg/oci/mutate"
 	ociremote "github.com/sigstore/cosign/v2/pkg/oci/remote"
 	"github.com/sigstore/cosign/v2/pkg/oci/static"
 	"github.com/sigstore/cosign/v2/pkg/types"
 	"github.com/sigstore/sigstore/pkg/cryptoutils"
+	"github.com/sigstore/sigstore/pkg/signature"
 	"github.com/sigstore/sigstore/pkg/signature/dsse"
 	"github.com/sigstore/sigstore/pkg/signature/options"
 
@@ -166,16 +168,43 @@ func AttestScan(ctx context.Context, digestRef, keyRef string, pred ScanPredicat
 	case err != nil:
 		return "", fmt.Errorf("attest: reading %s: %w", d, err)
 	}
-	attested, err := mutate.AttachAttestationToEntity(se, att, mutate.WithDupeDetector(cremote.NewDupeDetector(sv)))
+	tag, err := ociremote.AttestationTag(d, c.oci...)
+	if err != nil {
+		return "", err
+	}
+	// cosign's duplicate detector compares layer digests, and no two DSSE envelopes share one (ECDSA signatures
+	// are randomised): an attestation already there is recognised by its statement and its signer instead.
+	existing, err := classicAttestations(tag, c)
+	if err != nil {
+		return "", fmt.Errorf("attest: %w", err)
+	}
+	for _, a := range existing {
+		if sameStatement(a, st, sv) {
+			return tag.String(), nil
+		}
+	}
+	attested, err := mutate.AttachAttestationToEntity(se, att)
 	if err != nil {
 		return "", err
 	}
 	if err := ociremote.WriteAttestations(d.Repository, attested, c.oci...); err != nil {
 		return "", fmt.Errorf("attest: storing the attestation of %s: %w", d, err)
 	}
-	tag, err := ociremote.AttestationTag(d, c.oci...)
-	if err != nil {
-		return "", err
-	}
 	return tag.String(), nil
+}
+
+// sameStatement reports whether att is a DSSE envelope of statement st signed by v.
+func sameStatement(att oci.Signature, st []byte, v signature.Verifier) bool {
+	env, err := att.Payload()
+	if err != nil || dsse.WrapVerifier(v).VerifySignature(bytes.NewReader(env), nil) != nil {
+		return false
+	}
+	var e struct {
+		Payload string `json:"payload"`
+	}
+	if json.Unmarshal(env, &e) != nil {
+		return false
+	}
+	got, err := base64.StdEncoding.DecodeString(e.Payload)
+	return err == nil && bytes.Equal(got, st)
 }
