@@ -15,6 +15,7 @@ import (
 	ociremote "github.com/sigstore/cosign/v2/pkg/oci/remote"
 	"github.com/sigstore/cosign/v2/pkg/oci/static"
 	"github.com/sigstore/cosign/v2/pkg/types"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/modelpack/modelpack/scan"
 )
@@ -144,6 +145,27 @@ func TestScanAttestation(t *testing.T) {
 		copyAttestations(t, from, to, nil)
 		dec, err := scanAttestationPolicy(t, Rule{}, scannerPub).Verify(ctx, victim)
 		wantUnsafe(t, dec, err, ReasonOtherDigest, "is about "+from.DigestStr()+", not "+to.DigestStr())
+	})
+	t.Run("bundle for another digest copied onto this one", func(t *testing.T) {
+		ref, layer := pushModel(t, host, "models/copiedbundle", "v1", "attested")
+		attestScan(t, ref, scanner, dataScan(layer.Digest.String()), true)
+		victim, _ := pushModel(t, host, "models/copiedbundle", "v2", "unscanned")
+		from, _ := name.NewDigest(ref)
+		to, _ := name.NewDigest(victim)
+		c := writeClient(ctx, plainTransports(t), ref)
+		bundles, err := sigstoreBundles(from, c)
+		if err != nil || len(bundles) != 1 || bundles[0].err != nil {
+			t.Fatalf("bundles of %s: %v %+v", ref, err, bundles)
+		}
+		b, err := protojson.Marshal(bundles[0].bundle)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ociremote.WriteAttestationNewBundleFormat(to, b, ScanPredicateType, c.oci...); err != nil {
+			t.Fatal(err)
+		}
+		dec, err := scanAttestationPolicy(t, Rule{}, scannerPub).Verify(ctx, victim)
+		wantUnsafe(t, dec, err, ReasonOtherDigest, "is for another artifact")
 	})
 	t.Run("tampered predicate", func(t *testing.T) {
 		ref, layer := pushModel(t, host, "models/tampered", "v1", "code")
