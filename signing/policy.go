@@ -64,6 +64,11 @@ const (
 //	- name: hub-models                   # OpenSSF Model Signing over the model's files (see OMSRule)
 //	  match: ["registry.example.com/hub/**"]
 //	  oms: {keys: [/etc/modelpack/keys/oms.pub], certificateChains: [/etc/modelpack/oms-ca.pem]}
+//	- name: scanned                      # a scan report signed by the scanner's key (see ScanAttestationRule)
+//	  match: ["registry.example.com/imported/**"]
+//	  keys: [/etc/modelpack/keys/team.pub]
+//	  scanAttestation: {keys: [/etc/modelpack/keys/scanner.pub]}
+//	  transparencyLog: waive
 //
 // The first rule whose pattern matches the repository applies; Default applies when none does.
 type PolicyFile struct {
@@ -96,6 +101,20 @@ type Rule struct {
 	AllowCode bool `yaml:"allowCode" json:"allowCode,omitempty"`
 	// Exceptions allow named files of named models whatever their scan verdict.
 	Exceptions []ScanException `yaml:"exceptions" json:"exceptions,omitempty"`
+	// ScanAttestation requires a signed scan report for the manifest digest (see ScanAttestationRule).
+	ScanAttestation *ScanAttestationRule `yaml:"scanAttestation" json:"scanAttestation,omitempty"`
+}
+
+// ScanAttestationRule requires a scan attestation (predicate type ScanPredicateType, what `modelpack scan REF
+// --attest` signs) for exactly the manifest digest, signed by any one of Keys, stored as cosign stores
+// attestations (the sha256-<hex>.att tag, or a Sigstore bundle referrer). Every such attestation found must
+// cover every layer of the manifest, and its verdicts must pass the rule's allowCode and exceptions as a scan on
+// the node would: a trusted scanner's report of code refuses the model whatever another report says. The rule's
+// transparencyLog applies (modelpack attests offline: waive it). Keyless scanners are not supported.
+//
+//	scanAttestation: {keys: [/etc/modelpack/keys/scanner.pub, k8s://ml/scanner]}
+type ScanAttestationRule struct {
+	Keys []string `yaml:"keys" json:"keys,omitempty"`
 }
 
 // ScanException allows the files matching Path in the models matching Reference.
@@ -239,6 +258,8 @@ type rule struct {
 	oms         *omsRule
 	allowCode   bool
 	exceptions  []exception
+	// scanners are the keys a scan attestation must be signed by; nil when the rule requires none.
+	scanners []*authority
 }
 
 type exception struct {
@@ -281,24 +302,27 @@ func (l *loader) compileRule(r Rule, path string) (*rule, error) {
 	if err != nil {
 		return nil, err
 	}
-	hasReq := len(r.Keys) > 0 || len(r.Keyless) > 0 || r.OMS != nil
+	hasReq := len(r.Keys) > 0 || len(r.Keyless) > 0 || r.OMS != nil || r.ScanAttestation != nil
 	switch {
 	case r.None && hasReq:
-		return nil, fmt.Errorf("%s: none: true cannot be combined with keys, keyless or oms", path)
+		return nil, fmt.Errorf("%s: none: true cannot be combined with keys, keyless, oms or scanAttestation", path)
 	case r.None || cr.mode == Off && !hasReq:
 		if r.TrustRoot.TrustedRoot != "" || r.TrustRoot.CertificateChain != "" || len(r.TrustRoot.CTLogKeys)+len(r.TrustRoot.RekorKeys) > 0 || r.TransparencyLog != "" || r.CertificateTransparency != "" {
 			return nil, fmt.Errorf("%s: trustRoot, transparencyLog and certificateTransparency only apply to keys or keyless", path)
 		}
 		return cr, nil
 	case !hasReq:
-		return nil, fmt.Errorf("%s: no requirement: set keys, keyless, oms, or none: true (or mode: off)", path)
+		return nil, fmt.Errorf("%s: no requirement: set keys, keyless, oms, scanAttestation, or none: true (or mode: off)", path)
+	}
+	if r.ScanAttestation != nil && len(r.ScanAttestation.Keys) == 0 {
+		return nil, fmt.Errorf("%s.scanAttestation.keys: required: at least one cosign public key (a file, env://VAR or k8s://NAMESPACE/NAME) that signs scan attestations", path)
 	}
 	tr, err := l.trustRoot(r.TrustRoot, path+".trustRoot")
 	if err != nil {
 		return nil, err
 	}
 	// OMS key and certificate-chain signatures have no log entry: only Sigstore signatures are held to it.
-	sigstoreSigs := len(r.Keys) > 0 || len(r.Keyless) > 0 || r.OMS != nil && len(r.OMS.Keyless) > 0
+	sigstoreSigs := len(r.Keys) > 0 || len(r.Keyless) > 0 || r.OMS != nil && len(r.OMS.Keyless) > 0 || r.ScanAttestation != nil
 	if tlog == Require && sigstoreSigs && !tr.hasRekor() {
 		return nil, fmt.Errorf("%s.transparencyLog: require needs Rekor keys to check entries offline: set trustRoot.rekorKeys or a trustRoot.trustedRoot with Rekor logs, or waive it with transparencyLog: waive", path)
 	}
@@ -327,6 +351,15 @@ func (l *loader) compileRule(r Rule, path string) (*rule, error) {
 	if r.OMS != nil {
 		if cr.oms, err = l.compileOMS(*r.OMS, tr, tlog, sct, path+".oms"); err != nil {
 			return nil, err
+		}
+	}
+	if r.ScanAttestation != nil {
+		for i, k := range r.ScanAttestation.Keys {
+			a, err := l.keyAuthority(k, tr, tlog)
+			if err != nil {
+				return nil, fmt.Errorf("%s.scanAttestation.keys[%d]: %v", path, i, err)
+			}
+			cr.scanners = append(cr.scanners, a)
 		}
 	}
 	return cr, nil
@@ -432,8 +465,17 @@ func (p *Policy) ScanNeeded(ref string) bool {
 var ErrUnsafeContent = errdef.ErrUnsafeContent
 
 func (r *rule) allowsScan(ref, repo, digest, file string, rep scan.Report) error {
+	if why := r.scanRefusal(repo, digest, file, rep); why != "" {
+		return fmt.Errorf("%w: %s: rule %q: %s", ErrUnsafeContent, ref, r.name, why)
+	}
+	return nil
+}
+
+// scanRefusal says why the rule refuses file (of the model repo@digest) given its report: "" when it allows it,
+// else the file, its verdict and format, and the first callable or fault.
+func (r *rule) scanRefusal(repo, digest, file string, rep scan.Report) string {
 	if rep.Verdict == scan.Data || r.allowCode {
-		return nil
+		return ""
 	}
 	excepted := func(p string) bool {
 		clean := path.Clean(strings.TrimPrefix(p, "/"))
@@ -461,7 +503,7 @@ func (r *rule) allowsScan(ref, repo, digest, file string, rep scan.Report) error
 		}
 	}
 	if !found && (len(rep.Findings) > 0 || excepted(file)) {
-		return nil
+		return ""
 	}
 	where := file
 	if refused.File != "" {
@@ -481,8 +523,8 @@ func (r *rule) allowsScan(ref, repo, digest, file string, rep scan.Report) error
 	if refused.File != "" {
 		format += " layer " + file
 	}
-	return fmt.Errorf("%w: %s: rule %q: file %q is %s (%s): %s; allow it with allowCode: true on the rule or an exception for this file",
-		ErrUnsafeContent, ref, r.name, where, refused.Verdict, format, what)
+	return fmt.Sprintf("file %q is %s (%s): %s; allow it with allowCode: true on the rule or an exception for this file",
+		where, refused.Verdict, format, what)
 }
 
 // splitRef parses a reference into the repository key policy patterns name and its digest ("" for a tag).

@@ -17,8 +17,8 @@ func TestLoadPolicyErrors(t *testing.T) {
 		{"empty", "", "empty document"},
 		{"unknown field", "default:\n  none: true\n  kyes: [a]\n", "line 3: field kyes not found"},
 		{"bad mode", "default:\n  mode: enforcing\n  none: true\n", `default.mode: "enforcing" is not valid (valid: enforce, warn, off)`},
-		{"no requirement", "default:\n  mode: enforce\n", "default: no requirement: set keys, keyless, oms, or none: true"},
-		{"none and keys", "default:\n  none: true\n  keys: [" + pub + "]\n", "none: true cannot be combined with keys, keyless or oms"},
+		{"no requirement", "default:\n  mode: enforce\n", "default: no requirement: set keys, keyless, oms, scanAttestation, or none: true"},
+		{"none and keys", "default:\n  none: true\n  keys: [" + pub + "]\n", "none: true cannot be combined with keys, keyless, oms or scanAttestation"},
 		{"default match", "default:\n  match: [a/*]\n  none: true\n", "default.match: not allowed"},
 		{"rule without match", "default: {none: true}\nrules:\n- name: r\n  none: true\n", "rules[0].match: required"},
 		{"bad pattern", "default: {none: true}\nrules:\n- match: [\"reg/a@sha256:x\"]\n  none: true\n", "rules[0].match[0]"},
@@ -36,6 +36,11 @@ func TestLoadPolicyErrors(t *testing.T) {
 		{"bad k8s ref", "default:\n  keys: [k8s://Bad_NS]\n  transparencyLog: waive\n", "want k8s://NAMESPACE/NAME"},
 		{"bad scheme", "default:\n  keys: [\"gcpkms://x\"]\n  transparencyLog: waive\n", "unsupported key reference"},
 		{"type error", "default:\n  keys: {a: b}\n", "line 2: cannot unmarshal"},
+		{"scan attestation without keys", "default:\n  scanAttestation: {}\n  transparencyLog: waive\n", "default.scanAttestation.keys: required: at least one cosign public key"},
+		{"scan attestation keyless", "default:\n  scanAttestation: {keyless: [{issuer: i, subject: s}]}\n", "field keyless not found"},
+		{"scan attestation missing key", "default:\n  scanAttestation: {keys: [/nonexistent.pub]}\n  transparencyLog: waive\n", "default.scanAttestation.keys[0]: open /nonexistent.pub"},
+		{"scan attestation tlog", "default:\n  scanAttestation: {keys: [" + pub + "]}\n", "default.transparencyLog: require needs Rekor keys"},
+		{"none and scan attestation", "default:\n  none: true\n  scanAttestation: {keys: [" + pub + "]}\n", "none: true cannot be combined with keys, keyless, oms or scanAttestation"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -90,6 +90,9 @@ type cached struct {
 type verdict struct {
 	authority string
 	reason    string // set when denied
+	// unsafe marks a denial of the content rather than of its signer (a scan attestation missing, or reporting
+	// code): it wraps ErrUnsafeContent, FAILED_PRECONDITION at the driver, like the node's own scan.
+	unsafe bool
 }
 
 // NewVerifier returns a verifier for p reaching registries through reg: signatures are read as the model is.
@@ -174,7 +177,11 @@ func (v *Verifier) Verify(ctx context.Context, ref string) (Decision, error) {
 	}
 	v.results.WithLabelValues("denied").Inc()
 	v.log().Info("signature policy denied", "ref", dec.Ref, "rule", r.name, "reason", vd.reason)
-	return dec, fmt.Errorf("%w: %s: rule %q: %s", ErrDenied, dec.Ref, r.name, vd.reason)
+	sentinel := ErrDenied
+	if vd.unsafe {
+		sentinel = ErrUnsafeContent
+	}
+	return dec, fmt.Errorf("%w: %s: rule %q: %s", sentinel, dec.Ref, r.name, vd.reason)
 }
 
 // verdict checks signatures once per digest and policy version: concurrent callers share one check and
@@ -226,8 +233,9 @@ func (v *Verifier) verdict(ctx context.Context, p *Policy, r *rule, d name.Diges
 	}
 }
 
-// check applies every requirement of the rule: cosign signatures when it names keys or keyless identities, and an
-// OMS signature over the model's files when it has an oms section.
+// check applies every requirement of the rule: cosign signatures when it names keys or keyless identities, an
+// OMS signature over the model's files when it has an oms section, and a scan attestation when it has a
+// scanAttestation section.
 func (v *Verifier) check(ctx context.Context, r *rule, d name.Digest) (verdict, error) {
 	c := readClient(ctx, v.reg, d.String())
 	var by []string
@@ -240,6 +248,13 @@ func (v *Verifier) check(ctx context.Context, r *rule, d name.Digest) (verdict, 
 	}
 	if r.oms != nil {
 		vd, err := checkOMS(ctx, r.oms, d, c)
+		if err != nil || vd.reason != "" {
+			return vd, err
+		}
+		by = append(by, vd.authority)
+	}
+	if len(r.scanners) > 0 {
+		vd, err := checkScanAttestation(ctx, r, d, c)
 		if err != nil || vd.reason != "" {
 			return vd, err
 		}
@@ -418,6 +433,12 @@ func claimedDigest(sig oci.Signature) string {
 // checkBundle verifies one Sigstore bundle (cosign v3's default) against one authority with sigstore-go. A DSSE
 // bundle must carry cosign's signature predicate: other attestations by the same signer are not signatures.
 func checkBundle(ctx context.Context, a *authority, b *sgbundle.Bundle, h v1.Hash) *failure {
+	return checkBundleOf(ctx, a, b, h, types.CosignSignPredicateType, "a cosign signature")
+}
+
+// checkBundleOf verifies a bundle against one authority and requires its DSSE statement to be of predicateType
+// (what names it in messages). Only cosign signatures may be message-signature bundles.
+func checkBundleOf(ctx context.Context, a *authority, b *sgbundle.Bundle, h v1.Hash, predicateType, what string) *failure {
 	co := a.bundleCO
 	want, err := hex.DecodeString(h.Hex)
 	if err != nil {
@@ -425,13 +446,18 @@ func checkBundle(ctx context.Context, a *authority, b *sgbundle.Bundle, h v1.Has
 	}
 	_, err = cosign.VerifyNewBundle(ctx, &co, verify.WithArtifactDigest(h.Algorithm, want), b)
 	if err == nil {
-		if env := b.GetDsseEnvelope(); env != nil {
-			var st struct {
-				PredicateType string `json:"predicateType"`
+		env := b.GetDsseEnvelope()
+		if env == nil {
+			if predicateType == types.CosignSignPredicateType {
+				return nil
 			}
-			if json.Unmarshal(env.GetPayload(), &st) != nil || st.PredicateType != types.CosignSignPredicateType {
-				return &failure{ReasonInvalid, fmt.Sprintf("a bundle by %s is an attestation of %q, not a cosign signature", a.desc, st.PredicateType)}
-			}
+			return &failure{ReasonInvalid, fmt.Sprintf("a bundle by %s is a message signature, not %s", a.desc, what)}
+		}
+		var st struct {
+			PredicateType string `json:"predicateType"`
+		}
+		if json.Unmarshal(env.GetPayload(), &st) != nil || st.PredicateType != predicateType {
+			return &failure{ReasonInvalid, fmt.Sprintf("a bundle by %s is an attestation of %q, not %s", a.desc, st.PredicateType, what)}
 		}
 		return nil
 	}

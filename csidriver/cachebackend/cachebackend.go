@@ -27,7 +27,8 @@ import (
 
 // Verifier checks an artifact before any of it is pulled (signature policy). It gets the digest reference
 // (host/repository@sha256:…) the volume's reference resolved to. An error wrapping csidriver.ErrDenied refuses
-// the volume with PERMISSION_DENIED; other errors (signatures unreachable) are classified like registry errors,
+// the volume with PERMISSION_DENIED, one wrapping csidriver.ErrUnsafeContent (a required scan attestation
+// missing or reporting code) with FAILED_PRECONDITION; other errors (signatures unreachable) are classified like registry errors,
 // so kubelet retries them.
 type Verifier interface {
 	Verify(ctx context.Context, digestRef string) error
@@ -166,8 +167,8 @@ func (b *Backend) Verify(ctx context.Context, ref string, dgst digest.Digest, cr
 		ctx = remote.WithCredential(ctx, cf)
 	}
 	if err := b.opts.Verifier.Verify(ctx, parsed.Registry+"/"+parsed.Repository+"@"+dgst.String()); err != nil {
-		if errors.Is(err, csidriver.ErrDenied) {
-			return err // the message names the rule and the reason
+		if errors.Is(err, csidriver.ErrDenied) || errors.Is(err, csidriver.ErrUnsafeContent) {
+			return err // the message names the rule and the reason (a scan attestation's absence or verdict too)
 		}
 		return fmt.Errorf("verify signatures of %s: %w", dgst, classify(err))
 	}
