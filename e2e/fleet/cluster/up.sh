@@ -122,6 +122,7 @@ waitfor "default ServiceAccount" 60 kubectl get serviceaccount default
 for i in $(seq "$NODES"); do
   echo "$(node_name $i) $(node_ip $i)"
 done > "$RUN/nodes.txt"
+echo "$REGISTRY" > "$RUN/registry.addr"
 
 # ---- modelpack, as on a real cluster ----
 kubectl apply -k "$ROOT/deploy/overlays/$OVERLAY" >/dev/null
