@@ -151,4 +151,3 @@ func parallel(nodes []string, f func(node string)) {
 	}
 	wg.Wait()
 }
-
