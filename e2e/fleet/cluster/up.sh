@@ -4,12 +4,12 @@
 # created for it; and $NODES worker nodes, each a containerd + kubelet in a network namespace of its own (a veth
 # into the bridge, its own address) and a mount namespace of its own (its /var/lib/kubelet, /run/containerd,
 # /var/lib/containerd, CNI state, driver cache and Kraken store bound from per-node directories under $RUN).
-# Then deploys modelpack as on a real cluster: `kubectl apply -k deploy/overlays/$OVERLAY` (default fleet-cluster),
+# Then deploys modelpack as on a real cluster: `kubectl apply -k deploy/overlays/$OVERLAY` (default fleet-cluster-kraken: with Kraken),
 # DaemonSets on every node and no per-node manifest. down.sh undoes everything; on failure up.sh tears down.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 source "$ROOT/e2e/cluster/lib.sh"
-OVERLAY=${OVERLAY:-fleet-cluster}
+OVERLAY=${OVERLAY:-fleet-cluster-kraken}
 
 take_lock || exit 1
 if [ -d "$RUN/pids" ] && ls "$RUN/pids"/*.pid >/dev/null 2>&1; then
@@ -92,6 +92,21 @@ start_control_plane "$HOST_IP" InternalIP 10.220.0.0/24
 stamp apiserver-ready
 start_registry "$REGISTRY"
 push_images "$REGISTRY"
+# Kraken's image, built like ours (no container engine): its four binaries (cgo, for sqlite) and Debian's
+# nginx-light, which every Kraken component execs, with the shared libraries they link, nginx's config files
+# (Kraken's nginx.conf includes mime.types) and the directories nginx needs; busybox for the Accept proxy's sh/sed.
+img=$RUN/images
+: > "$img/empty"
+printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\nwww-data:x:33:33:www-data:/var/www:/bin/false\n' > "$img/passwd"
+printf 'root:x:0:\nnogroup:x:65534:\nwww-data:x:33:\n' > "$img/group"
+kraken_files=()
+for c in agent origin tracker build-index; do kraken_files+=(--file "$ROOT/bin/kraken/$c=/usr/bin/kraken-$c"); done
+for d in /var/lib/nginx /var/log/nginx /var/run/kraken /var/log/kraken /var/cache/kraken /tmp; do kraken_files+=(--file "$img/empty=$d/.keep"); done
+"$img/ociimage" --libs "${kraken_files[@]}" --file /usr/sbin/nginx=/usr/sbin/nginx --dir /etc/nginx=/etc/nginx \
+  --file "$(command -v busybox)=/bin/busybox" --link /bin/sh=busybox --link /bin/sed=busybox --link /bin/mkdir=busybox \
+  --link /bin/cat=busybox --link /bin/ls=busybox \
+  --file /etc/ssl/certs/ca-certificates.crt=/etc/ssl/certs/ca-certificates.crt \
+  --file "$img/passwd=/etc/passwd" --file "$img/group=/etc/group" "$REGISTRY/e2e/kraken:v0.1.27" > "$img/kraken.ref"
 stamp images-pushed
 
 # ---- nodes: containerd, then the kubelet, each inside its node's namespaces ----
@@ -128,6 +143,12 @@ echo "$REGISTRY" > "$RUN/registry.addr"
 kubectl apply -k "$ROOT/deploy/overlays/$OVERLAY" >/dev/null
 kubectl -n modelpack rollout status daemonset/modelpack-node --timeout=300s
 kubectl -n modelpack rollout status daemonset/modelpack-prepull --timeout=180s
+if kubectl -n modelpack get daemonset kraken-agent >/dev/null 2>&1; then
+  kubectl -n modelpack rollout status statefulset/kraken-origin --timeout=180s
+  kubectl -n modelpack rollout status deployment/kraken-tracker --timeout=180s
+  kubectl -n modelpack rollout status deployment/kraken-build-index --timeout=180s
+  kubectl -n modelpack rollout status daemonset/kraken-agent --timeout=180s
+fi
 for i in $(seq "$NODES"); do
   waitfor "modelpack.csi.dev on $(node_name $i)" 120 sh -c "kubectl get csinode $(node_name $i) -o jsonpath='{.spec.drivers[*].name}' | grep -qw modelpack.csi.dev"
 done
