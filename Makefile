@@ -76,6 +76,7 @@ test: tools build
 	$(GO) test -count=1 -timeout 25m $$($(GO) list ./... | grep -v -E '/(cas|transfer|cache|csidriver|artifact|signing|prepull|readahead|unixsock)(/|$$)')
 	$(MAKE) fuzz
 	$(MAKE) e2e-cluster
+	$(MAKE) e2e-fleet
 
 # A real single-node Kubernetes (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
 # containerd 2.x) built from the Go module proxy into bin/k8s, on 127.0.0.1, with modelpack deployed from
