@@ -28,7 +28,7 @@ TOOL_BINS := $(TOOLS)/registry $(TOOLS)/csi-sanity $(TOOLS)/oras $(TOOLS)/crane 
 HUB_JS_DIR := internal/testenv/hubserver/npm
 HUB_JS := $(BIN)/npm/node_modules/@huggingface/hub/package.json
 
-.PHONY: all build image tools test test-unit test-race fuzz demo bench manifests clean cluster-deps cluster-build cluster-up cluster-down e2e-cluster fleet-build e2e-fleet
+.PHONY: all build image tools test test-unit test-race fuzz demo bench manifests clean cluster-deps cluster-build cluster-up cluster-down e2e-cluster fleet-build fleet-up fleet-down e2e-fleet
 
 all: build
 
@@ -76,6 +76,7 @@ test: tools build
 	$(GO) test -count=1 -timeout 25m $$($(GO) list ./... | grep -v -E '/(cas|transfer|cache|csidriver|artifact|signing|prepull|readahead|unixsock)(/|$$)')
 	$(MAKE) fuzz
 	$(MAKE) e2e-cluster
+	$(MAKE) e2e-fleet
 
 # A real single-node Kubernetes (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
 # containerd 2.x) built from the Go module proxy into bin/k8s, on 127.0.0.1, with modelpack deployed from
@@ -92,15 +93,21 @@ cluster-down:
 e2e-cluster: tools build
 	bash e2e/cluster/run.sh
 
-# Several simulated nodes on this machine, each a `modelpack csi-driver` with a Uber Kraken agent of its own as its
-# registry mirror (hosts.toml), against a real registry and Kraken's tracker, origin and build-index, all processes
-# on loopback: N nodes cost the registry about one copy, a lying peer costs a refetch, a dead agent a fallback.
-# fleet-build builds Kraken (pinned) into bin/kraken and installs nginx-light; see e2e/fleet. Not in `test` yet.
+# A real multi-node Kubernetes on this machine (e2e/fleet/cluster: the control plane on the host, 3 worker nodes
+# each a kubelet + containerd in a network and mount namespace of its own) with modelpack and Uber Kraken deployed
+# from deploy/overlays/fleet-cluster-kraken as on a real cluster; the `fleet`-tagged suite runs against it (one
+# copy for 3 nodes, an agent killed mid-pull, a lying agent), and the simulated-node suite (csi-driver processes
+# with Kraken agents on loopback) after it. Shares e2e-cluster's lock. fleet-build builds Kraken (pinned) into
+# bin/kraken and installs nginx-light. e2e-fleet always tears down; see e2e/fleet/README.md.
 fleet-build:
 	bash e2e/fleet/build.sh
-e2e-fleet: $(TOOLS)/registry build fleet-build
+fleet-up: cluster-build fleet-build
+	bash e2e/fleet/cluster/up.sh
+fleet-down:
+	bash e2e/fleet/cluster/down.sh
+e2e-fleet: $(TOOLS)/registry build
 	$(GO) vet -tags fleet ./e2e/fleet/...
-	$(GO) test -count=1 -tags fleet -timeout 15m -v ./e2e/fleet/...
+	bash e2e/fleet/run.sh
 
 # A count, not a duration: with a duration, Go 1.26's fuzz coordinator can report its own end-of-time deadline as
 # a failure ("context deadline exceeded", no input written) when a worker answers late on a busy machine

@@ -33,10 +33,14 @@ type Cluster struct {
 	Dir        string // state directory ($MODELPACK_CLUSTER_DIR, default /tmp/modelpack-cluster)
 	Kubeconfig string
 	Registry   string // host:port of the cluster's plain-HTTP registry
-	Node       string // the single node's name
-	Busybox    string // a busybox image in Registry for test pods
-	Tesseract  string // Debian's tesseract OCR program, without a model, as an image in Registry
-	Modelpack  string // the modelpack binary the driver image was built from
+	Node       string // the node test pods run on (the single node; the first of Nodes)
+	// Nodes and NodeIPs: every worker node, from the state directory's nodes.txt (the multi-node cluster,
+	// e2e/fleet/cluster), else the single node.
+	Nodes     []string
+	NodeIPs   map[string]string
+	Busybox   string // a busybox image in Registry for test pods
+	Tesseract string // Debian's tesseract OCR program, without a model, as an image in Registry
+	Modelpack string // the modelpack binary the driver image was built from
 	// Poll is the time between two polls of the Wait helpers (default 250 ms). Each poll runs a kubectl, which
 	// on two cores takes CPU from what a benchmark measures.
 	Poll    time.Duration
@@ -72,6 +76,20 @@ func Connect(t testing.TB) *Cluster {
 	}
 	if _, err := c.Run("get", "--raw", "/readyz"); err != nil {
 		testenv.Unavailable(t, "no local cluster at %s: run `make cluster-up` or `make e2e-cluster` (%v)", dir, err)
+	}
+	// The multi-node cluster names its registry and nodes in its state directory.
+	if b, err := os.ReadFile(filepath.Join(dir, "registry.addr")); err == nil {
+		c.Registry = strings.TrimSpace(string(b))
+	}
+	c.Nodes, c.NodeIPs = []string{c.Node}, map[string]string{c.Node: "127.0.0.1"}
+	if b, err := os.ReadFile(filepath.Join(dir, "nodes.txt")); err == nil {
+		c.Nodes, c.NodeIPs = nil, map[string]string{}
+		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			name, ip, _ := strings.Cut(line, " ")
+			c.Nodes = append(c.Nodes, name)
+			c.NodeIPs[name] = ip
+		}
+		c.Node = c.Nodes[0]
 	}
 	ref, err := os.ReadFile(filepath.Join(dir, "images", "busybox.ref"))
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 // read-only at their MountPath.
 type PodSpec struct {
 	Name, Namespace string
+	Node            string // the node to run on; empty: the cluster's Node
 	Script          string // run by /bin/sh -c
 	Volumes         []Volume
 	// RestartAlways keeps the pod running (a Script that loops); the default is restartPolicy Never.
@@ -39,6 +40,10 @@ func (c *Cluster) PodManifest(spec PodSpec) string {
 	ns := spec.Namespace
 	if ns == "" {
 		ns = "default"
+	}
+	node := spec.Node
+	if node == "" {
+		node = c.Node
 	}
 	restart := "Never"
 	if spec.RestartAlways {
@@ -73,7 +78,7 @@ func (c *Cluster) PodManifest(spec PodSpec) string {
 		"kind":       "Pod",
 		"metadata":   map[string]any{"name": spec.Name, "namespace": ns},
 		"spec": map[string]any{
-			"nodeName":                      c.Node,
+			"nodeName":                      node,
 			"automountServiceAccountToken":  false,
 			"restartPolicy":                 restart,
 			"terminationGracePeriodSeconds": 1,

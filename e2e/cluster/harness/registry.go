@@ -9,12 +9,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
 
 // blobGET matches a served blob GET in the registry's access log (combined log format).
-var blobGET = regexp.MustCompile(`"GET /v2/(\S+)/blobs/(sha256:[0-9a-f]{64}) HTTP/[0-9.]+" (\d{3}) `)
+var blobGET = regexp.MustCompile(`^(\S+) .*"GET /v2/(\S+)/blobs/(sha256:[0-9a-f]{64}) HTTP/[0-9.]+" (\d{3}) (\d+|-)`)
 
 // LogMark is a position in the registry's access log: counts after it are what a test step caused.
 type LogMark int64
@@ -53,14 +54,58 @@ func BlobGETsIn(t testing.TB, path string, since LogMark) map[string]int {
 	s := bufio.NewScanner(f)
 	s.Buffer(make([]byte, 64<<10), 1<<20)
 	for s.Scan() {
-		if m := blobGET.FindStringSubmatch(s.Text()); m != nil && strings.HasPrefix(m[3], "2") {
-			n[m[2]]++
+		if m := blobGET.FindStringSubmatch(s.Text()); m != nil && strings.HasPrefix(m[4], "2") {
+			n[m[3]]++
 		}
 	}
 	if err := s.Err(); err != nil {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// BlobServe is what the registry served for one blob since a mark: successful GETs (2xx, ranges included), the
+// bytes they sent, and the GETs by client address.
+type BlobServe struct {
+	GETs     int
+	Bytes    int64
+	ByClient map[string]int
+}
+
+// BlobsServed is BlobGETs with the bytes sent and the clients, by digest.
+func (c *Cluster) BlobsServed(t testing.TB, since LogMark) map[string]*BlobServe {
+	t.Helper()
+	f, err := os.Open(c.registryLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Seek(int64(since), io.SeekStart); err != nil {
+		t.Fatal(err)
+	}
+	served := map[string]*BlobServe{}
+	s := bufio.NewScanner(f)
+	s.Buffer(make([]byte, 64<<10), 1<<20)
+	for s.Scan() {
+		m := blobGET.FindStringSubmatch(s.Text())
+		if m == nil || !strings.HasPrefix(m[4], "2") {
+			continue
+		}
+		b := served[m[3]]
+		if b == nil {
+			b = &BlobServe{ByClient: map[string]int{}}
+			served[m[3]] = b
+		}
+		b.GETs++
+		b.ByClient[m[1]]++
+		if n, err := strconv.ParseInt(m[5], 10, 64); err == nil {
+			b.Bytes += n
+		}
+	}
+	if err := s.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return served
 }
 
 func (c *Cluster) registryLog() string { return filepath.Join(c.Dir, "logs", "registry.log") }
@@ -89,6 +134,7 @@ type Manifest struct {
 	Config       struct {
 		MediaType string `json:"mediaType"`
 		Digest    string `json:"digest"`
+		Size      int64  `json:"size"`
 	} `json:"config"`
 	Layers []struct {
 		MediaType   string            `json:"mediaType"`

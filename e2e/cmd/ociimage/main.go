@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"os/exec"
 	"strings"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -31,9 +32,17 @@ func main() {
 	entrypoint := flag.String("entrypoint", "", "comma-separated entrypoint")
 	cmd := flag.String("cmd", "", "comma-separated command")
 	plainHTTP := flag.Bool("plain-http", true, "push over plain HTTP (the local registry)")
+	libs := flag.Bool("libs", false, "also add the shared libraries (and the loader) every dynamically linked --file needs, at their host paths, as ldd resolves them")
 	flag.Parse()
 	if flag.NArg() != 1 {
 		log.Fatal("usage: ociimage [flags] REFERENCE")
+	}
+	if *libs {
+		extra, err := sharedLibs(files)
+		if err != nil {
+			log.Fatal(err)
+		}
+		files = append(files, extra...)
 	}
 	tmp, err := os.CreateTemp("", "ociimage-*.tar")
 	if err != nil {
@@ -67,6 +76,42 @@ func main() {
 	}
 	d, _ := img.Digest()
 	fmt.Printf("%s@%s\n", ref.Context(), d)
+}
+
+// sharedLibs lists, as HOSTPATH=IMAGEPATH pairs, the shared objects ldd resolves for the files given: Debian's
+// programs (nginx) and cgo binaries (Kraken's, for sqlite) need them in an image that has no distribution in it.
+// A static file is skipped; a library ldd cannot find is an error, as the program would not start.
+func sharedLibs(files []string) ([]string, error) {
+	seen := map[string]bool{}
+	var out []string
+	for _, f := range files {
+		src, _, _ := strings.Cut(f, "=")
+		b, err := exec.Command("ldd", src).CombinedOutput()
+		if err != nil {
+			if strings.Contains(string(b), "not a dynamic executable") {
+				continue
+			}
+			return nil, fmt.Errorf("ldd %s: %v: %s", src, err, b)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			// "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x…)", "/lib64/ld-linux-x86-64.so.2 (0x…)", "linux-vdso.so.1 (0x…)"
+			fields := strings.Fields(line)
+			var lib string
+			switch {
+			case len(fields) >= 3 && fields[1] == "=>" && fields[2] == "not":
+				return nil, fmt.Errorf("%s: %s not found by ldd", src, fields[0])
+			case len(fields) >= 3 && fields[1] == "=>":
+				lib = fields[2]
+			case len(fields) >= 1 && strings.HasPrefix(fields[0], "/"):
+				lib = fields[0]
+			}
+			if lib != "" && !seen[lib] {
+				seen[lib] = true
+				out = append(out, lib+"="+lib)
+			}
+		}
+	}
+	return out, nil
 }
 
 func split(s string) []string {
