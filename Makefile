@@ -125,7 +125,7 @@ fuzz:
 demo: $(TOOLS)/registry build
 	bash e2e/demo.sh
 
-bench: tools build
+bench: tools build fleet-build
 	go run ./internal/cmd/bench
 
 manifests: tools
