@@ -32,7 +32,7 @@ import (
 // (registry/repository:tag), beside org.opencontainers.image.ref.name's tag; ctr import and load read it.
 const AnnotationImageName = "io.containerd.image.name"
 
-// epoch is every entry's modification time, so saving one artifact twice gives the same tar.
+// epoch is every entry's modification time: the tar carries no time of the machine that wrote it.
 var epoch = time.Unix(0, 0).UTC()
 
 // Writer writes an OCI image layout as a tar stream. Blobs are written as they are pushed, one at a time; Close

@@ -190,8 +190,14 @@ func Delete(ctx context.Context, repo *Repository, opts DeleteOptions) (ocispec.
 	}
 	desc, err := repo.origin.repo.Manifests().Resolve(ctx, ref)
 	if err != nil {
-		if errors.Is(err, errdef.ErrNotFound) && opts.IgnoreMissing {
-			return ocispec.Descriptor{}, ErrMissing
+		if errors.Is(err, errdef.ErrNotFound) {
+			if opts.IgnoreMissing {
+				return ocispec.Descriptor{}, ErrMissing
+			}
+			if repo.speaksOCI(ctx) {
+				return ocispec.Descriptor{}, &Error{Op: "delete", Registry: repo.Reference.Registry, Repository: repo.Reference.Repository,
+					Kind: ErrNotFound, Err: fmt.Errorf("no manifest %s (--force treats a missing one as deleted): %w", ref, ErrNotFound)}
+			}
 		}
 		return ocispec.Descriptor{}, withOp("delete", repo, repo.manifestErr(ctx, ref, err))
 	}

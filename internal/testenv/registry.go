@@ -26,6 +26,9 @@ type RegistryOptions struct {
 	Addr string
 	// AccessLog writes every request to LogPath (combined log format), for tests that count what was served.
 	AccessLog bool
+	// NoDelete turns deletes off (storage.delete.enabled: false, distribution's default): DELETE answers 405
+	// UNSUPPORTED.
+	NoDelete bool
 }
 
 // Registry is a running distribution registry (v3.1.2) on loopback.
@@ -85,10 +88,10 @@ storage:
   filesystem:
     rootdirectory: %s
   delete:
-    enabled: true
+    enabled: %t
 http:
   addr: %s
-%s%s`, !opts.AccessLog, opts.Dir, opts.Addr, tlsCfg, auth)
+%s%s`, !opts.AccessLog, opts.Dir, !opts.NoDelete, opts.Addr, tlsCfg, auth)
 	cfgPath := filepath.Join(cfgDir, "config.yml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		return nil, err
