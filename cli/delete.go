@@ -28,7 +28,7 @@ treats a reference the registry does not hold as done ("missing"), as oras --for
 deletes (405 UNSUPPORTED) is named with how to enable them.`,
 		Example: `  modelpack delete registry.local:5000/org/llama3:old
   modelpack delete --force registry.local:5000/org/llama3@sha256:…`,
-		Args:    cobra.ExactArgs(1),
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ref, err := registryRef(args[0])
 			if err != nil {

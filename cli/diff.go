@@ -112,4 +112,3 @@ func diffSide(ctx context.Context, store *layout.Store, ref string, opts remote.
 	}
 	return remote.ReadManifest(ctx, repo, r.Reference)
 }
-

@@ -4,12 +4,14 @@ import (
 	"archive/tar"
 	"bytes"
 	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -67,16 +69,17 @@ type discovered struct {
 }
 
 // Item (beyond the peers): attach and discover interoperate with oras both ways — oras attaches, modelpack
-// discovers; modelpack attaches, oras discovers it and oras pull of the referrer gives the file — on distribution
-// (which has the referrers API) and through a proxy that hides it (404 on /referrers/, no OCI-Subject header), where
-// both tools fall back to the referrers tag sha256-<hex>.
+// discovers; modelpack attaches, oras discovers it and oras pull of the referrer gives the file — with the referrers
+// API (distribution 3.1.2 has none: referrersAPI serves it in front) and without it (a proxy answering 404 on
+// /referrers/ and dropping OCI-Subject, as distribution itself behaves), where both tools keep and read the
+// referrers tag sha256-<hex>.
 func TestAttachDiscoverWithOras(t *testing.T) {
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
-	var referrersAPI atomic.Int64
+	var apiQueries atomic.Int64
 	noAPI := testenv.StartProxy(t, reg.Host, testenv.ProxyHooks{
 		Request: func(w http.ResponseWriter, r *http.Request) bool {
 			if strings.Contains(r.URL.Path, "/referrers/") {
-				referrersAPI.Add(1)
+				apiQueries.Add(1)
 				http.Error(w, `{"errors":[{"code":"UNSUPPORTED","message":"no referrers API"}]}`, http.StatusNotFound)
 				return false
 			}
@@ -84,7 +87,9 @@ func TestAttachDiscoverWithOras(t *testing.T) {
 		},
 		Response: func(resp *http.Response) { resp.Header.Del("OCI-Subject") },
 	})
-	for name, host := range map[string]string{"referrers API": reg.Host, "referrers tag": noAPI.Host} {
+	api := &referrersAPI{byRepoSubject: map[string][]ocispec.Descriptor{}, subjectOf: map[digest.Digest]digest.Digest{}}
+	withAPI := testenv.StartProxy(t, reg.Host, testenv.ProxyHooks{Request: api.request, Response: api.response})
+	for name, host := range map[string]string{"referrers API": withAPI.Host, "referrers tag": noAPI.Host} {
 		t.Run(name, func(t *testing.T) {
 			docker := t.TempDir()
 			run := binaryRunner(t, "DOCKER_CONFIG="+docker, "MODELPACK_HOME="+t.TempDir())
@@ -147,17 +152,86 @@ func TestAttachDiscoverWithOras(t *testing.T) {
 			}
 
 			_, tags, _ := run("tags", repo)
-			hasTag := strings.Contains(tags, "sha256-")
-			if name == "referrers tag" && !hasTag {
-				t.Fatalf("without the referrers API no referrers tag was written; tags:\n%s", tags)
-			}
-			if name == "referrers API" && hasTag {
-				t.Fatalf("with the referrers API a referrers tag was written; tags:\n%s", tags)
+			if hasTag := strings.Contains(tags, "sha256-"); hasTag != (name == "referrers tag") {
+				t.Fatalf("%s: referrers tag written: %t; tags:\n%s", name, hasTag, tags)
 			}
 		})
 	}
-	if referrersAPI.Load() == 0 {
-		t.Fatal("the proxy saw no referrers API request: the fallback was not exercised")
+	if apiQueries.Load() == 0 {
+		t.Fatal("the proxy hiding the API saw no referrers API request: the fallback was not exercised")
+	}
+	if api.answered.Load() == 0 {
+		t.Fatal("the proxy serving the referrers API answered no query: the API was not used")
+	}
+}
+
+// referrersAPI is the OCI 1.1 referrers API in front of distribution 3.1.2, which has none (GET /referrers/ answers
+// 404; a manifest PUT no OCI-Subject, so oras-go keeps the referrers tag): the proxy records each manifest pushed
+// with a subject, answers its PUT with OCI-Subject (so clients write no tag) and serves the referrers queries.
+type referrersAPI struct {
+	mu            sync.Mutex
+	byRepoSubject map[string][]ocispec.Descriptor
+	subjectOf     map[digest.Digest]digest.Digest
+	answered      atomic.Int64
+}
+
+func (a *referrersAPI) request(w http.ResponseWriter, r *http.Request) bool {
+	repo, rest, ok := strings.Cut(strings.TrimPrefix(r.URL.Path, "/v2/"), "/referrers/")
+	if ok && r.Method == http.MethodGet {
+		a.mu.Lock()
+		found := append([]ocispec.Descriptor{}, a.byRepoSubject[repo+"@"+rest]...)
+		a.mu.Unlock()
+		if at := r.URL.Query().Get("artifactType"); at != "" {
+			kept := []ocispec.Descriptor{}
+			for _, d := range found {
+				if d.ArtifactType == at {
+					kept = append(kept, d)
+				}
+			}
+			found = kept
+			w.Header().Set("OCI-Filters-Applied", "artifactType")
+		}
+		a.answered.Add(1)
+		w.Header().Set("Content-Type", ocispec.MediaTypeImageIndex)
+		json.NewEncoder(w).Encode(ocispec.Index{Versioned: specsV2, MediaType: ocispec.MediaTypeImageIndex, Manifests: found})
+		return false
+	}
+	repo, _, ok = strings.Cut(strings.TrimPrefix(r.URL.Path, "/v2/"), "/manifests/")
+	if !ok || r.Method != http.MethodPut {
+		return true
+	}
+	b, _ := io.ReadAll(r.Body)
+	r.Body = io.NopCloser(bytes.NewReader(b))
+	var m ocispec.Manifest
+	if json.Unmarshal(b, &m) != nil || m.Subject == nil {
+		return true
+	}
+	d := ocispec.Descriptor{MediaType: r.Header.Get("Content-Type"), Digest: digest.FromBytes(b), Size: int64(len(b)),
+		ArtifactType: m.ArtifactType, Annotations: m.Annotations}
+	if d.ArtifactType == "" {
+		d.ArtifactType = m.Config.MediaType
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	key := repo + "@" + m.Subject.Digest.String()
+	for _, have := range a.byRepoSubject[key] {
+		if have.Digest == d.Digest {
+			return true
+		}
+	}
+	a.byRepoSubject[key] = append(a.byRepoSubject[key], d)
+	a.subjectOf[d.Digest] = m.Subject.Digest
+	return true
+}
+
+func (a *referrersAPI) response(resp *http.Response) {
+	if resp.Request.Method != http.MethodPut || resp.StatusCode != http.StatusCreated {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if s, ok := a.subjectOf[digest.Digest(resp.Header.Get("Docker-Content-Digest"))]; ok {
+		resp.Header.Set("OCI-Subject", s.String())
 	}
 }
 
