@@ -386,11 +386,18 @@ func TestDiff(t *testing.T) {
 func TestSaveLoadInterop(t *testing.T) {
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
 	docker := t.TempDir()
-	run := binaryRunner(t, "DOCKER_CONFIG="+docker, "MODELPACK_HOME="+t.TempDir())
+	run := binaryRunner(t, "DOCKER_CONFIG="+docker, "MODELPACK_HOME="+t.TempDir(), "COSIGN_PASSWORD=pw")
 	ref := reg.Host + "/org/model:v1"
 	model := writeModel(t, map[string]string{"model.safetensors": "weights", "config.json": "{}", "docs/README.md": "# hi"})
 	if code, _, stderr := run("pack", model, "-t", ref, "--push", "-q"); code != 0 {
 		t.Fatalf("pack: %s", stderr)
+	}
+	keys := filepath.Join(t.TempDir(), "cosign")
+	if code, _, stderr := run("key", "generate", "--output-key-prefix", keys); code != 0 {
+		t.Fatalf("key generate: %s", stderr)
+	}
+	if code, _, stderr := run("sign", ref, "--key", keys+".key"); code != 0 {
+		t.Fatalf("sign: %s", stderr)
 	}
 	root := strings.TrimSpace(mustPeer(t, docker, "crane", "digest", "--insecure", ref))
 	sbom := filepath.Join(t.TempDir(), "sbom.json")
@@ -463,6 +470,10 @@ func TestSaveLoadInterop(t *testing.T) {
 	}
 	if out := mustPeer(t, docker, "oras", "discover", "--plain-http", reg.Host+"/pushed/model:v9"); !strings.Contains(out, sbomDigest) {
 		t.Fatalf("the referrer did not travel through save and load:\n%s", out)
+	}
+	// The cosign signature (its sha256-<hex>.sig tag) travelled too: the loaded copy verifies.
+	if code, stdout, stderr := run("verify", reg.Host+"/pushed/model:v9", "--key", keys+".pub", "--insecure-ignore-tlog"); code != 0 {
+		t.Fatalf("verify of the loaded copy: %d %s %s", code, stdout, stderr)
 	}
 }
 

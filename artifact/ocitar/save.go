@@ -11,6 +11,7 @@ import (
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	oras "oras.land/oras-go/v2"
+	"oras.land/oras-go/v2/errdef"
 )
 
 // Save writes a tar to path through fill, which copies the artifact into the Writer it is given (remote.Pull, or
@@ -65,14 +66,34 @@ func Save(path string, fill func(w *Writer) error) error {
 }
 
 // Copy copies the artifact srcRef names in src to dst, tagged dstRef, and with referrers the manifests referring to
-// it (signatures, SBOMs) found by src's Predecessors. oras-go pushes the root last and tags it after, so an error
+// it (signatures, SBOMs) found by src's Predecessors and cosign's sha256-<hex>.sig/.att/.sbom tags of its digest
+// (which refer by name only), tagged the same in dst. oras-go pushes the root last and tags it after, so an error
 // leaves dst without the tag.
 func Copy(ctx context.Context, src oras.ReadOnlyGraphTarget, srcRef string, dst oras.Target, dstRef string, referrers bool) (ocispec.Descriptor, error) {
-	g := oras.CopyGraphOptions{Concurrency: 1}
-	if referrers {
-		return oras.ExtendedCopy(ctx, src, srcRef, dst, dstRef, oras.ExtendedCopyOptions{ExtendedCopyGraphOptions: oras.ExtendedCopyGraphOptions{CopyGraphOptions: g}})
+	g := oras.CopyGraphOptions{}
+	if _, ok := dst.(*Writer); ok {
+		g.Concurrency = 1 // a tar takes one blob at a time
 	}
-	return oras.Copy(ctx, src, srcRef, dst, dstRef, oras.CopyOptions{CopyGraphOptions: g})
+	if !referrers {
+		return oras.Copy(ctx, src, srcRef, dst, dstRef, oras.CopyOptions{CopyGraphOptions: g})
+	}
+	root, err := oras.ExtendedCopy(ctx, src, srcRef, dst, dstRef, oras.ExtendedCopyOptions{ExtendedCopyGraphOptions: oras.ExtendedCopyGraphOptions{CopyGraphOptions: g}})
+	if err != nil {
+		return root, err
+	}
+	for _, suffix := range []string{".sig", ".att", ".sbom"} {
+		tag := root.Digest.Algorithm().String() + "-" + root.Digest.Encoded() + suffix
+		if _, err := src.Resolve(ctx, tag); err != nil {
+			if errors.Is(err, errdef.ErrNotFound) {
+				continue
+			}
+			return root, err
+		}
+		if _, err := oras.Copy(ctx, src, tag, dst, tag, oras.CopyOptions{CopyGraphOptions: g}); err != nil {
+			return root, fmt.Errorf("cosign tag %s: %w", tag, err)
+		}
+	}
+	return root, nil
 }
 
 // cosignTag matches cosign's tags for a digest (sha256-<hex>.sig, .att, .sbom): they name their subject, they are
