@@ -28,6 +28,7 @@ var notJSONCommands = map[string]string{
 	"modelpack csi-driver": "a server: it logs until stopped and has no result",
 	"modelpack completion": "cobra's: prints a shell script",
 	"modelpack help":       "cobra's: prints help text",
+	"modelpack save":       "its -o is the tar file it writes (docker save's flag): the file is its result",
 }
 
 // oneJSON decodes stdout as exactly one JSON document (an object or an array): nothing before it, nothing after.
@@ -192,6 +193,18 @@ func TestEveryCommandPrintsOneJSONDocument(t *testing.T) {
 	run("copy", ref, reg.Host+"/every/copy:v1", "--plain-http")
 	run("fetch", ref, filepath.Join(t.TempDir(), "f"), "--plain-http")
 	run("tags", reg.Host+"/every/model", "--plain-http")
+	sbom := filepath.Join(t.TempDir(), "sbom.json")
+	os.WriteFile(sbom, []byte("{}"), 0o644)
+	run("attach", ref, "--artifact-type", "application/spdx+json", sbom, "--plain-http")
+	run("discover", ref, "--plain-http")
+	run("diff", ref, reg.Host+"/every/direct:v1", "--plain-http")
+	saved := filepath.Join(t.TempDir(), "model.tar")
+	if code, _, errOut := runJSON(t, "save", ref, "-r", "-o", saved, "--plain-http"); code != 0 {
+		t.Fatalf("save: %s", errOut)
+	}
+	run("--home", t.TempDir(), "load", saved)
+	run("load", saved, reg.Host+"/every/loaded:v1", "--plain-http")
+	run("delete", "--force", reg.Host+"/every/loaded:v1", "--plain-http")
 	run("sign", ref, "--key", keys+".key", "--plain-http")
 	run("verify", ref, "--key", keys+".pub", "--insecure-ignore-tlog", "--plain-http")
 	run("login", reg.Host, "-u", "ann", "-p", "pw", "--plain-http", "--registry-config", regConfig)

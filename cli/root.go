@@ -34,7 +34,8 @@ var Revision = ""
 // serve it on nodes, then the tools around it. (cobra lists them sorted in help.)
 var commands = []func(*Globals) *cobra.Command{
 	packCmd, listCmd, inspectCmd, tagCmd, rmCmd, pruneCmd, unpackCmd,
-	loginCmd, logoutCmd, pushCmd, pullCmd, fetchCmd, copyCmd, tagsCmd,
+	loginCmd, logoutCmd, pushCmd, pullCmd, fetchCmd, copyCmd, tagsCmd, deleteCmd, diffCmd,
+	attachCmd, discoverCmd, saveCmd, loadCmd,
 	keyCmd, signCmd, verifyCmd, scanCmd,
 	csiDriverCmd, prepullCmd, cacheCmd,
 	versionCmd,

@@ -28,6 +28,9 @@ type RegistryOptions struct {
 	AccessLog bool
 	// ProxyRemoteURL, if set, makes the registry a pull-through cache of that registry (distribution's proxy mode).
 	ProxyRemoteURL string
+	// NoDelete turns deletes off (storage.delete.enabled: false, distribution's default): DELETE answers 405
+	// UNSUPPORTED.
+	NoDelete bool
 }
 
 // Registry is a running distribution registry (v3.1.2) on loopback.
@@ -90,10 +93,10 @@ storage:
   filesystem:
     rootdirectory: %s
   delete:
-    enabled: true
+    enabled: %t
 http:
   addr: %s
-%s%s`, !opts.AccessLog, opts.Dir, opts.Addr, tlsCfg, auth)
+%s%s`, !opts.AccessLog, opts.Dir, !opts.NoDelete, opts.Addr, tlsCfg, auth)
 	cfgPath := filepath.Join(cfgDir, "config.yml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		return nil, err
