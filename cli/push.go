@@ -3,10 +3,12 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 
 	"github.com/modelpack/modelpack/artifact/layout"
 	"github.com/modelpack/modelpack/artifact/pack"
 	"github.com/modelpack/modelpack/artifact/remote"
+	"github.com/modelpack/modelpack/scan"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/spf13/cobra"
 )
@@ -14,7 +16,7 @@ import (
 func pushCmd(g *Globals) *cobra.Command {
 	rf := remoteFlags{g: g}
 	var from string
-	var referrers, refuseCode bool
+	var referrers, refuseCode, attestScan bool
 	var sf *signFlags
 	cmd := &cobra.Command{
 		Use:   "push REF",
@@ -52,12 +54,24 @@ backoff on its own.`,
 			// As pack does: a file whose loading runs code is said before it leaves this machine (issue 35), and
 			// --refuse-code stops the push before any request. What cannot be scanned is push's to report.
 			ws := newWarnings(cmd, g)
-			if info, err := loadArtifact(cmd.Context(), store, local); err == nil && info.Manifest != nil {
-				if reps, err := scanLayers(store, local, info); err == nil {
+			if attestScan && sf.key == "" {
+				return usageErr("--attest-scan signs the scan report with the --sign key: add --sign KEY")
+			}
+			var reps []scan.FileReport
+			var layers []string
+			info, err := loadArtifact(cmd.Context(), store, local)
+			if err == nil && info.Manifest != nil {
+				if reps, err = scanLayers(store, local, info); err == nil {
 					if err := codeFindings(reps, refuseCode, ws.add); err != nil {
 						return err
 					}
+					for _, l := range info.Layers {
+						layers = append(layers, l.Digest.String())
+					}
 				}
+			}
+			if attestScan && layers == nil {
+				return fmt.Errorf("--attest-scan: %s could not be scanned (%v)", local, err)
 			}
 			dst, _, err := remote.NewRepository(ref, rf.options())
 			if err != nil {
@@ -74,10 +88,17 @@ backoff on its own.`,
 			if err != nil {
 				return err
 			}
-			return ui.print(transferJSON{Result: res, Signature: sig, Warnings: ws.all()})
+			var att *scanAttestationJSON
+			if attestScan {
+				if att, err = attestReports(cmd.Context(), digestRef(dst, res), sf.key, reps, layers, false, rf.options()); err != nil {
+					return err
+				}
+			}
+			return ui.print(transferJSON{Result: res, Signature: sig, Attestation: att, Warnings: ws.all()})
 		},
 	}
 	rf.register(cmd.Flags())
+	cmd.Flags().BoolVar(&attestScan, "attest-scan", false, "also sign the scan report of the pushed digest with the --sign key, as modelpack scan --attest does (a cosign attestation a trust policy can require)")
 	cmd.Flags().BoolVar(&refuseCode, "refuse-code", false, "fail, before sending anything, when a layer runs code when loaded or is malformed, as modelpack scan says (default: warn)")
 	sf = addSignFlags(cmd.Flags())
 	cmd.Flags().StringVar(&from, "from", "", "local store reference to push (default: REF)")

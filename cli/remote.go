@@ -152,7 +152,9 @@ type transferJSON struct {
 	*remote.Result
 	Dir       string         `json:"dir,omitempty"`
 	Signature *signatureJSON `json:"signature,omitempty"`
-	Warnings  []string       `json:"warnings,omitempty"`
+	// Attestation is the signed scan report push --attest-scan stored.
+	Attestation *scanAttestationJSON `json:"attestation,omitempty"`
+	Warnings    []string             `json:"warnings,omitempty"`
 }
 
 // print writes the result: JSON, the digest alone with --quiet, or a summary.
@@ -192,6 +194,9 @@ func (u *transferUI) print(r transferJSON) error {
 	fmt.Fprintf(u.out, "%s; %s transferred in %.1fs%s\n", summary, humanBytes(res.Transferred), res.Seconds, rate)
 	if r.Signature != nil {
 		fmt.Fprintf(u.out, "Signed %s (signature %s)\n", r.Signature.Signed, r.Signature.Tag)
+	}
+	if a := r.Attestation; a != nil {
+		fmt.Fprintf(u.out, "Attested the scan of %s with %s (%s)\n", a.Subject, a.Key, a.Stored)
 	}
 	return nil
 }

@@ -187,21 +187,28 @@ func scanAndAttest(cmd *cobra.Command, g *Globals, ref, key string, newBundle bo
 	if err != nil {
 		return nil, nil, err
 	}
+	att, err := attestReports(cmd.Context(), digestRef, key, files, layers, newBundle, o)
+	return att, files, err
+}
+
+// attestReports signs the scan reports of the layers (files[i] is the report of the layer with digest layers[i])
+// of the manifest digestRef as its scan attestation, with the cosign key.
+func attestReports(ctx context.Context, digestRef, key string, files []scan.FileReport, layers []string, newBundle bool, o remote.Options) (*scanAttestationJSON, error) {
 	pred := signing.ScanPredicate{Scanner: "modelpack " + Version}
 	for i, f := range files {
 		pred.Files = append(pred.Files, signing.NewScannedFile(layers[i], f))
 	}
 	reg, err := remote.NewTransports(o)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	stored, err := signing.AttestScan(cmd.Context(), digestRef, key, pred, signing.AttestOptions{
+	stored, err := signing.AttestScan(ctx, digestRef, key, pred, signing.AttestOptions{
 		SignOptions: signing.SignOptions{Registry: reg, Password: cosignPassword}, NewBundleFormat: newBundle,
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	return &scanAttestationJSON{Subject: digestRef, PredicateType: signing.ScanPredicateType, Stored: stored, Key: key}, files, nil
+	return &scanAttestationJSON{Subject: digestRef, PredicateType: signing.ScanPredicateType, Stored: stored, Key: key}, nil
 }
 
 // scanStored scans the layers of an artifact in the local store at home, each blob where it lies: a raw layer is

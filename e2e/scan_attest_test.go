@@ -263,3 +263,40 @@ func TestDriverRequiresScanAttestation(t *testing.T) {
 		}
 	}
 }
+
+// TestPushAttestsTheScan: `push --sign KEY --attest-scan` signs the pushed digest and its scan report (the scan
+// push already makes to warn of code, one per layer) with the same key, as modelpack scan --attest would: the real
+// cosign verify-attestation accepts it and a policy requiring it passes. --attest-scan without --sign is a usage
+// error, before anything is sent.
+func TestPushAttestsTheScan(t *testing.T) {
+	e := newSigEnv(t)
+	e.must(e.cosign, "generate-key-pair", "--output-key-prefix", "scanner")
+	home := filepath.Join(e.dir, "home")
+	model := filepath.Join(e.dir, "model")
+	os.MkdirAll(model, 0o755)
+	os.WriteFile(filepath.Join(model, "model.safetensors"), vector(t, "ok.safetensors"), 0o644)
+	os.WriteFile(filepath.Join(model, "config.json"), []byte(`{"arch":"tiny"}`), 0o644)
+	tagRef := e.host + "/models/pushed:v1"
+	e.must(e.mp, "--home", home, "pack", model, "-t", tagRef)
+	if _, stderr, err := e.run(e.mp, "--home", home, "push", tagRef, "--plain-http", "--attest-scan"); err == nil || !strings.Contains(stderr, "--attest-scan signs the scan report with the --sign key") {
+		t.Fatalf("push --attest-scan without --sign: %v\n%s", err, stderr)
+	}
+	if tags, _, _ := e.run(e.oras, "repo", "tags", "--plain-http", e.host+"/models/pushed"); strings.TrimSpace(tags) != "" {
+		t.Fatalf("a refused push left tags %q", tags)
+	}
+	out := e.must(e.mp, "--home", home, "push", tagRef, "--plain-http", "--sign", "scanner.key", "--attest-scan", "-o", "json")
+	var res struct {
+		Signature   struct{ Signed string }
+		Attestation struct{ Subject, PredicateType string }
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil || res.Attestation.Subject == "" || res.Attestation.Subject != res.Signature.Signed || res.Attestation.PredicateType != scanPredicateType {
+		t.Fatalf("push --sign --attest-scan printed %s: %v", out, err)
+	}
+	verified := e.must(e.cosign, "verify-attestation", "--key", "scanner.pub", "--type", scanPredicateType, "--insecure-ignore-tlog", "--allow-http-registry", tagRef)
+	files := attestedStatement(t, verified)["predicate"].(map[string]any)["files"].([]any)
+	if len(files) != 2 {
+		t.Fatalf("the attested report has %d files, want one per layer (2): %v", len(files), files)
+	}
+	e.must(e.cosign, "verify", "--key", "scanner.pub", "--insecure-ignore-tlog", "--allow-http-registry", tagRef)
+	e.must(e.mp, "verify", "--plain-http", "--policy", e.writePolicy("policy.yaml", "", "scanner.pub"), tagRef)
+}
