@@ -28,7 +28,7 @@ TOOL_BINS := $(TOOLS)/registry $(TOOLS)/csi-sanity $(TOOLS)/oras $(TOOLS)/crane 
 HUB_JS_DIR := internal/testenv/hubserver/npm
 HUB_JS := $(BIN)/npm/node_modules/@huggingface/hub/package.json
 
-.PHONY: all build image tools test test-unit test-race fuzz demo bench manifests clean cluster-deps cluster-build cluster-up cluster-down e2e-cluster fleet-build fleet-up fleet-down e2e-fleet
+.PHONY: all build image tools test test-unit test-race fuzz demo bench manifests clean cluster-deps cluster-build cluster-up cluster-down e2e-cluster fleet-build kraken-image fleet-up fleet-down e2e-fleet
 
 all: build
 
@@ -101,6 +101,10 @@ e2e-cluster: tools build
 # bin/kraken and installs nginx-light. e2e-fleet always tears down; see e2e/fleet/README.md.
 fleet-build:
 	bash e2e/fleet/build.sh
+# The Kraken image deploy/components/p2p-kraken runs (Kraken's binaries, Debian's nginx-light), without a container
+# engine, pushed to IMAGE (e.g. make kraken-image IMAGE=registry.example.com/modelpack/kraken:v0.1.27).
+kraken-image: fleet-build
+	bash e2e/fleet/kraken-image.sh $(IMAGE) --plain-http=false
 fleet-up: cluster-build fleet-build
 	bash e2e/fleet/cluster/up.sh
 fleet-down:

@@ -92,21 +92,8 @@ start_control_plane "$HOST_IP" InternalIP 10.220.0.0/24
 stamp apiserver-ready
 start_registry "$REGISTRY"
 push_images "$REGISTRY"
-# Kraken's image, built like ours (no container engine): its four binaries (cgo, for sqlite) and Debian's
-# nginx-light, which every Kraken component execs, with the shared libraries they link, nginx's config files
-# (Kraken's nginx.conf includes mime.types) and the directories nginx needs; busybox for the Accept proxy's sh/sed.
-img=$RUN/images
-: > "$img/empty"
-printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\nwww-data:x:33:33:www-data:/var/www:/bin/false\n' > "$img/passwd"
-printf 'root:x:0:\nnogroup:x:65534:\nwww-data:x:33:\n' > "$img/group"
-kraken_files=()
-for c in agent origin tracker build-index; do kraken_files+=(--file "$ROOT/bin/kraken/$c=/usr/bin/kraken-$c"); done
-for d in /var/lib/nginx /var/log/nginx /var/run/kraken /var/log/kraken /var/cache/kraken /tmp; do kraken_files+=(--file "$img/empty=$d/.keep"); done
-"$img/ociimage" --libs "${kraken_files[@]}" --file /usr/sbin/nginx=/usr/sbin/nginx --dir /etc/nginx=/etc/nginx \
-  --file "$(command -v busybox)=/bin/busybox" --link /bin/sh=busybox --link /bin/sed=busybox --link /bin/mkdir=busybox \
-  --link /bin/cat=busybox --link /bin/ls=busybox --link /bin/chmod=busybox \
-  --file /etc/ssl/certs/ca-certificates.crt=/etc/ssl/certs/ca-certificates.crt \
-  --file "$img/passwd=/etc/passwd" --file "$img/group=/etc/group" "$REGISTRY/e2e/kraken:v0.1.27" > "$img/kraken.ref"
+# Kraken's image, built as `make kraken-image` builds it (no container engine).
+bash "$ROOT/e2e/fleet/kraken-image.sh" "$REGISTRY/e2e/kraken:v0.1.27" > "$RUN/images/kraken.ref"
 stamp images-pushed
 
 # ---- nodes: containerd, then the kubelet, each inside its node's namespaces ----
