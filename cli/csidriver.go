@@ -7,16 +7,13 @@ import (
 	"math"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
 	humanize "github.com/dustin/go-humanize"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/modelpack/modelpack/artifact/archive"
 	"github.com/modelpack/modelpack/artifact/remote"
@@ -24,41 +21,10 @@ import (
 	"github.com/modelpack/modelpack/cas"
 	"github.com/modelpack/modelpack/csidriver"
 	"github.com/modelpack/modelpack/csidriver/access"
-	"github.com/modelpack/modelpack/csidriver/cachebackend"
+	"github.com/modelpack/modelpack/internal/node"
 	"github.com/modelpack/modelpack/internal/readahead"
+	"github.com/modelpack/modelpack/prepull"
 )
-
-// csiDriverExtension is a feature of `modelpack csi-driver` kept in its own file (prepull's socket, signing policy):
-// flags of its own, and a setup step that runs once the cache is open.
-type csiDriverExtension struct {
-	AddFlags func(*pflag.FlagSet)
-	// Setup may add gRPC services and HTTP handlers to env.Driver, set env.Verifier, and start goroutines bound
-	// to ctx (the driver's lifetime).
-	Setup func(ctx context.Context, env *CSIDriverEnv) error
-}
-
-// CSIDriverEnv is what an extension's Setup sees and may change before the driver starts.
-type CSIDriverEnv struct {
-	Cache  *cache.Cache
-	Remote remote.Options
-	Root   string
-	Logger *slog.Logger
-	// Driver are the options the driver will start with: append to GRPCServices and HTTPHandlers.
-	Driver *csidriver.Options
-	// Verifier, if set, must accept an artifact before the driver pulls or mounts it.
-	Verifier cachebackend.Verifier
-	// Screen, if set, decides which scanned files a model may hold before the driver mounts it.
-	Screen cachebackend.ScanPolicy
-	// Instance is the driver itself: nil during Setup, since it is built from what every Setup left, and set
-	// before GRPCServices are registered, so what they start may use it.
-	Instance *csidriver.Driver
-}
-
-// csiDriverExtensions are set up in this order: signing sets env.Verifier before prepull reads it, so prepulls obey
-// the same policy as mounts.
-func csiDriverExtensions() []csiDriverExtension {
-	return []csiDriverExtension{signingExtension(), prepullExtension()}
-}
 
 type csiDriverFlags struct {
 	endpoint, nodeID, root, driverName, metricsAddr string
@@ -75,11 +41,14 @@ type csiDriverFlags struct {
 	logFormat, logLevel                             string
 	verificationPolicy                              string
 	verificationAllowlist                           []string
+	policy                                          string
+	prepull                                         bool
+	prepullSocket, prepullBandwidth                 string
+	prepullConcurrency                              int
 }
 
 func csiDriverCmd(g *Globals) *cobra.Command {
 	f := &csiDriverFlags{}
-	exts := csiDriverExtensions()
 	cmd := &cobra.Command{
 		Use: "csi-driver",
 		Example: `  modelpack csi-driver --endpoint unix:///csi/csi.sock --node-id "$NODE_NAME" --root /var/lib/modelpack \
@@ -117,7 +86,7 @@ pullPolicy Never and absent, content over the limits, hostile or corrupt content
 UNAVAILABLE registry unreachable, stalled or untrusted TLS (--ca-file, --hosts-dir, --plain-http-registries);
 UNAUTHENTICATED; PERMISSION_DENIED registry or signature policy; RESOURCE_EXHAUSTED disk full; INTERNAL a bug.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runCSIDriver(cmd.Context(), f, exts) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return runCSIDriver(cmd.Context(), f) },
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.endpoint, "endpoint", envOr("CSI_ENDPOINT", csidriver.DefaultEndpoint), "CSI endpoint, unix:///path/to/csi.sock (env CSI_ENDPOINT)")
@@ -152,15 +121,16 @@ UNAUTHENTICATED; PERMISSION_DENIED registry or signature policy; RESOURCE_EXHAUS
 		"with NeverVerifyAllowlistedImages: registry/repository names, or prefixes ending in /* (registry.example.com/models/*), whose prepulled models any caller may mount")
 	fl.StringVar(&f.logFormat, "log-format", "json", "log format: json or text")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
-	for _, e := range exts {
-		if e.AddFlags != nil {
-			e.AddFlags(fl)
-		}
-	}
+	fl.StringVar(&f.policy, "policy", "", "node trust policy (YAML); reloaded on change. Empty: signatures are not checked. Signatures are read like models: --ca-file, --hosts-dir (mirrors too), --plain-http-registries, never https→http")
+	fl.BoolVar(&f.prepull, "prepull", true, "serve the prepull API (node plugins; the controller needs none)")
+	fl.StringVar(&f.prepullSocket, "prepull-socket", "", "unix socket of the prepull API (default: prepull.sock next to the CSI socket, "+prepull.DefaultSocket+" in the DaemonSet)")
+	fl.IntVar(&f.prepullConcurrency, "prepull-concurrency", 2, "references prepulled at once; the rest wait as pending")
+	fl.StringVar(&f.prepullBandwidth, "prepull-bandwidth", "0", "cap on the registry reads of all prepulls together, bytes per second (e.g. 100MiB; 0 = no cap)")
 	return cmd
 }
 
-func runCSIDriver(parent context.Context, f *csiDriverFlags, exts []csiDriverExtension) error {
+// runCSIDriver checks the flags and runs the node plugin they describe (package internal/node builds it).
+func runCSIDriver(parent context.Context, f *csiDriverFlags) error {
 	log, err := newLogger(f.logFormat, f.logLevel)
 	if err != nil {
 		return err
@@ -199,42 +169,24 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags, exts []csiDriverExt
 	if err != nil {
 		return err // it names the setting and its valid values
 	}
-	// A hosts.toml the pulls cannot use would fail every publish of its registry: refuse to start instead.
-	if err := remote.ValidateHostsDir(f.hostsDir); err != nil {
-		return fmt.Errorf("--hosts-dir: %w", err)
+	if f.prepullConcurrency < 1 {
+		return usageErr("--prepull-concurrency must be at least 1")
+	}
+	prepullBPS, err := parseByteSize(f.prepullBandwidth)
+	if err != nil {
+		return usageErr("--prepull-bandwidth: %w", err)
 	}
 	if parent == nil {
 		parent = context.Background()
 	}
 	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-
-	c, err := cache.Open(cache.Options{Root: filepath.Join(f.root, "cache"), MaxBytes: maxBytes,
-		Limits:         archive.Limits{MaxBytes: maxExtract, MaxRatio: f.maxExtractRatio},
-		VerifyInterval: f.verifyInterval, ScrubRate: scrubRate, MinAge: minAge(f.cacheMinAge), FlushDelay: f.flushDelay, Logger: log,
-		VolatileOwnerPrefix: csidriver.OwnerPrefix})
-	if err != nil {
-		return fmt.Errorf("open cache: %w", err)
-	}
-	defer c.Close()
-
-	opts := csidriver.Options{
-		DriverName:    f.driverName,
-		Version:       Version,
-		NodeID:        f.nodeID,
-		Endpoint:      f.endpoint,
-		StateDir:      filepath.Join(f.root, "csi"),
-		MetricsAddr:   f.metricsAddr,
-		Logger:        log,
-		GCInterval:    f.gcInterval,
-		Collectors:    []prometheus.Collector{c.Collector(), hostsReloadFailures},
-		AccessPolicy:  accessPolicy,
-		Readahead:     ahead,
-		ReadaheadWait: f.readaheadWait,
-		OwnDirs:       []string{filepath.Join(f.root, "cache")},
-	}
-	env := &CSIDriverEnv{
-		Cache: c,
+	return node.Run(ctx, node.Options{
+		Root: f.root,
+		Cache: cache.Options{MaxBytes: maxBytes,
+			Limits:         archive.Limits{MaxBytes: maxExtract, MaxRatio: f.maxExtractRatio},
+			VerifyInterval: f.verifyInterval, ScrubRate: scrubRate, MinAge: minAge(f.cacheMinAge), FlushDelay: f.flushDelay,
+			VolatileOwnerPrefix: csidriver.OwnerPrefix},
 		Remote: remote.Options{
 			RegistryConfig: f.registryConfig,
 			HostsDir:       f.hostsDir,
@@ -243,47 +195,22 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags, exts []csiDriverExt
 			Timeouts:       f.registryTimeouts,
 			PlainHTTPHosts: f.plainHTTP,
 		},
-		Root:   f.root,
-		Logger: log,
-		Driver: &opts,
-	}
-	for _, e := range exts {
-		if e.Setup != nil {
-			if err := e.Setup(ctx, env); err != nil {
-				return err
-			}
-		}
-	}
-	opts.Backend = cachebackend.New(c, cachebackend.Options{
-		Remote:   env.Remote,
-		Verifier: env.Verifier,
-		Screen:   env.Screen,
+		Driver: csidriver.Options{
+			DriverName:    f.driverName,
+			Version:       Version,
+			NodeID:        f.nodeID,
+			Endpoint:      f.endpoint,
+			MetricsAddr:   f.metricsAddr,
+			Logger:        log,
+			GCInterval:    f.gcInterval,
+			AccessPolicy:  accessPolicy,
+			Readahead:     ahead,
+			ReadaheadWait: f.readaheadWait,
+		},
+		PolicyPath: f.policy,
+		Prepull:    node.Prepull{Enabled: f.prepull, Socket: f.prepullSocket, Concurrency: f.prepullConcurrency, Bandwidth: prepullBPS},
+		Collect:    maxBytes > 0,
 	})
-	d, err := csidriver.New(opts)
-	if err != nil {
-		return err
-	}
-	env.Instance = d
-	if maxBytes > 0 {
-		go collectCache(ctx, c, f.gcInterval, log)
-	}
-	return d.Run(ctx)
-}
-
-// collectCache keeps the cache under its size limit; volumes in use are never evicted.
-func collectCache(ctx context.Context, c *cache.Cache, every time.Duration, log *slog.Logger) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if _, err := c.GC(ctx); err != nil && ctx.Err() == nil {
-			log.Warn("cache collection failed", "error", err.Error())
-		}
-	}
 }
 
 func newLogger(format, level string) (*slog.Logger, error) {
@@ -342,10 +269,3 @@ func minAge(d time.Duration) time.Duration {
 	}
 	return d
 }
-
-// hostsReloadFailures exports remote.HostsReloadFailures: a hosts.toml turned invalid keeps serving its last good
-// content, so the log line and this counter are how an operator learns that an edit did not take.
-var hostsReloadFailures = prometheus.NewCounterFunc(prometheus.CounterOpts{
-	Namespace: "modelpack_csi", Name: "hosts_reload_failures_total",
-	Help: "Pulls that found a hosts.toml invalid and used its last good content instead.",
-}, func() float64 { return float64(remote.HostsReloadFailures()) })
