@@ -117,11 +117,11 @@ func (s *signingSink) Commit(ctx context.Context, manifest ocispec.Descriptor, m
 }
 
 // printResult prints what was pushed (and signed), as push prints it, with the pack's warnings under -o json.
-func (s *signingSink) printResult(warnings []string) error {
+func (s *signingSink) printResult(warnings []string, summary *pack.Summary) error {
 	s.ui.stop()
 	res := s.Result()
 	res.Descriptor.ArtifactType = s.artifactType
-	return s.ui.print(transferJSON{Result: res, Signature: s.sig, Warnings: warnings})
+	return s.ui.print(transferJSON{Result: res, Signature: s.sig, Summary: summary, Warnings: warnings})
 }
 
 // packPushSink gives `pack --push` its sink: it adds the connection and signing flags to cmd and returns what

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/artifact/pack"
 	"github.com/modelpack/modelpack/artifact/remote"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/schollz/progressbar/v3"
@@ -152,6 +153,7 @@ type transferJSON struct {
 	*remote.Result
 	Dir       string         `json:"dir,omitempty"`
 	Signature *signatureJSON `json:"signature,omitempty"`
+	Summary   *pack.Summary  `json:"summary,omitempty"` // pack --push: how the files were classified
 	Warnings  []string       `json:"warnings,omitempty"`
 }
 
