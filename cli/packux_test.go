@@ -174,7 +174,7 @@ func TestPackSummaryKindsAndUnknown(t *testing.T) {
 	}
 
 	for _, bad := range []struct{ flag, want string }{
-		{"*.dat=wieght", `--kind "*.dat=wieght": want PATTERN=KIND: unknown kind "wieght" (valid: weight, weight.config, doc, code, dataset`},
+		{"*.dat=wieght", `--kind "*.dat=wieght": want PATTERN=KIND, and neither "wieght" nor "*.dat" is a kind (valid: weight, weight.config, doc, code, dataset`},
 		{"*.dat", `--kind "*.dat": want PATTERN=KIND (valid kinds: weight, weight.config, doc, code, dataset)`},
 		{"/abs=doc", `--kind: pattern "/abs" must be relative to the model directory`},
 	} {

@@ -145,7 +145,7 @@ func ParseRule(s, source string) (Rule, error) {
 		left, right, _ := strings.Cut(s, "=")
 		old, oldErr := artifact.ParseKind(left)
 		if oldErr != nil {
-			return Rule{}, fmt.Errorf("%s %q: want PATTERN=KIND: %w", source, s, err)
+			return Rule{}, fmt.Errorf("%s %q: want PATTERN=KIND, and neither %q nor %q is a kind (%s)", source, s, k, left, artifact.ValidKinds())
 		}
 		kind, p = old, right
 	}

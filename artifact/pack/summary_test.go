@@ -108,7 +108,7 @@ func TestParseRule(t *testing.T) {
 	}
 	for in, msg := range map[string]string{
 		"x.dat":      "want PATTERN=KIND (valid kinds: weight, weight.config, doc, code, dataset)",
-		"x.dat=nope": `unknown kind "nope" (valid: weight`,
+		"x.dat=nope": `neither "nope" nor "x.dat" is a kind (valid: weight`,
 		"=doc":       "empty pattern",
 		"../x=doc":   "must be relative",
 		"[=doc":      "invalid pattern",
