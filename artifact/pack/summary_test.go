@@ -1,11 +1,16 @@
 package pack
 
 import (
+	"context"
+	"encoding/json"
 	"os"
+	"reflect"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/modelpack/modelpack/artifact"
 )
@@ -150,4 +155,50 @@ func FuzzParseIgnore(f *testing.F) {
 		}
 		ig.ignores(p)
 	})
+}
+
+// The plan is what Pack writes: the same layers in the same order with the same media types and, for raw layers,
+// sizes; and Pack tells Options.Summary the plan once, before its first blob.
+func TestPlanIsWhatPackWrites(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{
+		"model.safetensors": "wwww", "config.json": "{}", "README.md": "r", "tok/vocab.txt": "v", "tok/merges.txt": "m",
+		"notes": "n",
+	})
+	opts := Options{LayerFormat: artifact.FormatTarGzip}
+	plan, err := Plan(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &memSink{blobs: map[string][]byte{}}
+	var told []*Summary
+	opts.Summary = func(s *Summary) {
+		if len(sink.blobs) > 0 {
+			t.Error("Summary told after a blob was written")
+		}
+		told = append(told, s)
+	}
+	desc, err := Pack(context.Background(), dir, opts, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(told) != 1 || !reflect.DeepEqual(told[0], plan) {
+		t.Fatalf("Summary told %d times; %+v, plan %+v", len(told), told, plan)
+	}
+	var m ocispec.Manifest
+	if err := json.Unmarshal(sink.blobs[desc.Digest.String()], &m); err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Layers) != len(plan.Layers) {
+		t.Fatalf("%d layers written, %d planned", len(m.Layers), len(plan.Layers))
+	}
+	for i, l := range m.Layers {
+		p := plan.Layers[i]
+		if l.Annotations[artifact.AnnotationFilepath] != p.Path || l.MediaType != p.MediaType {
+			t.Errorf("layer %d: wrote %s %s, planned %s %s", i, l.Annotations[artifact.AnnotationFilepath], l.MediaType, p.Path, p.MediaType)
+		}
+		if strings.HasSuffix(p.MediaType, ".raw") && l.Size != p.Bytes {
+			t.Errorf("layer %s: wrote %d bytes, planned %d", p.Path, l.Size, p.Bytes)
+		}
+	}
 }
