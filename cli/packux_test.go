@@ -290,3 +290,68 @@ func TestDryRunWritesNothing(t *testing.T) {
 		t.Errorf("after the dry runs the registry holds %q, tags %q (were %q)", got, tagsAfter, tagsBefore)
 	}
 }
+
+// Issue 32 item 6: copy -r --dry-run between two registries lists the referrers oras attached (and their blobs)
+// beside the model, all to send; after the real copy -r the same dry run finds every one at the destination, the
+// tag naming the root, nothing to send.
+func TestCopyReferrersDryRun(t *testing.T) {
+	run := binaryRunner(t)
+	src := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	dst := testenv.StartRegistry(t, testenv.RegistryOptions{AccessLog: true})
+	t.Setenv("DOCKER_CONFIG", t.TempDir())
+	ref := src.Host + "/org/m:v1"
+	mustRemoteCLI(t, "--home", t.TempDir(), "pack", smallModel(t), "-t", ref, "--push", "-q")
+	work := t.TempDir()
+	os.WriteFile(filepath.Join(work, "sbom.json"), []byte(`{"spdxVersion":"SPDX-2.3"}`), 0o644)
+	attach := exec.Command(testenv.Tool(t, "oras"), "attach", "--plain-http", ref, "--artifact-type", "application/spdx+json", "sbom.json")
+	attach.Dir = work
+	if b, err := attach.CombinedOutput(); err != nil {
+		t.Fatalf("oras attach: %v\n%s", err, b)
+	}
+	type item struct {
+		Role        string
+		Exists      bool
+		Annotations map[string]string
+	}
+	type plan struct {
+		TagDigest string
+		Send      int64
+		Root      struct{ Digest string }
+		Items     []item
+	}
+	dryRun := func() plan {
+		t.Helper()
+		code, out, errOut := run("-o", "json", "copy", "-r", ref, dst.Host+"/org/m", "--dry-run")
+		var p plan
+		if code != 0 || json.Unmarshal([]byte(out), &p) != nil {
+			t.Fatalf("copy -r --dry-run: exit %d\n%s%s", code, out, errOut)
+		}
+		return p
+	}
+	p := dryRun()
+	sbom := false
+	for _, it := range p.Items {
+		sbom = sbom || it.Annotations["org.opencontainers.image.title"] == "sbom.json"
+		if it.Exists {
+			t.Errorf("an empty destination has a %s", it.Role)
+		}
+	}
+	referrer := slices.ContainsFunc(p.Items, func(it item) bool { return it.Role == "referrer" })
+	if !sbom || !referrer || p.Items[0].Role != "manifest" || p.TagDigest != "" || p.Send == 0 {
+		t.Errorf("copy -r --dry-run to an empty registry: %+v", p)
+	}
+	if b, _ := os.ReadFile(dst.LogPath); regexp.MustCompile(`"(PUT|POST|PATCH|DELETE) /v2/`).Match(b) {
+		t.Fatalf("copy -r --dry-run wrote to the destination:\n%s", b)
+	}
+
+	mustRemoteCLI(t, "copy", "-r", ref, dst.Host+"/org/m", "-q")
+	p2 := dryRun()
+	if len(p2.Items) != len(p.Items) || p2.Send != 0 || p2.TagDigest != p2.Root.Digest {
+		t.Errorf("copy -r --dry-run after the copy: %+v", p2)
+	}
+	for _, it := range p2.Items {
+		if !it.Exists {
+			t.Errorf("after copy -r, the destination lacks a %s", it.Role)
+		}
+	}
+}
