@@ -11,9 +11,12 @@ import (
 	"strings"
 	"testing"
 
+	digest "github.com/opencontainers/go-digest"
+
 	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/artifact/pack"
 	"github.com/modelpack/modelpack/internal/testenv"
+	"github.com/modelpack/modelpack/internal/testenv/hubserver"
 )
 
 // writeTree writes files (path → content) under dir.
@@ -353,5 +356,53 @@ func TestCopyReferrersDryRun(t *testing.T) {
 		if !it.Exists {
 			t.Errorf("after copy -r, the destination lacks a %s", it.Role)
 		}
+	}
+}
+
+// Issue 32 item 6: pack hf://… --dry-run lists the layers with the digests the Hub states for its LFS files (the
+// very digests a real pack writes), opens no store and refuses --ignore-file (a Hub model's files are chosen with
+// --include/--exclude).
+func TestPackHFDryRun(t *testing.T) {
+	repo, _ := hubRepo(t, "acme/tiny")
+	s := hubserver.Start(t, repo)
+	hubEnv(t, s)
+	run := binaryRunner(t)
+	home := filepath.Join(t.TempDir(), "home")
+	code, out, errOut := run("--home", home, "-o", "json", "pack", "hf://acme/tiny", "-t", "tiny:v1", "--dry-run")
+	var res struct {
+		DryRun  bool
+		Summary struct {
+			Layers []struct {
+				Path   string
+				Digest digest.Digest
+			}
+		}
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || !res.DryRun {
+		t.Fatalf("pack hf:// --dry-run: exit %d\n%s%s", code, out, errOut)
+	}
+	if _, err := os.Stat(home); !os.IsNotExist(err) {
+		t.Errorf("pack hf:// --dry-run created the store: %v", err)
+	}
+	packed := t.TempDir()
+	if code, _, errOut := run("--home", packed, "pack", "hf://acme/tiny", "-t", "tiny:v1", "-q"); code != 0 {
+		t.Fatalf("pack hf://: exit %d\n%s", code, errOut)
+	}
+	_, m, _ := stored(t, packed, "tiny:v1")
+	written := layerDigests(m)
+	stated := 0
+	for _, l := range res.Summary.Layers {
+		if l.Digest != "" {
+			stated++
+			if written[l.Path] != l.Digest {
+				t.Errorf("%s: the dry run says %s, the pack wrote %s", l.Path, l.Digest, written[l.Path])
+			}
+		}
+	}
+	if stated == 0 || len(res.Summary.Layers) != len(written) {
+		t.Errorf("dry run: %d layers, %d with a digest; the pack wrote %d", len(res.Summary.Layers), stated, len(written))
+	}
+	if code, _, errOut := run("--home", home, "pack", "hf://acme/tiny", "-t", "tiny:v1", "--ignore-file", "x"); code != 2 || !strings.Contains(errOut, "--include/--exclude") {
+		t.Errorf("pack hf:// --ignore-file: exit %d\n%s", code, errOut)
 	}
 }
