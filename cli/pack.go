@@ -182,7 +182,7 @@ func runPack(cmd *cobra.Command, g *Globals, f *packFlags, dir string, pushSink 
 		opts.Include, opts.Exclude = f.include, f.exclude
 		opts.IgnoreFile, opts.NoIgnoreFile = f.ignoreFile, f.noIgnoreFile
 	}
-	if err := warnCode(dir, opts.Include, opts.Exclude, f.refuseCode, ws.add); err != nil {
+	if err := warnCode(dir, pack.Keeps(dir, opts), f.refuseCode, ws.add); err != nil {
 		return err
 	}
 	if f.dryRun {
@@ -409,16 +409,13 @@ func (s *packedLines) AddBlob(ctx context.Context, desc ocispec.Descriptor, open
 // warnCode scans what pack is about to read (for hf://, the files it staged; the weights it streams are scanned
 // by modelpack scan hf://…): a file whose loading runs code, or that the scanner cannot vouch for, is a warning,
 // or with refuse the error that stops the pack before anything is written.
-func warnCode(dir string, include, exclude []string, refuse bool, warn func(string)) error {
+func warnCode(dir string, keeps func(rel string) bool, refuse bool, warn func(string)) error {
 	reps, err := scan.Dir(dir)
 	if err != nil {
 		return nil // what cannot be read is pack's to report, in its words
 	}
-	if len(include)+len(exclude) > 0 { // the files --include/--exclude leave out are not packed, so not warned of
-		reps = slices.DeleteFunc(reps, func(r scan.FileReport) bool {
-			return (len(include) > 0 && !artifact.MatchInclude(include, r.Path)) || artifact.MatchInclude(exclude, r.Path)
-		})
-	}
+	// The files the ignore file or --include/--exclude leave out are not packed, so not warned of.
+	reps = slices.DeleteFunc(reps, func(r scan.FileReport) bool { return !keeps(r.Path) })
 	return codeFindings(reps, refuse, warn)
 }
 

@@ -58,9 +58,15 @@ func TestPackIgnoreFile(t *testing.T) {
 		"file1.txt": "q", "other.ignore": "config.json\n",
 		pack.IgnoreFileName: "# comment\nlogs/\n*.tmp\n!keep.tmp\ndoc/frotz.md\nfile?.txt\n",
 	})
+	// A pickle that runs code, in an ignored directory: not packed, so neither warned of nor refused.
+	evil, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "scan", "testdata", "vectors", "evil_torch.pt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(model, "logs", "pytorch_model.bin"), evil, 0o644)
 	home := t.TempDir()
-	if code, _, errOut := run("--home", home, "pack", model, "-t", "m:ignored"); code != 0 {
-		t.Fatalf("pack with %s: exit %d\n%s", pack.IgnoreFileName, code, errOut)
+	if code, _, errOut := run("--home", home, "pack", model, "-t", "m:ignored", "--refuse-code"); code != 0 || strings.Contains(errOut, "pytorch_model.bin") {
+		t.Fatalf("pack --refuse-code with %s ignoring a pickle: exit %d\n%s", pack.IgnoreFileName, code, errOut)
 	}
 	want := []string{"README.md", "config.json", "keep.tmp", "model.safetensors", "other.ignore", "sub/doc/frotz.md"}
 	if got := packedPaths(t, home, "m:ignored"); !slices.Equal(got, want) {
@@ -87,8 +93,8 @@ func TestPackIgnoreFile(t *testing.T) {
 	if code, _, errOut := run("--home", home, "pack", model, "-t", "m:all", "--no-ignore-file"); code != 0 {
 		t.Fatalf("pack --no-ignore-file: exit %d\n%s", code, errOut)
 	}
-	if got := packedPaths(t, home, "m:all"); len(got) != 10 || slices.Contains(got, pack.IgnoreFileName) {
-		t.Errorf("--no-ignore-file packed %q, want the 10 files and not the ignore file", got)
+	if got := packedPaths(t, home, "m:all"); len(got) != 11 || slices.Contains(got, pack.IgnoreFileName) {
+		t.Errorf("--no-ignore-file packed %q, want the 11 files and not the ignore file", got)
 	}
 
 	if code, _, errOut := run("--home", home, "pack", model, "-t", "m:x", "--no-ignore-file", "--ignore-file", "x"); code != 2 {

@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/go-git/go-git/v5/plumbing/format/gitignore"
+
+	"github.com/modelpack/modelpack/artifact"
 )
 
 // IgnoreFileName is the ignore file Pack reads from the model directory unless told otherwise.
@@ -97,4 +99,19 @@ func relInside(dir, name string) string {
 		return filepath.ToSlash(r)
 	}
 	return ""
+}
+
+// Keeps returns what Pack asks of each file of the directory dir: kept by opts' ignore file, Include and Exclude.
+// It is for a caller that reads the directory itself before a pack (the code scan), so that it judges the files
+// Pack packs and no others. A dir that is a lone file, or cannot be opened, keeps by Include and Exclude alone
+// (Pack reports what is wrong with it).
+func Keeps(dir string, opts Options) func(rel string) bool {
+	var ig *ignoreFile
+	if t, err := openTree(dir); err == nil {
+		ig, _, _ = loadIgnore(t, dir, opts) // an unreadable ignore file is Pack's to report
+		t.Close()
+	}
+	return func(rel string) bool {
+		return !ig.ignores(rel) && (len(opts.Include) == 0 || artifact.MatchInclude(opts.Include, rel)) && !artifact.MatchInclude(opts.Exclude, rel)
+	}
 }
