@@ -24,21 +24,39 @@ var docExts = map[string]bool{".md": true, ".rst": true, ".pdf": true, ".html": 
 
 var datasetExts = map[string]bool{".parquet": true, ".arrow": true, ".csv": true, ".tsv": true, ".jsonl": true}
 
+// configExts are the configuration a model directory holds: config.json and generation_config.json, tokenizer
+// files, vocabularies (vocab.txt, merges.txt, tokenizer.model, *.tiktoken), settings files.
+var configExts = map[string]bool{
+	".json": true, ".yaml": true, ".yml": true, ".toml": true, ".txt": true, ".model": true, ".tiktoken": true,
+	".vocab": true, ".spm": true, ".ini": true, ".cfg": true, ".conf": true, ".proto": true, ".xml": true,
+}
+
 // KindOf guesses what a file in a model directory holds from its name. Anything not recognisably weights, code,
 // docs or data is treated as configuration (config.json, tokenizer files, vocabularies, templates).
 func KindOf(p string) Kind {
+	k, _ := Classify(p)
+	return k
+}
+
+// Classify is KindOf and whether the name told: known is false for a name that is no weight, doc, code, data or
+// configuration file KindOf knows (model.dat, a file without an extension), whose kind is the KindWeightConfig
+// fallback. pack lists such files rather than pack them silently.
+func Classify(p string) (kind Kind, known bool) {
 	base := strings.ToLower(path.Base(p))
 	ext := path.Ext(base)
 	switch {
 	case weightExts[ext]:
-		return KindWeight
+		return KindWeight, true
 	case strings.HasPrefix(base, "readme"), strings.HasPrefix(base, "license"), strings.HasPrefix(base, "licence"),
 		strings.HasPrefix(base, "notice"), strings.HasPrefix(base, "copying"), docExts[ext]:
-		return KindDoc
+		return KindDoc, true
 	case codeExts[ext], base == "requirements.txt":
-		return KindCode
+		return KindCode, true
 	case datasetExts[ext]:
-		return KindDataset
+		return KindDataset, true
+	case configExts[ext], strings.HasPrefix(base, "tokenizer"), strings.HasPrefix(base, "vocab"),
+		strings.HasPrefix(base, "merges"), strings.HasPrefix(base, "special_tokens"):
+		return KindWeightConfig, true
 	}
-	return KindWeightConfig
+	return KindWeightConfig, false
 }

@@ -80,7 +80,12 @@ func ParseKind(s string) (Kind, error) {
 	if k, ok := kindAliases[s]; ok {
 		return k, nil
 	}
-	return "", fmt.Errorf("unknown kind %q (valid: %s; also weights, config, docs, datasets)", s, KindNames())
+	return "", fmt.Errorf("unknown kind %q (%s)", s, ValidKinds())
+}
+
+// ValidKinds says which kind names ParseKind takes, for errors.
+func ValidKinds() string {
+	return "valid: " + KindNames() + "; also weights, config, docs, datasets"
 }
 
 // KindNames lists the spec's kind names for help and errors.

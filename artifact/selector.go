@@ -27,10 +27,7 @@ func ValidateGlob(g string) error {
 func MatchInclude(globs []string, p string) bool {
 	parts := strings.Split(p, "/")
 	for _, g := range globs {
-		gp := strings.Split(g, "/")
-		if !strings.Contains(g, "/") {
-			gp = append([]string{"**"}, gp...)
-		}
+		gp := globParts(g)
 		for n := 1; n <= len(parts); n++ {
 			if matchGlob(gp, parts[:n]) {
 				return true
@@ -38,6 +35,21 @@ func MatchInclude(globs []string, p string) bool {
 		}
 	}
 	return false
+}
+
+// MatchGlob reports whether glob, in MatchInclude's syntax, matches the model-relative path p itself (not only a
+// parent directory of p): what pack --kind asks of each file and directory.
+func MatchGlob(glob, p string) bool {
+	return matchGlob(globParts(glob), strings.Split(p, "/"))
+}
+
+// globParts splits a glob into components; one without a "/" matches a name at any depth.
+func globParts(g string) []string {
+	gp := strings.Split(g, "/")
+	if !strings.Contains(g, "/") {
+		gp = append([]string{"**"}, gp...)
+	}
+	return gp
 }
 
 // UnmatchedGlobs returns the globs that keep none of paths, so a caller can say so instead of writing nothing.

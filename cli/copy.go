@@ -10,7 +10,7 @@ import (
 func copyCmd(g *Globals) *cobra.Command {
 	rf := remoteFlags{g: g}
 	var from, to sideFlags
-	var referrers bool
+	var referrers, dryRun bool
 	cmd := &cobra.Command{
 		Use:     "copy SRC DST",
 		Aliases: []string{"cp"},
@@ -20,7 +20,11 @@ func copyCmd(g *Globals) *cobra.Command {
 Within one registry the blobs are mounted across repositories, so no layer bytes move. DST's tag defaults to
 SRC's. The connection flags apply to both registries; --from-* and --to-* set them for one side, as oras copy
 does (a TLS registry with its own CA on one side, a plain-HTTP one on the other). Between registries a blob over 8 MiB
-goes through an upload session the local store remembers, so a copy run again after Ctrl-C sends only the rest.`,
+goes through an upload session the local store remembers, so a copy run again after Ctrl-C sends only the rest.
+
+--dry-run reads SRC's manifests and lists them and their blobs with, after a HEAD request for each, which DST
+already has or would mount, and the tag that would be set or moved; it writes nothing (no blob, no manifest, no
+tag) and exits 0.`,
 		Example: `  modelpack copy registry.local:5000/team-a/model:v1 registry.local:5000/team-b/model
   modelpack copy -r registry.local:5000/org/model:v1 mirror.local/org/model:v1
   modelpack copy --from-ca-file ca.pem --to-plain-http registry.example.com/org/model:v1 127.0.0.1:5000/org/model`,
@@ -43,6 +47,13 @@ goes through an upload session the local store remembers, so a copy run again af
 			if err != nil {
 				return err
 			}
+			if dryRun {
+				plan, err := remote.PlanCopy(cmd.Context(), src, dst, remote.TransferOptions{Referrers: referrers})
+				if err != nil {
+					return err
+				}
+				return printTransferPlan(cmd, g, "copy", plan, nil)
+			}
 			// The local store keeps the upload sessions of large blobs sent between registries, so a copy run again
 			// resumes them; nothing else of the copy touches it.
 			store, err := layout.Open(g.Home)
@@ -61,6 +72,7 @@ goes through an upload session the local store remembers, so a copy run again af
 	rf.register(cmd.Flags())
 	from.register(cmd.Flags(), "from", "source")
 	to.register(cmd.Flags(), "to", "destination")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "list what would be copied and what DST already has (reads and HEAD requests only); write nothing")
 	cmd.Flags().BoolVarP(&referrers, "referrers", "r", false, "also copy the artifacts referring to it (signatures, SBOMs) and cosign's sha256-<hex>.sig/.att/.sbom tags, as cosign copy does")
 	return cmd
 }

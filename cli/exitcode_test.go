@@ -36,7 +36,7 @@ func TestExitCodes(t *testing.T) {
 		"bad int value":      {[]string{"pack", model, "-t", "m:v1", "--concurrency", "many"}, 2, `invalid argument "many"`},
 		"required flag":      {[]string{"pack", model}, 2, `required flag(s) "tag" not set`},
 		"bad filter":         {[]string{"unpack", "m:v1", t.TempDir(), "--filter", "models"}, 2, `unknown kind "models"`},
-		"bad kind rule":      {[]string{"pack", model, "-t", "m:v1", "--kind", "models=*"}, 2, `unknown kind "models"`},
+		"bad kind rule":      {[]string{"pack", model, "-t", "m:v1", "--kind", "models=*"}, 2, `neither "*" nor "models" is a kind`},
 		"bad tag":            {[]string{"pack", model, "-t", "Not/Valid"}, 2, `invalid reference "Not/Valid"`},
 		"exclusive flags":    {[]string{"verify", "r.example/m:v1", "--certificate-identity", "a", "--certificate-identity-regexp", "b"}, 2, "none of the others can be"},
 		"credentials in ref": {[]string{"pull", "user:pw@r.example/m:v1"}, 2, "may not carry credentials"},

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"text/tabwriter"
 	"time"
 
 	humanize "github.com/dustin/go-humanize"
@@ -27,7 +28,9 @@ type packFlags struct {
 	tag, modelfile, layerFormat, created string
 	datasets, kinds, licenses, authors   []string
 	include, exclude                     []string
-	push, strict, refuseCode             bool
+	ignoreFile                           string
+	push, strict, refuseCode, dryRun     bool
+	noIgnoreFile                         bool
 	concurrency                          int
 	desc                                 artifact.ModelDescriptor
 	cfg                                  artifact.ModelConfig
@@ -52,6 +55,17 @@ DIR.tar.zst for tar -xf (oras extracts gzip only). The config is inferred from s
 Hidden files and directories (.git, .cache, …) and the Modelfile are not packed. The same directory always
 gives the same digest unless --created is given.
 
+Which files: DIR/.modelpackignore (or --ignore-file PATH; none with --no-ignore-file) leaves out what it names,
+with .gitignore's syntax and meaning (patterns relative to DIR, "!" re-includes, "dir/" a directory); then
+--include keeps only what it matches and --exclude leaves out what it matches. The flags narrow what the ignore
+file leaves; they never bring back a file it ignores. The ignore file itself is never packed.
+
+Before writing, pack prints one summary of the classification on stderr (-o json: "summary"): files and bytes
+per kind, and a warning naming every file whose kind its name does not tell, packed as weight.config (or as its
+archive's kind); --kind PATTERN=KIND says what it is, --strict fails instead. --kind takes --include's globs
+("*.dat" at any depth, "data/**"). --dry-run prints the layers that would be written (path, kind, media type,
+bytes) and writes nothing: no blob, no tag, no registry request.
+
 hf://ORG/NAME[@REVISION] packs a model of the Hugging Face Hub (HF_ENDPOINT, default https://huggingface.co;
 a private or gated one needs HF_TOKEN or the token file of ` + "`hf auth login`" + `; HF_HUB_DOWNLOAD_TIMEOUT, default
 30, the seconds a request may wait for a byte). The revision (default main) is
@@ -64,7 +78,8 @@ cache's blobs/ followed.`,
 		Example: `  modelpack pack ./llama3-8b -t llama3:8b
   modelpack pack ./qwen2.5-0.5b-q4_k_m.gguf -t qwen2.5:0.5b-q4
   modelpack pack hf://Qwen/Qwen2.5-0.5B-Instruct -t qwen2.5:0.5b --exclude '*.gguf'
-  modelpack pack ./model -t registry.local/org/model:v1 --dataset data --layer-format tar+zstd`,
+  modelpack pack ./model -t registry.local/org/model:v1 --dataset data --layer-format tar+zstd
+  modelpack pack ./model -t model:v1 --kind '*.dat=weight' --kind 'eval/**=dataset' --dry-run`,
 		Args: cobra.ExactArgs(1),
 	}
 	fl := cmd.Flags()
@@ -72,11 +87,14 @@ cache's blobs/ followed.`,
 	fl.StringVarP(&f.modelfile, "modelfile", "f", "", "modctl-style Modelfile (default DIR/Modelfile if present)")
 	fl.StringVar(&f.layerFormat, "layer-format", "raw", "format of non-weight layers: raw, tar, tar+gzip or tar+zstd")
 	fl.StringArrayVar(&f.datasets, "dataset", nil, "pack files or directories matching this glob as dataset layers (repeatable)")
-	fl.StringArrayVar(&f.kinds, "kind", nil, "KIND=GLOB: pack matching files or directories as KIND (weight, weight.config, doc, code, dataset; repeatable)")
+	fl.StringArrayVar(&f.kinds, "kind", nil, "PATTERN=KIND: pack files or directories matching the glob (--include's syntax) as KIND ("+artifact.KindNames()+"; repeatable; KIND=PATTERN is read too)")
 	fl.StringVar(&f.created, "created", "", "record a creation time (RFC 3339, or \"now\"); without it the artifact has no timestamp")
 	fl.IntVar(&f.concurrency, "concurrency", 0, "files packed at once (default GOMAXPROCS; 8 for hf://)")
 	fl.StringArrayVar(&f.include, "include", nil, "pack only files matching this glob (repeatable; hf://: huggingface_hub's allow_patterns, where * also matches /; a directory: unpack --include's globs, see docs/usage.md)")
 	fl.StringArrayVar(&f.exclude, "exclude", nil, "leave out files matching this glob (repeatable; same dialects as --include)")
+	fl.StringVar(&f.ignoreFile, "ignore-file", "", "ignore file, .gitignore syntax, patterns relative to DIR (default DIR/"+pack.IgnoreFileName+" if present); --include/--exclude narrow what it leaves")
+	fl.BoolVar(&f.noIgnoreFile, "no-ignore-file", false, "read no ignore file (not DIR/"+pack.IgnoreFileName+")")
+	fl.BoolVar(&f.dryRun, "dry-run", false, "print the layers that would be written (path, kind, media type, bytes) and write nothing")
 	fl.StringVar(&f.desc.Name, "name", "", "model name (descriptor.name)")
 	fl.StringVar(&f.desc.Family, "family", "", "model family, e.g. llama3 (descriptor.family)")
 	fl.StringVar(&f.desc.Version, "model-version", "", "model version (descriptor.version)")
@@ -95,9 +113,9 @@ cache's blobs/ followed.`,
 	fl.StringVar(&f.cfg.Quantization, "quantization", "", "quantization, e.g. awq (config.quantization)")
 	_ = cmd.MarkFlagRequired("tag")
 	_ = cmd.RegisterFlagCompletionFunc("layer-format", cobra.FixedCompletions([]string{"raw", "tar", "tar+gzip", "tar+zstd"}, cobra.ShellCompDirectiveNoFileComp))
-	_ = cmd.RegisterFlagCompletionFunc("kind", cobra.FixedCompletions([]string{"weight=", "weight.config=", "doc=", "code=", "dataset="}, cobra.ShellCompDirectiveNoSpace))
+	cmd.MarkFlagsMutuallyExclusive("ignore-file", "no-ignore-file")
 	fl.BoolVar(&f.refuseCode, "refuse-code", false, "fail, before packing anything, when a file runs code when loaded or is malformed, as modelpack scan says (default: warn)")
-	fl.BoolVar(&f.strict, "strict", false, "fail, before packing anything, when a --kind/--dataset/Modelfile rule or an hf:// --include/--exclude glob matches nothing (default: warn)")
+	fl.BoolVar(&f.strict, "strict", false, "fail, before packing anything, when a --kind/--dataset/Modelfile rule or an hf:// --include/--exclude glob matches nothing, or a file's kind is unknown (default: warn)")
 	fl.BoolVar(&f.push, "push", false, "push straight to the registry named by --tag instead of the local store")
 	pushSink := packPushSink(cmd, g)
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
@@ -111,6 +129,10 @@ func runPack(cmd *cobra.Command, g *Globals, f *packFlags, dir string, pushSink 
 	if err != nil {
 		return err
 	}
+	if hf.IsReference(dir) && (f.ignoreFile != "" || f.noIgnoreFile) {
+		return usageErr("--ignore-file and --no-ignore-file apply to a local directory; choose a Hub model's files with --include/--exclude")
+	}
+	var summary *pack.Summary
 	ref, err := layout.ParseReference(f.tag)
 	if err != nil {
 		return asUsage(err)
@@ -130,7 +152,7 @@ func runPack(cmd *cobra.Command, g *Globals, f *packFlags, dir string, pushSink 
 	}
 	ctx := cmd.Context()
 	var store *layout.Store
-	if !f.push {
+	if !f.push && !f.dryRun { // a dry run opens no store: it writes nothing, not even the store's directory
 		if store, err = layout.Open(g.Home); err != nil {
 			return err
 		}
@@ -147,6 +169,7 @@ func runPack(cmd *cobra.Command, g *Globals, f *packFlags, dir string, pushSink 
 			ws.add(g + " matches no file of " + snap.Ref.String())
 		}
 		applySnapshot(&opts, snap, f.created == "")
+		opts.NoIgnoreFile = true // the Hub's files are chosen by --include/--exclude
 		if f.concurrency == 0 {
 			opts.Concurrency = 8 // network-bound: more than GOMAXPROCS files at once
 		}
@@ -157,9 +180,22 @@ func runPack(cmd *cobra.Command, g *Globals, f *packFlags, dir string, pushSink 
 			}
 		}
 		opts.Include, opts.Exclude = f.include, f.exclude
+		opts.IgnoreFile, opts.NoIgnoreFile = f.ignoreFile, f.noIgnoreFile
 	}
-	if err := warnCode(dir, opts.Include, opts.Exclude, f.refuseCode, ws.add); err != nil {
+	if err := warnCode(dir, pack.Keeps(dir, opts), f.refuseCode, ws.add); err != nil {
 		return err
+	}
+	if f.dryRun {
+		sum, err := pack.Plan(dir, opts)
+		if err != nil {
+			return err
+		}
+		printSummary(cmd, g, sum)
+		return printPackPlan(cmd, g, opts.Tag, sum, ws.all())
+	}
+	opts.Summary = func(s *pack.Summary) {
+		summary = s
+		printSummary(cmd, g, s)
 	}
 	var sink pack.Sink
 	where := "local store"
@@ -179,10 +215,12 @@ func runPack(cmd *cobra.Command, g *Globals, f *packFlags, dir string, pushSink 
 	if err != nil {
 		return err
 	}
-	if p, ok := sink.(interface{ printResult(warnings []string) error }); ok {
-		return p.printResult(ws.all()) // pack --push: what push prints
+	if p, ok := sink.(interface {
+		printResult(warnings []string, summary *pack.Summary) error
+	}); ok {
+		return p.printResult(ws.all(), summary) // pack --push: what push prints
 	}
-	return printPacked(cmd, g, opts.Tag, where, desc, ws.all())
+	return printPacked(cmd, g, opts.Tag, where, desc, summary, ws.all())
 }
 
 // hfSnapshot resolves an hf:// reference and stages the model's small files; the weights must fit in the free
@@ -245,7 +283,7 @@ func (f *packFlags) options() (pack.Options, error) {
 	}
 	opts.LayerFormat = format
 	for _, d := range f.datasets {
-		r, err := pack.ParseRule("dataset="+d, "--dataset")
+		r, err := pack.NewRule(artifact.KindDataset, d, "--dataset")
 		if err != nil {
 			return opts, asUsage(err)
 		}
@@ -285,19 +323,61 @@ func (f *packFlags) options() (pack.Options, error) {
 	return opts, nil
 }
 
-func printPacked(cmd *cobra.Command, g *Globals, ref, where string, desc ocispec.Descriptor, warnings []string) error {
+func printPacked(cmd *cobra.Command, g *Globals, ref, where string, desc ocispec.Descriptor, summary *pack.Summary, warnings []string) error {
 	if g.IsJSON() {
 		return PrintJSON(cmd.OutOrStdout(), struct {
 			Reference  string             `json:"reference"`
 			Descriptor ocispec.Descriptor `json:"descriptor"`
+			Summary    *pack.Summary      `json:"summary,omitempty"`
 			Warnings   []string           `json:"warnings,omitempty"`
-		}{ref, desc, warnings})
+		}{ref, desc, summary, warnings})
 	}
 	if g.Quiet {
 		_, err := fmt.Fprintln(cmd.OutOrStdout(), desc.Digest)
 		return err
 	}
 	_, err := fmt.Fprintf(cmd.OutOrStdout(), "packed %s into the %s: %s\n", ref, where, desc.Digest)
+	return err
+}
+
+// printSummary says once, on stderr, how the files were classified: files and bytes per kind (-o json carries it
+// in the result instead; --quiet says nothing).
+func printSummary(cmd *cobra.Command, g *Globals, s *pack.Summary) {
+	if g.IsJSON() || g.Quiet {
+		return
+	}
+	parts := make([]string, len(s.Kinds))
+	files := 0
+	for i, k := range s.Kinds {
+		parts[i] = fmt.Sprintf("%s %d (%s)", k.Kind, k.Files, humanBytes(k.Bytes))
+		files += k.Files
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "classified %d files into %d layers: %s\n", files, len(s.Layers), strings.Join(parts, ", "))
+}
+
+// printPackPlan prints what pack --dry-run would write: one line per layer, or the plan as JSON.
+func printPackPlan(cmd *cobra.Command, g *Globals, ref string, s *pack.Summary, warnings []string) error {
+	if g.IsJSON() {
+		return PrintJSON(cmd.OutOrStdout(), struct {
+			Reference string        `json:"reference"`
+			DryRun    bool          `json:"dryRun"`
+			Summary   *pack.Summary `json:"summary"`
+			Warnings  []string      `json:"warnings,omitempty"`
+		}{ref, true, s, warnings})
+	}
+	w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "LAYER\tKIND\tFILES\tBYTES\tMEDIA TYPE\tDIGEST")
+	for _, l := range s.Layers {
+		d := "-"
+		if l.Digest != "" {
+			d = l.Digest.String()
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\n", l.Path, l.Kind, l.Files, humanBytes(l.Bytes), l.MediaType, d)
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(cmd.OutOrStdout(), "dry run: %d layers and a config would be packed as %s; nothing was written\n", len(s.Layers), ref)
 	return err
 }
 
@@ -329,16 +409,13 @@ func (s *packedLines) AddBlob(ctx context.Context, desc ocispec.Descriptor, open
 // warnCode scans what pack is about to read (for hf://, the files it staged; the weights it streams are scanned
 // by modelpack scan hf://…): a file whose loading runs code, or that the scanner cannot vouch for, is a warning,
 // or with refuse the error that stops the pack before anything is written.
-func warnCode(dir string, include, exclude []string, refuse bool, warn func(string)) error {
+func warnCode(dir string, keeps func(rel string) bool, refuse bool, warn func(string)) error {
 	reps, err := scan.Dir(dir)
 	if err != nil {
 		return nil // what cannot be read is pack's to report, in its words
 	}
-	if len(include)+len(exclude) > 0 { // the files --include/--exclude leave out are not packed, so not warned of
-		reps = slices.DeleteFunc(reps, func(r scan.FileReport) bool {
-			return (len(include) > 0 && !artifact.MatchInclude(include, r.Path)) || artifact.MatchInclude(exclude, r.Path)
-		})
-	}
+	// The files the ignore file or --include/--exclude leave out are not packed, so not warned of.
+	reps = slices.DeleteFunc(reps, func(r scan.FileReport) bool { return !keeps(r.Path) })
 	return codeFindings(reps, refuse, warn)
 }
 

@@ -46,7 +46,7 @@ func progressLabels(t *testing.T, stderr string) map[string]string {
 	labels := map[string]string{}
 	for _, line := range strings.Split(stderr, "\n") {
 		f := strings.Fields(line)
-		if len(f) == 0 || f[0] == "warning:" {
+		if len(f) == 0 || f[0] == "warning:" || f[0] == "classified" { // pack's one summary of the classification
 			continue
 		}
 		if !blobVerbs[f[0]] || len(line) < 10 {

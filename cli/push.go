@@ -16,7 +16,7 @@ import (
 func pushCmd(g *Globals) *cobra.Command {
 	rf := remoteFlags{g: g}
 	var from string
-	var referrers, refuseCode, attestScan bool
+	var referrers, refuseCode, attestScan, dryRun bool
 	var sf *signFlags
 	cmd := &cobra.Command{
 		Use:   "push REF",
@@ -27,7 +27,11 @@ REF is registry/repository[:tag]; the artifact stored under REF (or under --from
 already has are skipped after a HEAD request, so pushing the same model twice sends no layer bytes. A blob this
 store pushed to or pulled from another repository of the same registry is mounted from there (the distribution
 API's cross-repository mount), so it is not sent again either. Layers move concurrently and each is retried with
-backoff on its own.`,
+backoff on its own.
+
+--dry-run lists the manifests and blobs that would be sent, after a HEAD request for each saying which the
+registry already has (or would mount), and the tag that would be set or moved; it sends nothing (no upload, no
+tag) and exits 0.`,
 		Example: `  modelpack pack ./model -t registry.local:5000/org/model:v1 && modelpack push registry.local:5000/org/model:v1
   modelpack push registry.local:5000/org/model:v1 --from llama3:8b`,
 		Args: cobra.ExactArgs(1),
@@ -77,8 +81,20 @@ backoff on its own.`,
 			if err != nil {
 				return err
 			}
+			topts := remote.TransferOptions{Referrers: referrers, Sources: store, Sessions: store}
+			if dryRun {
+				if sf.key != "" {
+					return usageErr("--dry-run sends nothing, so there is nothing to --sign")
+				}
+				plan, err := remote.PlanPush(cmd.Context(), store, local, dst, topts)
+				if err != nil {
+					return err
+				}
+				return printTransferPlan(cmd, g, "push", plan, ws.all())
+			}
 			ui := newTransferUI(cmd, g, "pushed")
-			res, err := remote.Push(cmd.Context(), store, local, dst, remote.TransferOptions{Reporter: ui.reporter(), Referrers: referrers, Sources: store, Sessions: store})
+			topts.Reporter = ui.reporter()
+			res, err := remote.Push(cmd.Context(), store, local, dst, topts)
 			ui.stop()
 			if err != nil {
 				return err
@@ -104,6 +120,7 @@ backoff on its own.`,
 	cmd.Flags().StringVar(&from, "from", "", "local store reference to push (default: REF)")
 	_ = cmd.RegisterFlagCompletionFunc("from", completeRefs(g, -1))
 	cmd.Flags().BoolVarP(&referrers, "referrers", "r", false, "also push the artifacts referring to it (signatures, SBOMs)")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "list what would be sent and what the registry already has (HEAD requests only); send nothing")
 	return cmd
 }
 
@@ -138,11 +155,11 @@ func (s *signingSink) Commit(ctx context.Context, manifest ocispec.Descriptor, m
 }
 
 // printResult prints what was pushed (and signed), as push prints it, with the pack's warnings under -o json.
-func (s *signingSink) printResult(warnings []string) error {
+func (s *signingSink) printResult(warnings []string, summary *pack.Summary) error {
 	s.ui.stop()
 	res := s.Result()
 	res.Descriptor.ArtifactType = s.artifactType
-	return s.ui.print(transferJSON{Result: res, Signature: s.sig, Warnings: warnings})
+	return s.ui.print(transferJSON{Result: res, Signature: s.sig, Summary: summary, Warnings: warnings})
 }
 
 // packPushSink gives `pack --push` its sink: it adds the connection and signing flags to cmd and returns what

@@ -9,9 +9,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"text/tabwriter"
 	"time"
 
 	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/artifact/pack"
 	"github.com/modelpack/modelpack/artifact/remote"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/schollz/progressbar/v3"
@@ -154,6 +156,7 @@ type transferJSON struct {
 	Signature *signatureJSON `json:"signature,omitempty"`
 	// Attestation is the signed scan report push --attest-scan stored.
 	Attestation *scanAttestationJSON `json:"attestation,omitempty"`
+	Summary     *pack.Summary        `json:"summary,omitempty"` // pack --push: how the files were classified
 	Warnings    []string             `json:"warnings,omitempty"`
 }
 
@@ -535,4 +538,51 @@ func verbFor(transferred string, status remote.Status) string {
 		return "failed"
 	}
 	return transferred
+}
+
+// printTransferPlan prints what push --dry-run or copy --dry-run found: each manifest and blob with whether the
+// destination has it, and what would be sent; or the plan as JSON.
+func printTransferPlan(cmd *cobra.Command, g *Globals, verb string, p *remote.Plan, warnings []string) error {
+	out := cmd.OutOrStdout()
+	if g.IsJSON() {
+		return PrintJSON(out, struct {
+			*remote.Plan
+			DryRun   bool     `json:"dryRun"`
+			Warnings []string `json:"warnings,omitempty"`
+		}{p, true, warnings})
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "ROLE\tDIGEST\tSIZE\tDESTINATION\tNAME")
+	sending := 0
+	for _, it := range p.Items {
+		state := "would send"
+		switch {
+		case it.Exists:
+			state = "exists"
+		case it.MountFrom != "":
+			state = "would mount from " + it.MountFrom
+		default:
+			sending++
+		}
+		name := it.Annotations[ocispec.AnnotationTitle]
+		if it.Tag != "" {
+			name = "tag " + it.Tag
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", it.Role, it.Digest, humanBytes(it.Size), state, name)
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	tag := "the tag would be created"
+	switch {
+	case p.TagDigest == p.Root.Digest:
+		tag = "the tag already names it"
+	case p.TagDigest != "":
+		tag = "the tag would move from " + p.TagDigest.String()
+	case strings.Contains(p.Reference, "@"):
+		tag = "no tag"
+	}
+	_, err := fmt.Fprintf(out, "dry run: %s %s (%s): %d of %d manifests and blobs to send, %s; %s; nothing was sent\n",
+		verb, p.Reference, p.Root.Digest, sending, len(p.Items), humanBytes(p.Send), tag)
+	return err
 }

@@ -43,8 +43,11 @@ func TestStoreCommands(t *testing.T) {
 	if err != nil || !strings.Contains(out, "packed demo/model:v1") {
 		t.Fatalf("pack: %v %q", err, out)
 	}
-	// Piped, pack prints a line per blob and no bar.
-	for _, l := range strings.Split(strings.TrimSpace(errOut), "\n") {
+	// Piped, pack prints its classification summary, a line per blob and no bar.
+	for i, l := range strings.Split(strings.TrimSpace(errOut), "\n") {
+		if i == 0 && strings.HasPrefix(l, "classified 8 files into 8 layers: weight 2 (8.0 KiB), ") {
+			continue
+		}
 		if !strings.HasPrefix(l, "packed ") || strings.Contains(l, "%") {
 			t.Fatalf("pack printed %q on a non-TTY stderr", errOut)
 		}
@@ -151,7 +154,7 @@ func TestCommandErrors(t *testing.T) {
 		"missing tag":        {[]string{"pack", model}, `required flag(s) "tag" not set`},
 		"missing dir":        {[]string{"pack", model + "-nope", "-t", "m:v2"}, "model-nope: no such directory"},
 		"bad layer format":   {[]string{"pack", model, "-t", "m:v2", "--layer-format", "zip"}, `unknown layer format "zip"`},
-		"bad kind rule":      {[]string{"pack", model, "-t", "m:v2", "--kind", "models=x"}, `unknown kind "models" (valid: weight, weight.config, doc, code, dataset`},
+		"bad kind rule":      {[]string{"pack", model, "-t", "m:v2", "--kind", "models=x"}, `--kind "models=x": want PATTERN=KIND, and neither "x" nor "models" is a kind (valid: weight, weight.config, doc, code, dataset`},
 		"bad created":        {[]string{"pack", model, "-t", "m:v2", "--created", "yesterday"}, "--created"},
 		"relative URL":       {[]string{"pack", model, "-t", "m:v2", "--source-url", "github.com/x"}, `--source-url "github.com/x"`},
 		"unknown filter":     {[]string{"unpack", "m:v1", t.TempDir(), "--filter", "models"}, `--filter: unknown kind "models" (valid: weight, weight.config, doc, code, dataset`},

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	digest "github.com/opencontainers/go-digest"
@@ -235,8 +236,11 @@ func checkInfo(t *testing.T, info *weightInfo) {
 	_ = dominant(info.byPrecision)
 }
 
-// memSink keeps blobs in memory.
-type memSink struct{ blobs map[string][]byte }
+// memSink keeps blobs in memory; Pack adds layers from several goroutines.
+type memSink struct {
+	mu    sync.Mutex
+	blobs map[string][]byte
+}
 
 func (m *memSink) AddBlob(_ context.Context, desc ocispec.Descriptor, open func() (io.ReadCloser, error)) (ocispec.Descriptor, error) {
 	rc, err := open()
@@ -249,12 +253,16 @@ func (m *memSink) AddBlob(_ context.Context, desc ocispec.Descriptor, open func(
 		return ocispec.Descriptor{}, err
 	}
 	d := digest.FromBytes(b)
+	m.mu.Lock()
 	m.blobs[d.String()] = b
+	m.mu.Unlock()
 	desc.Digest, desc.Size = d, int64(len(b))
 	return desc, nil
 }
 
 func (m *memSink) Commit(_ context.Context, d ocispec.Descriptor, b []byte, _ string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	m.blobs[d.Digest.String()] = b
 	return nil
 }

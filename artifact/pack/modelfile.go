@@ -11,14 +11,25 @@ import (
 	"github.com/modelpack/modelpack/artifact"
 )
 
-// Rule assigns files or directories whose model-relative path matches Pattern (path.Match syntax, matched against
-// the whole slash-separated path, as modctl does) to a layer kind. A rule that matches a directory packs the whole
+// Rule assigns files or directories whose model-relative path matches Pattern to a layer kind. A rule that matches a directory packs the whole
 // directory as one tar layer.
 type Rule struct {
 	Kind    artifact.Kind
 	Pattern string
 	// Source says where the rule came from, for error messages ("--dataset", "Modelfile:12").
 	Source string
+	// Glob says Pattern is in --include's syntax (artifact.MatchGlob: "**", a name without "/" at any depth), as
+	// the rules of flags are; a Modelfile's keep modctl's path.Match of the whole path.
+	Glob bool
+}
+
+// matches reports whether the rule names the model-relative path rel itself.
+func (r *Rule) matches(rel string) bool {
+	if r.Glob {
+		return artifact.MatchGlob(r.Pattern, rel)
+	}
+	ok, _ := path.Match(r.Pattern, rel)
+	return ok
 }
 
 // Modelfile is a parsed modctl-style Modelfile: metadata directives and file rules.
@@ -120,19 +131,35 @@ func checkPattern(p string) error {
 	return nil
 }
 
-// ParseRule parses a KIND=PATTERN flag value.
+// ParseRule parses a --kind value, PATTERN=KIND; KIND=PATTERN, the spelling of earlier releases, is read too
+// when only its left side is a kind. A value both of whose sides are kinds is PATTERN=KIND. PATTERN is in
+// --include's syntax (artifact.MatchGlob).
 func ParseRule(s, source string) (Rule, error) {
-	k, p, ok := strings.Cut(s, "=")
-	if !ok {
-		return Rule{}, fmt.Errorf("%s %q: want KIND=PATTERN", source, s)
+	i := strings.LastIndex(s, "=")
+	if i < 0 {
+		return Rule{}, fmt.Errorf("%s %q: want PATTERN=KIND (valid kinds: %s)", source, s, artifact.KindNames())
 	}
+	p, k := s[:i], s[i+1:]
 	kind, err := artifact.ParseKind(k)
 	if err != nil {
-		return Rule{}, fmt.Errorf("%s %q: %w", source, s, err)
+		left, right, _ := strings.Cut(s, "=")
+		old, oldErr := artifact.ParseKind(left)
+		if oldErr != nil {
+			return Rule{}, fmt.Errorf("%s %q: want PATTERN=KIND, and neither %q nor %q is a kind (%s)", source, s, k, left, artifact.ValidKinds())
+		}
+		kind, p = old, right
 	}
-	p = strings.TrimSuffix(p, "/")
-	if err := checkPattern(p); err != nil {
+	return NewRule(kind, p, source)
+}
+
+// NewRule is a flag's rule: pattern, in --include's syntax, packed as kind.
+func NewRule(kind artifact.Kind, pattern, source string) (Rule, error) {
+	pattern = strings.TrimSuffix(pattern, "/")
+	if err := checkPattern(pattern); err != nil {
 		return Rule{}, fmt.Errorf("%s: %w", source, err)
 	}
-	return Rule{Kind: kind, Pattern: p, Source: source}, nil
+	if err := artifact.ValidateGlob(pattern); err != nil {
+		return Rule{}, fmt.Errorf("%s: %w", source, err)
+	}
+	return Rule{Kind: kind, Pattern: pattern, Source: source, Glob: true}, nil
 }

@@ -93,9 +93,19 @@ type Options struct {
 	// --include): with Include set only matching files are packed, and a file or directory matching Exclude is
 	// left out. Directories left with no file are dropped. Remote files are not filtered (their source chose them).
 	Include, Exclude []string
-	// Strict makes a rule (flag or Modelfile) that matches nothing an error, before any blob is written, instead of
-	// a warning.
+	// IgnoreFile is an ignore file (.gitignore's syntax and meaning, patterns relative to the model directory);
+	// empty means DIR/.modelpackignore if it exists. NoIgnoreFile reads none. A file is packed when the ignore
+	// file does not ignore it, Include (if set) admits it and Exclude does not name it: the flags narrow what the
+	// ignore file leaves, never bring back what it ignores. The ignore file itself is never packed. Neither
+	// applies to a lone file or to Remote files.
+	IgnoreFile   string
+	NoIgnoreFile bool
+	// Strict makes a rule (flag or Modelfile) that matches nothing, or a file of unknown kind that no rule names,
+	// an error before any blob is written instead of a warning.
 	Strict bool
+	// Summary, if set, is told once how the files were classified, after classification and before any blob is
+	// written.
+	Summary func(*Summary)
 }
 
 // epoch is the mtime of every archived file when no creation time is given.
@@ -105,72 +115,26 @@ var epoch = time.Unix(0, 0).UTC()
 // special files, symlinks out of the directory, unreadable files, conflicting rules) is a *UserError reported
 // before any blob is written.
 func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Descriptor, error) {
-	switch opts.LayerFormat {
-	case "":
-		opts.LayerFormat = artifact.FormatRaw
-	case artifact.FormatRaw, artifact.FormatTar, artifact.FormatTarGzip, artifact.FormatTarZstd:
-	default:
-		return ocispec.Descriptor{}, fmt.Errorf("unknown layer format %q (valid: raw, tar, tar+gzip, tar+zstd)", opts.LayerFormat)
+	if err := checkFormat(&opts); err != nil {
+		return ocispec.Descriptor{}, err
 	}
 	if c, ok := sink.(TagChecker); ok && opts.Tag != "" {
 		if err := c.CheckTag(opts.Tag); err != nil {
 			return ocispec.Descriptor{}, err
 		}
 	}
-	// A lone file (model.gguf, as oras and ollama take one) packs as a model of that one file, read from its
-	// directory.
-	only := ""
-	if fi, err := os.Stat(dir); err == nil && fi.Mode().IsRegular() {
-		dir, only = filepath.Dir(dir), filepath.Base(dir)
-	}
-	t, err := openTree(dir)
+	pl, err := prepare(dir, opts)
 	if err != nil {
 		return ocispec.Descriptor{}, err
 	}
-	defer t.Close()
-	t.only = only
-	mf, mfRel := &Modelfile{}, ""
-	if only == "" || opts.Modelfile != "" { // the Modelfile beside a lone file is not its recipe
-		if mf, mfRel, err = loadModelfile(t, dir, opts.Modelfile); err != nil {
-			return ocispec.Descriptor{}, err
-		}
-	}
-	// The Modelfile is the recipe, not part of the model: DIR/Modelfile is never packed, nor is one named by
-	// Options.Modelfile inside DIR.
-	skip := map[string]bool{ModelfileName: true}
-	if mfRel != "" {
-		skip[mfRel] = true
-	}
-	shown, name := dir, func(rel string) string { return filepath.Join(dir, filepath.FromSlash(rel)) }
-	if opts.Source != "" {
-		shown, name = opts.Source, func(rel string) string { return opts.Source + "/" + rel }
-	}
-	nodes, err := t.walk(name, skip, len(opts.Remote) > 0)
-	if err != nil {
-		return ocispec.Descriptor{}, err
-	}
-	if nodes, err = chooseFiles(nodes, opts.Include, opts.Exclude, name); err != nil {
-		return ocispec.Descriptor{}, err
-	}
-	if nodes, err = addRemote(name, nodes, opts.Remote); err != nil {
-		return ocispec.Descriptor{}, err
-	}
-	layers, unused, err := plan(name, nodes, opts.LayerFormat, opts.Rules, mf.Rules)
-	if err != nil {
-		return ocispec.Descriptor{}, err
-	}
-	if opts.Strict && len(unused) > 0 {
-		r := unused[0]
-		return ocispec.Descriptor{}, badInput(shown, "%s %s %q matches nothing; nothing was packed (strict)", r.Source, r.Kind, r.Pattern)
-	}
-	if opts.Warn != nil {
-		for _, msg := range planWarnings(shown, layers, unused, len(mf.Rules) > 0) {
-			opts.Warn(msg)
-		}
+	defer pl.tree.Close()
+	dir, layers, nodes, name := pl.dir, pl.layers, pl.nodes, pl.name
+	if opts.Summary != nil {
+		opts.Summary(pl.summary)
 	}
 	model := inferModel(ctx, dir, layers, opts.Warn)
-	model.Descriptor.Revision = t.commit
-	applyModelfile(&model, mf)
+	model.Descriptor.Revision = pl.tree.commit
+	applyModelfile(&model, pl.mf)
 	applyOverrides(&model, opts)
 
 	mtime := epoch
@@ -273,6 +237,120 @@ func Pack(ctx context.Context, dir string, opts Options, sink Sink) (ocispec.Des
 	return desc, nil
 }
 
+// prepared is a model directory read and classified: everything Pack knows before it writes a blob.
+type prepared struct {
+	tree    *tree
+	dir     string // the directory read (a lone file's directory)
+	mf      *Modelfile
+	nodes   []node
+	layers  []layerPlan
+	name    func(rel string) string
+	summary *Summary
+}
+
+// Plan reads and classifies dir as Pack would, and returns what Pack would write, writing nothing: what
+// `pack --dry-run` prints. File contents are not read (a layer's digest is known only for a Hub file).
+func Plan(dir string, opts Options) (*Summary, error) {
+	if err := checkFormat(&opts); err != nil {
+		return nil, err
+	}
+	pl, err := prepare(dir, opts)
+	if err != nil {
+		return nil, err
+	}
+	pl.tree.Close()
+	return pl.summary, nil
+}
+
+func checkFormat(opts *Options) error {
+	switch opts.LayerFormat {
+	case "":
+		opts.LayerFormat = artifact.FormatRaw
+	case artifact.FormatRaw, artifact.FormatTar, artifact.FormatTarGzip, artifact.FormatTarZstd:
+	default:
+		return fmt.Errorf("unknown layer format %q (valid: raw, tar, tar+gzip, tar+zstd)", opts.LayerFormat)
+	}
+	return nil
+}
+
+// prepare lists, filters and classifies dir's files and says (opts.Warn) what a pack of them should still hear;
+// the caller closes the tree.
+func prepare(dir string, opts Options) (_ *prepared, err error) {
+	// A lone file (model.gguf, as oras and ollama take one) packs as a model of that one file, read from its
+	// directory.
+	only := ""
+	if fi, err := os.Stat(dir); err == nil && fi.Mode().IsRegular() {
+		dir, only = filepath.Dir(dir), filepath.Base(dir)
+	}
+	t, err := openTree(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			t.Close()
+		}
+	}()
+	t.only = only
+	mf, mfRel := &Modelfile{}, ""
+	if only == "" || opts.Modelfile != "" { // the Modelfile beside a lone file is not its recipe
+		if mf, mfRel, err = loadModelfile(t, dir, opts.Modelfile); err != nil {
+			return nil, err
+		}
+	}
+	// The Modelfile is the recipe, not part of the model: DIR/Modelfile is never packed, nor is one named by
+	// Options.Modelfile inside DIR.
+	skip := map[string]bool{ModelfileName: true, IgnoreFileName: true}
+	if mfRel != "" {
+		skip[mfRel] = true
+	}
+	var ig *ignoreFile
+	if only == "" {
+		var igRel string
+		if ig, igRel, err = loadIgnore(t, dir, opts); err != nil {
+			return nil, err
+		}
+		if igRel != "" {
+			skip[igRel] = true
+		}
+	}
+	shown, name := dir, func(rel string) string { return filepath.Join(dir, filepath.FromSlash(rel)) }
+	if opts.Source != "" {
+		shown, name = opts.Source, func(rel string) string { return opts.Source + "/" + rel }
+	}
+	nodes, err := t.walk(name, skip, len(opts.Remote) > 0)
+	if err != nil {
+		return nil, err
+	}
+	if nodes, err = chooseFiles(nodes, ig, opts.Include, opts.Exclude, name); err != nil {
+		return nil, err
+	}
+	if nodes, err = addRemote(name, nodes, opts.Remote); err != nil {
+		return nil, err
+	}
+	layers, unused, err := plan(name, nodes, opts.LayerFormat, opts.Rules, mf.Rules)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Strict && len(unused) > 0 {
+		r := unused[0]
+		return nil, badInput(shown, "%s %s %q matches nothing; nothing was packed (strict)", r.Source, r.Kind, r.Pattern)
+	}
+	summary := summarize(layers)
+	if opts.Strict && len(summary.Unknown) > 0 {
+		return nil, badInput(shown, "%s; nothing was packed (strict)", unknownWarning(summary.Unknown))
+	}
+	if opts.Warn != nil {
+		for _, msg := range planWarnings(shown, layers, unused, len(mf.Rules) > 0) {
+			opts.Warn(msg)
+		}
+		if len(summary.Unknown) > 0 {
+			opts.Warn(unknownWarning(summary.Unknown))
+		}
+	}
+	return &prepared{tree: t, dir: dir, mf: mf, nodes: nodes, layers: layers, name: name, summary: summary}, nil
+}
+
 func bytesOpener(b []byte) func() (io.ReadCloser, error) {
 	return func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
 }
@@ -294,7 +372,7 @@ func planWarnings(dir string, layers []layerPlan, unused []Rule, modelfile bool)
 		}
 	}
 	if !weights {
-		msgs = append(msgs, fmt.Sprintf("%s holds no weight files (safetensors, gguf, bin, pt, onnx, …): the artifact has no weight layer; name weights with --kind weight=GLOB or a Modelfile MODEL line", dir))
+		msgs = append(msgs, fmt.Sprintf("%s holds no weight files (safetensors, gguf, bin, pt, onnx, …): the artifact has no weight layer; name weights with --kind GLOB=weight or a Modelfile MODEL line", dir))
 	}
 	if modelfile && len(uncovered) > 0 {
 		msgs = append(msgs, fmt.Sprintf("the Modelfile names no rule for %s: packed by file name", listPaths(uncovered)))

@@ -140,8 +140,8 @@ func plan(name func(rel string) string, nodes []node, format artifact.Format, so
 			if err != nil {
 				return nil, nil, err
 			}
-			if r != nil {
-				return nil, nil, badInput(name(n.rel), "duplicate layer path: it is inside %s, packed whole by %s, and also matched by %s", claimed.path, claimedBy.Source, r.Source)
+			if r != nil && r.Kind != claimed.kind { // a glob of the same kind (data/** after data) agrees
+				return nil, nil, badInput(name(n.rel), "duplicate layer path: it is inside %s, packed whole by %s as %s, and also matched by %s as %s", claimed.path, claimedBy.Source, claimed.kind, r.Source, r.Kind)
 			}
 			claimed.nodes = append(claimed.nodes, n)
 			claimed.size += n.size
@@ -212,7 +212,7 @@ func (s *ruleSet) match(rel string) (*Rule, error) {
 		var hit *Rule
 		for i := range rules {
 			r := &rules[i]
-			if ok, _ := path.Match(r.Pattern, rel); !ok {
+			if !r.matches(rel) {
 				continue
 			}
 			s.used[r] = true

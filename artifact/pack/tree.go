@@ -228,17 +228,17 @@ func (t *tree) resolve(at, target string) (string, bool) {
 	return target, t.commit != "" && within("blobs", target)
 }
 
-// chooseFiles keeps the files include admits and exclude does not (artifact.MatchInclude: a matching directory
-// stands for everything under it), and the directories that still hold a kept file. A choice that keeps nothing is
-// an error naming the globs, before any blob is written.
-func chooseFiles(nodes []node, include, exclude []string, name func(string) string) ([]node, error) {
-	if len(include)+len(exclude) == 0 {
+// chooseFiles keeps the files the ignore file does not ignore, include admits and exclude does not
+// (artifact.MatchInclude: a matching directory stands for everything under it), and the directories that still
+// hold a kept file. A choice that keeps nothing is an error naming the globs, before any blob is written.
+func chooseFiles(nodes []node, ig *ignoreFile, include, exclude []string, name func(string) string) ([]node, error) {
+	if len(include)+len(exclude) == 0 && ig == nil {
 		return nodes, nil
 	}
 	kept := map[string]bool{}
 	var files []node
 	for _, n := range nodes {
-		if n.dir || (len(include) > 0 && !artifact.MatchInclude(include, n.rel)) || artifact.MatchInclude(exclude, n.rel) {
+		if n.dir || ig.ignores(n.rel) || (len(include) > 0 && !artifact.MatchInclude(include, n.rel)) || artifact.MatchInclude(exclude, n.rel) {
 			continue
 		}
 		files = append(files, n)
@@ -248,6 +248,9 @@ func chooseFiles(nodes []node, include, exclude []string, name func(string) stri
 		}
 	}
 	if len(files) == 0 {
+		if ig != nil {
+			return nil, badInput(name(""), "%s with --include %q --exclude %q leaves no file to pack", ig.name, include, exclude)
+		}
 		return nil, badInput(name(""), "--include %q --exclude %q leave no file to pack", include, exclude)
 	}
 	var out []node
