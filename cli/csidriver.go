@@ -65,6 +65,7 @@ type csiDriverFlags struct {
 	hostsDir, registryConfig, caFile                string
 	plainHTTP                                       []string
 	cacheMax, maxExtract                            string
+	cacheHigh, cacheLow                             int
 	maxExtractRatio                                 float64
 	registryTimeouts                                remote.Timeouts
 	gcInterval                                      time.Duration
@@ -130,6 +131,9 @@ UNAUTHENTICATED; PERMISSION_DENIED registry or signature policy; RESOURCE_EXHAUS
 	fl.StringVar(&f.caFile, "ca-file", "", "PEM CA bundle trusted for registries in addition to the system roots")
 	fl.StringSliceVar(&f.plainHTTP, "plain-http-registries", nil, "registries (host[:port]) reached over plain HTTP")
 	fl.StringVar(&f.cacheMax, "cache-max-size", "0", "evict least recently used models above this size (e.g. 200GiB; 0 = no limit)")
+	fl.IntVar(&f.cacheHigh, "cache-high-watermark", 0, "percent of the cache's file system used (statfs, every file on it, as df shows) at which a collection evicts unused models down to --cache-low-watermark; "+
+		"1 to 100, 0 = off (kubelet's --image-gc-high-threshold). With --cache-max-size both apply: whichever asks for the smaller cache wins")
+	fl.IntVar(&f.cacheLow, "cache-low-watermark", 0, "percent of the cache's file system a collection started by --cache-high-watermark evicts down to; 0 to below --cache-high-watermark (kubelet's --image-gc-low-threshold)")
 	fl.DurationVar(&f.cacheMinAge, "cache-min-age", cache.DefaultMinAge, "never evict content used this recently (the cache may exceed --cache-max-size by it meanwhile; 0 = no protection)")
 	fl.StringVar(&f.maxExtract, "max-extract-bytes", "1TiB", "largest a tar layer may expand to (decompression and sparse-file bombs)")
 	fl.Float64Var(&f.maxExtractRatio, "max-extract-ratio", archive.DefaultLimits.MaxRatio, "largest a tar layer may expand to, as a multiple of its declared size (never below 64MiB)")
@@ -174,6 +178,9 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags, exts []csiDriverExt
 	if err != nil {
 		return usageErr("--cache-max-size: %w", err)
 	}
+	if err := cache.CheckWatermarks(f.cacheHigh, f.cacheLow, "--cache-high-watermark", "--cache-low-watermark"); err != nil {
+		return usageErr("%w", err)
+	}
 	if f.flushDelay <= 0 {
 		return usageErr("--cache-flush-delay %s: want a duration above 0 (e.g. %s)", f.flushDelay, cas.FlushDelay)
 	}
@@ -210,6 +217,7 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags, exts []csiDriverExt
 	defer stop()
 
 	c, err := cache.Open(cache.Options{Root: filepath.Join(f.root, "cache"), MaxBytes: maxBytes,
+		HighWatermark: f.cacheHigh, LowWatermark: f.cacheLow,
 		Limits:         archive.Limits{MaxBytes: maxExtract, MaxRatio: f.maxExtractRatio},
 		VerifyInterval: f.verifyInterval, ScrubRate: scrubRate, MinAge: minAge(f.cacheMinAge), FlushDelay: f.flushDelay, Logger: log,
 		VolatileOwnerPrefix: csidriver.OwnerPrefix})
@@ -264,13 +272,14 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags, exts []csiDriverExt
 		return err
 	}
 	env.Instance = d
-	if maxBytes > 0 {
+	if maxBytes > 0 || f.cacheHigh > 0 {
 		go collectCache(ctx, c, f.gcInterval, log)
 	}
 	return d.Run(ctx)
 }
 
-// collectCache keeps the cache under its size limit; volumes in use are never evicted.
+// collectCache keeps the cache under its size limit and its file system under the high watermark; volumes in use
+// are never evicted.
 func collectCache(ctx context.Context, c *cache.Cache, every time.Duration, log *slog.Logger) {
 	t := time.NewTicker(every)
 	defer t.Stop()
