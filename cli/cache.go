@@ -200,7 +200,7 @@ func cacheGCCmd(g *Globals, f *cacheFlags) *cobra.Command {
 		Use: "gc",
 		Example: `  modelpack cache gc --root /var/lib/modelpack --max-size 100GiB
   modelpack cache gc --root /var/lib/modelpack --high-watermark 85 --low-watermark 80`,
-		Short:   "Evict least recently used, unreferenced manifests down to --max-size and delete unneeded content",
+		Short: "Evict least recently used, unreferenced manifests down to --max-size and delete unneeded content",
 		Long: `Evict least recently used manifests that no volume or pin references until the cache fits --max-size, then
 delete every blob, extracted layer, view and partial download that no remaining manifest needs. With --max-size 0
 nothing is evicted; only unneeded content is deleted. With --high-watermark, once the cache's file system is that

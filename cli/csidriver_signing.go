@@ -6,6 +6,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/modelpack/modelpack/artifact/remote"
+	"github.com/modelpack/modelpack/csidriver"
 	"github.com/modelpack/modelpack/csidriver/cachebackend"
 	"github.com/modelpack/modelpack/scan"
 	"github.com/modelpack/modelpack/signing"
@@ -40,8 +41,9 @@ func signingExtension() csiDriverExtension {
 			// The volume's pull secret, in ctx (remote.WithCredential), reads its signatures too, from the origin
 			// and from mirrors.
 			// A refusal wraps signing.ErrDenied, which is the driver's ErrDenied (PERMISSION_DENIED).
+			// Rules scoped to namespaces apply to the publishing pod's (csidriver.PodNamespace; none for prepulls).
 			env.Verifier = cachebackend.VerifierFunc(func(ctx context.Context, digestRef string) error {
-				_, err := v.Verify(ctx, digestRef)
+				_, err := v.VerifyIn(ctx, csidriver.PodNamespace(ctx), digestRef)
 				return err
 			})
 			// The same policy (as reloaded) says which scanned files a model may hold.
@@ -55,8 +57,10 @@ func signingExtension() csiDriverExtension {
 // currentPolicy is the verifier's policy of the moment, as a scan policy: a reload applies to the next publish.
 type currentPolicy struct{ v *signing.Verifier }
 
-func (c currentPolicy) ScanNeeded(ref string) bool { return c.v.Policy().ScanNeeded(ref) }
+func (c currentPolicy) ScanNeeded(namespace, ref string) bool {
+	return c.v.Policy().ScanNeededIn(namespace, ref)
+}
 
-func (c currentPolicy) AllowsScan(ref, path string, r scan.Report) error {
-	return c.v.Policy().AllowsScan(ref, path, r)
+func (c currentPolicy) AllowsScan(namespace, ref, path string, r scan.Report) error {
+	return c.v.Policy().AllowsScanIn(namespace, ref, path, r)
 }
