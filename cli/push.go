@@ -63,6 +63,7 @@ backoff on its own.`,
 			if err != nil {
 				return err
 			}
+			g.onInterrupt("the blobs %s already holds are skipped next time, and an upload over 8 MiB resumes from the offset the registry kept (the local store remembers its session); run `modelpack push %s` again to continue", dst.Reference.Registry, args[0])
 			ui := newTransferUI(cmd, g, "pushed")
 			res, err := remote.Push(cmd.Context(), store, local, dst, remote.TransferOptions{Reporter: ui.reporter(), Referrers: referrers, Sources: store, Sessions: store})
 			ui.stop()
