@@ -68,6 +68,11 @@ rules:
 	}
 	// The node holds the model now: the secure namespace's rule still applies to its pods.
 	denied("secure-pod", "secure", "secure-signed")
+	// modelpack verify previews the same choice: --namespace picks the scoped rule, none the unscoped ones.
+	e.mustFail(`rule "secure-signed"`, e.mp, "verify", ref, "--policy", policy, "--namespace", "secure", "--plain-http")
+	if out := e.must(e.mp, "verify", ref, "--policy", policy, "--plain-http"); !strings.Contains(out, `rule "anyone"`) {
+		t.Fatalf("verify without --namespace: %s", out)
+	}
 
 	e.must(e.cosign, "sign", "--key", "trusted.key", "--tlog-upload=false", "--allow-http-registry", "--yes", ref)
 	// Signed now. A denial is cached for 30 s per rule and digest, so the signed model is asked for under a rule
