@@ -217,6 +217,7 @@ func Open(opts Options) (*Cache, error) {
 	blobs.ObserveFlushes(c.logFlush("blobs"))
 	c.layerFlusher.Observe(c.logFlush("layers"))
 	c.m.flushing = c.flushingGauge()
+	c.m.disk = c.diskGauge()
 	if err := c.recover(); err != nil {
 		c.closeDBs()
 		cancel()

@@ -78,8 +78,12 @@ func TestDriverCacheDiskWatermarks(t *testing.T) {
 	if n := d.metric("modelpack_cache_gc_evictions_total"); n != 2 {
 		t.Fatalf("over the high watermark the driver evicted %v models, want the 2 unused ones", n)
 	}
-	if p := statPercent(t, root); p > 35 {
+	p := statPercent(t, root)
+	if p > 35 {
 		t.Fatalf("after the collection the disk is %d%% used, over the low watermark 35", p)
+	}
+	if got := d.metric("modelpack_cache_disk_used_percent"); got != float64(p) {
+		t.Errorf("modelpack_cache_disk_used_percent %v, statfs says %d", got, p)
 	}
 	if len(drvRead(t, filepath.Join(target, "model.safetensors"))) != 4<<20 {
 		t.Fatal("the mounted model lost its weights")
