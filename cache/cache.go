@@ -48,6 +48,11 @@ type Options struct {
 	Root string
 	// MaxBytes caps blobs, extracted layers and partial downloads; GC evicts down to it. 0 means no cap.
 	MaxBytes int64
+	// HighWatermark and LowWatermark are percentages of the file system Root is on (statfs, every file on it
+	// counted, as kubelet's image GC counts): once it is HighWatermark percent used, GC evicts down to what would
+	// leave it LowWatermark percent used. Both 0: no watermarks; else 0 ≤ LowWatermark < HighWatermark ≤ 100.
+	// With MaxBytes too, GC evicts until both hold: whichever asks for the smaller cache wins.
+	HighWatermark, LowWatermark int
 	// Limits cap each extracted tar layer (decompression bombs); zero fields take archive.DefaultLimits.
 	Limits archive.Limits
 	// Platform picks the manifest of a multi-arch index; the zero value is this node's OS and architecture.
@@ -169,6 +174,9 @@ func Open(opts Options) (*Cache, error) {
 	if opts.Root == "" {
 		return nil, errors.New("cache root not set")
 	}
+	if err := CheckWatermarks(opts.HighWatermark, opts.LowWatermark, "HighWatermark", "LowWatermark"); err != nil {
+		return nil, err
+	}
 	root, err := filepath.Abs(opts.Root)
 	if err != nil {
 		return nil, err
@@ -209,6 +217,7 @@ func Open(opts Options) (*Cache, error) {
 	blobs.ObserveFlushes(c.logFlush("blobs"))
 	c.layerFlusher.Observe(c.logFlush("layers"))
 	c.m.flushing = c.flushingGauge()
+	c.m.disk = c.diskGauge()
 	if err := c.recover(); err != nil {
 		c.closeDBs()
 		cancel()

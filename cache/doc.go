@@ -20,8 +20,8 @@
 // The API:
 //
 //	func Open(opts Options) (*Cache, error)
-//	    Options{Root; MaxBytes; Limits archive.Limits; Platform; Concurrency; PullLinger; MinAge; FlushDelay;
-//	    LockTimeout; VerifyInterval; ScrubRate; Logger; VolatileOwnerPrefix}.
+//	    Options{Root; MaxBytes; HighWatermark; LowWatermark; Limits archive.Limits; Platform; Concurrency;
+//	    PullLinger; MinAge; FlushDelay; LockTimeout; VerifyInterval; ScrubRate; Logger; VolatileOwnerPrefix}.
 //	    Opens (creating) the cache and runs crash recovery: half-built views and layers are deleted, complete
 //	    blobs and views and resumable partial downloads are kept. One process holds a root at a time.
 //	func (c *Cache) Close() error
@@ -45,7 +45,9 @@
 //	    ErrNotFound if the manifest is not (completely) in the cache.
 //	func (c *Cache) Release(owner string) error                          // idempotent
 //	func (c *Cache) GC(ctx) (GCStats, error)
-//	    Evicts whole manifests, least recently used first, until usage is under MaxBytes; never one a reference
+//	    Evicts whole manifests, least recently used first, until usage is under MaxBytes and, once the file system
+//	    is HighWatermark percent used (statfs), until it would be LowWatermark percent used (the lower target
+//	    wins; watermark.go); never one a reference
 //	    or a running pull or a Hold uses, or one used within MinAge. Deletes blobs, layers, views and partials no kept
 //	    manifest needs, and selector views nothing references. Safe concurrently with Pull and Acquire.
 //	func (c *Cache) Remove(d digest.Digest) error                        // ErrInUse while referenced or pulling

@@ -141,7 +141,8 @@ func (s *snapshot) needs(keep func(*manifestRecord) bool) (blobs, layers map[dig
 	return blobs, layers
 }
 
-// GC evicts unreferenced manifests, least recently used first, until usage is at most MaxBytes, then deletes
+// GC evicts unreferenced manifests, least recently used first, until usage is at most MaxBytes and, once the file
+// system reached HighWatermark percent used, until it would be at LowWatermark (watermark.go), then deletes
 // every blob, extracted layer, view and partial download that no remaining manifest needs. Content a reference
 // or a running pull needs, or that was used within MinAge, is never evicted. Safe to run concurrently with Pull
 // and Acquire: they and GC's decisions are ordered by one lock, directories leave by atomic rename, and blobs are
@@ -221,6 +222,10 @@ func (c *Cache) decide(ctx context.Context, st *GCStats, remove *digest.Digest, 
 		return nil, err
 	}
 	st.Before = u.Bytes
+	target, over, fs, err := c.target(u)
+	if err != nil {
+		return nil, err
+	}
 	// Metadata first, files after its commit: a crash in between leaves files no record needs, which the next
 	// collection sweeps, never a record whose files are gone.
 	var s *snapshot
@@ -247,8 +252,8 @@ func (c *Cache) decide(ctx context.Context, st *GCStats, remove *digest.Digest, 
 				return fmt.Errorf("%s: %w by %s", target, ErrInUse, strings.Join(c.usersLocked(s, target), ", "))
 			}
 			evict[target] = true
-		} else if c.opts.MaxBytes > 0 && u.Bytes > c.opts.MaxBytes {
-			c.chooseEvictions(s, u, disk, inUse, evict)
+		} else if over {
+			c.chooseEvictions(s, u, disk, inUse, evict, target)
 		}
 		for d := range evict {
 			if err := ctx.Err(); err != nil {
@@ -288,28 +293,33 @@ func (c *Cache) decide(ctx context.Context, st *GCStats, remove *digest.Digest, 
 	if err != nil {
 		return nil, err
 	}
-	c.logEvictions(s, evict, u)
+	c.logEvictions(s, evict, u, over, target, fs)
 	return c.sweep(s, evict, disk, st)
 }
 
-// logEvictions says at info what GC evicted and why, and when the cache stays over MaxBytes because what is left
-// is in use or younger than MinAge: an operator sizing --cache-max-size needs both.
-func (c *Cache) logEvictions(s *snapshot, evict map[digest.Digest]bool, u Usage) {
+// logEvictions says at info what GC evicted and why, and when the cache stays over its target (MaxBytes, or what
+// the low watermark leaves it) because what is left is in use or younger than MinAge: an operator sizing
+// --cache-max-size or the watermarks needs both.
+func (c *Cache) logEvictions(s *snapshot, evict map[digest.Digest]bool, u Usage, over bool, target int64, fs fsUsage) {
+	why := []any{"usageBytes", u.Bytes, "maxBytes", c.opts.MaxBytes, "targetBytes", target}
+	if c.opts.HighWatermark > 0 {
+		why = append(why, "diskPercent", fs.percent(), "highWatermark", c.opts.HighWatermark, "lowWatermark", c.opts.LowWatermark)
+	}
 	for _, m := range s.manifests {
 		if evict[m.Descriptor.Digest] {
-			c.opts.Logger.Info("evicted from the cache", "manifest", m.Descriptor.Digest.String(), "name", m.Name,
-				"lastUsed", m.LastUsed.UTC().Format(time.RFC3339), "usageBytes", u.Bytes, "maxBytes", c.opts.MaxBytes)
+			c.opts.Logger.Info("evicted from the cache", append([]any{"manifest", m.Descriptor.Digest.String(), "name", m.Name,
+				"lastUsed", m.LastUsed.UTC().Format(time.RFC3339)}, why...)...)
 		}
 	}
-	if c.opts.MaxBytes > 0 && u.Bytes > c.opts.MaxBytes && len(evict) == 0 {
-		c.opts.Logger.Info("the cache is over its maximum size, and all of it is in use or used within the minimum age",
-			"usageBytes", u.Bytes, "maxBytes", c.opts.MaxBytes, "minAge", c.opts.MinAge.String())
+	if over && len(evict) == 0 {
+		c.opts.Logger.Info("the cache is over its maximum size or high watermark, and all of it is in use or used within the minimum age",
+			append(why, "minAge", c.opts.MinAge.String())...)
 	}
 }
 
-// chooseEvictions picks LRU victims among unused manifests until what remains fits MaxBytes. A victim frees the
+// chooseEvictions picks LRU victims among unused manifests until what remains fits target. A victim frees the
 // blobs and layers no other kept manifest shares.
-func (c *Cache) chooseEvictions(s *snapshot, u Usage, disk onDisk, inUse, evict map[digest.Digest]bool) {
+func (c *Cache) chooseEvictions(s *snapshot, u Usage, disk onDisk, inUse, evict map[digest.Digest]bool, target int64) {
 	// What each blob occupies on disk, committed or partial; extracted layers are keyed "layer:<digest>".
 	onDisk := map[digest.Digest]int64{}
 	for d, n := range disk.blobs {
@@ -360,7 +370,7 @@ func (c *Cache) chooseEvictions(s *snapshot, u Usage, disk onDisk, inUse, evict 
 	}
 	sort.Slice(victims, func(i, j int) bool { return victims[i].LastUsed.Before(victims[j].LastUsed) })
 	for _, m := range victims {
-		if remaining <= c.opts.MaxBytes {
+		if remaining <= target {
 			break
 		}
 		evict[m.Descriptor.Digest] = true

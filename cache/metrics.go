@@ -28,6 +28,7 @@ type metrics struct {
 	scrubPassDone       prometheus.Gauge
 
 	flushing prometheus.GaugeFunc // set by Open: it reads the cache's flushers
+	disk     prometheus.GaugeFunc // set by Open: statfs of the root, what the watermarks compare
 }
 
 func newMetrics() *metrics {
@@ -84,6 +85,20 @@ func (c *Cache) flushingGauge() prometheus.GaugeFunc {
 		})
 }
 
+// diskGauge reports how full the cache's file system is, in percent as the watermarks and df count it (statfs at
+// each scrape): what an operator sets --cache-high-watermark against.
+func (c *Cache) diskGauge() prometheus.GaugeFunc {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "modelpack", Subsystem: "cache", Name: "disk_used_percent",
+		Help: "Percent of the cache's file system in use (statfs, every file on it counted), as the disk watermarks compare it."},
+		func() float64 {
+			fs, err := statFS(c.root)
+			if err != nil {
+				return -1
+			}
+			return float64(fs.percent())
+		})
+}
+
 // Collector returns the cache's Prometheus metrics, to register with a registry.
 func (c *Cache) Collector() prometheus.Collector { return collector{c.m} }
 
@@ -93,7 +108,7 @@ func (c collector) all() []prometheus.Collector {
 	m := c.m
 	return []prometheus.Collector{m.pulls, m.scans, m.lies, m.fetchedBytes, m.extractions, m.extractSeconds, m.viewBuilds, m.viewFiles,
 		m.viewSeconds, m.acquires, m.acquireSeconds, m.gcRuns, m.gcEvictions, m.gcFreed, m.verifyProblems, m.corruptBlobs,
-		m.scrubBytes, m.scrubCorrupt, m.scrubLastCompletion, m.scrubPassBytes, m.scrubPassDone, m.flushing}
+		m.scrubBytes, m.scrubCorrupt, m.scrubLastCompletion, m.scrubPassBytes, m.scrubPassDone, m.flushing, m.disk}
 }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {

@@ -195,25 +195,32 @@ func cacheDuCmd(g *Globals, f *cacheFlags) *cobra.Command {
 func cacheGCCmd(g *Globals, f *cacheFlags) *cobra.Command {
 	var maxSize string
 	var minAge time.Duration
+	var high, low int
 	cmd := &cobra.Command{
-		Use:     "gc",
-		Example: `  modelpack cache gc --root /var/lib/modelpack --max-size 100GiB`,
-		Short:   "Evict least recently used, unreferenced manifests down to --max-size and delete unneeded content",
+		Use: "gc",
+		Example: `  modelpack cache gc --root /var/lib/modelpack --max-size 100GiB
+  modelpack cache gc --root /var/lib/modelpack --high-watermark 85 --low-watermark 80`,
+		Short: "Evict least recently used, unreferenced manifests down to --max-size and delete unneeded content",
 		Long: `Evict least recently used manifests that no volume or pin references until the cache fits --max-size, then
 delete every blob, extracted layer, view and partial download that no remaining manifest needs. With --max-size 0
-nothing is evicted; only unneeded content is deleted.`,
+nothing is evicted; only unneeded content is deleted. With --high-watermark, once the cache's file system is that
+percent used (statfs, as df shows) manifests are evicted until it would be --low-watermark percent used; with
+--max-size too, both apply and whichever asks for the smaller cache wins.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			max, err := parseByteSize(maxSize)
 			if err != nil {
 				return usageErr("--max-size: %w", err)
 			}
+			if err := cache.CheckWatermarks(high, low, "--high-watermark", "--low-watermark"); err != nil {
+				return usageErr("%w", err)
+			}
 			if minAge == 0 {
 				minAge = -1 // cache.Options: negative means no protection
 			}
 			ws := newWarnings(cmd, g)
 			var st cache.GCStats
-			err = f.use(cache.Options{MaxBytes: max, MinAge: minAge}, ws, func(c *cache.Cache) (err error) {
+			err = f.use(cache.Options{MaxBytes: max, HighWatermark: high, LowWatermark: low, MinAge: minAge}, ws, func(c *cache.Cache) (err error) {
 				st, err = c.GC(cmd.Context())
 				return err
 			})
@@ -237,6 +244,8 @@ nothing is evicted; only unneeded content is deleted.`,
 	}
 	cmd.Flags().StringVar(&maxSize, "max-size", "0", "evict down to this size (e.g. 100GiB; 0 = evict nothing)")
 	cmd.Flags().DurationVar(&minAge, "min-age", 0, "never evict content used more recently than this")
+	cmd.Flags().IntVar(&high, "high-watermark", 0, "percent of the cache's file system used at which manifests are evicted (1 to 100; 0 = off)")
+	cmd.Flags().IntVar(&low, "low-watermark", 0, "percent of the cache's file system to evict down to (0 to below --high-watermark)")
 	return cmd
 }
 

@@ -61,6 +61,7 @@ tag) and exits 0.`,
 				return err
 			}
 			defer store.Close()
+			g.onInterrupt("the blobs %s already holds are skipped next time, and an upload over 8 MiB resumes from the offset the registry kept (the local store remembers its session); run `modelpack copy %s %s` again to continue", dst.Reference.Registry, args[0], args[1])
 			ui := newTransferUI(cmd, g, "copied")
 			res, err := remote.Copy(cmd.Context(), src, dst, remote.TransferOptions{Reporter: ui.reporter(), Referrers: referrers, Sessions: store})
 			if err == nil {

@@ -31,6 +31,7 @@ type csiDriverFlags struct {
 	hostsDir, registryConfig, caFile                string
 	plainHTTP                                       []string
 	cacheMax, maxExtract                            string
+	cacheHigh, cacheLow                             int
 	maxExtractRatio                                 float64
 	registryTimeouts                                remote.Timeouts
 	gcInterval                                      time.Duration
@@ -99,6 +100,9 @@ UNAUTHENTICATED; PERMISSION_DENIED registry or signature policy; RESOURCE_EXHAUS
 	fl.StringVar(&f.caFile, "ca-file", "", "PEM CA bundle trusted for registries in addition to the system roots")
 	fl.StringSliceVar(&f.plainHTTP, "plain-http-registries", nil, "registries (host[:port]) reached over plain HTTP")
 	fl.StringVar(&f.cacheMax, "cache-max-size", "0", "evict least recently used models above this size (e.g. 200GiB; 0 = no limit)")
+	fl.IntVar(&f.cacheHigh, "cache-high-watermark", 0, "percent of the cache's file system used (statfs, every file on it, as df shows) at which a collection evicts unused models down to --cache-low-watermark; "+
+		"1 to 100, 0 = off (kubelet's --image-gc-high-threshold). With --cache-max-size both apply: whichever asks for the smaller cache wins")
+	fl.IntVar(&f.cacheLow, "cache-low-watermark", 0, "percent of the cache's file system a collection started by --cache-high-watermark evicts down to; 0 to below --cache-high-watermark (kubelet's --image-gc-low-threshold)")
 	fl.DurationVar(&f.cacheMinAge, "cache-min-age", cache.DefaultMinAge, "never evict content used this recently (the cache may exceed --cache-max-size by it meanwhile; 0 = no protection)")
 	fl.StringVar(&f.maxExtract, "max-extract-bytes", "1TiB", "largest a tar layer may expand to (decompression and sparse-file bombs)")
 	fl.Float64Var(&f.maxExtractRatio, "max-extract-ratio", archive.DefaultLimits.MaxRatio, "largest a tar layer may expand to, as a multiple of its declared size (never below 64MiB)")
@@ -144,6 +148,9 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags) error {
 	if err != nil {
 		return usageErr("--cache-max-size: %w", err)
 	}
+	if err := cache.CheckWatermarks(f.cacheHigh, f.cacheLow, "--cache-high-watermark", "--cache-low-watermark"); err != nil {
+		return usageErr("%w", err)
+	}
 	if f.flushDelay <= 0 {
 		return usageErr("--cache-flush-delay %s: want a duration above 0 (e.g. %s)", f.flushDelay, cas.FlushDelay)
 	}
@@ -183,7 +190,7 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags) error {
 	defer stop()
 	return node.Run(ctx, node.Options{
 		Root: f.root,
-		Cache: cache.Options{MaxBytes: maxBytes,
+		Cache: cache.Options{MaxBytes: maxBytes, HighWatermark: f.cacheHigh, LowWatermark: f.cacheLow,
 			Limits:         archive.Limits{MaxBytes: maxExtract, MaxRatio: f.maxExtractRatio},
 			VerifyInterval: f.verifyInterval, ScrubRate: scrubRate, MinAge: minAge(f.cacheMinAge), FlushDelay: f.flushDelay,
 			VolatileOwnerPrefix: csidriver.OwnerPrefix},
@@ -209,7 +216,7 @@ func runCSIDriver(parent context.Context, f *csiDriverFlags) error {
 		},
 		PolicyPath: f.policy,
 		Prepull:    node.Prepull{Enabled: f.prepull, Socket: f.prepullSocket, Concurrency: f.prepullConcurrency, Bandwidth: prepullBPS},
-		Collect:    maxBytes > 0,
+		Collect:    maxBytes > 0 || f.cacheHigh > 0,
 	})
 }
 

@@ -1,10 +1,13 @@
 package cli
 
 import (
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+
 	"github.com/modelpack/modelpack/artifact"
 	"github.com/modelpack/modelpack/artifact/pack"
 	"github.com/modelpack/modelpack/artifact/remote"
-	"github.com/spf13/cobra"
 )
 
 func fetchCmd(g *Globals) *cobra.Command {
@@ -58,6 +61,7 @@ unless --image-rootfs. Files get the modification time the artifact records.`,
 			if err != nil {
 				return err
 			}
+			g.onInterrupt("what arrived is kept in %s; run `modelpack fetch %s %s` again to continue (only the missing bytes are asked for)", filepath.Join(args[1], ".modelpack-partial"), args[0], args[1])
 			ui := newTransferUI(cmd, g, "fetched")
 			// The layers the kind filter keeps, to say which --include globs keep none of them.
 			var kinds []artifact.Layer

@@ -77,7 +77,7 @@ func startStallingProxy(t *testing.T, upstream string, limit int64) *stallingPro
 }
 
 // Item: piped output says when each blob starts and how a long one is doing; SIGINT and SIGTERM say
-// "interrupted; run again to resume", and running again completes.
+// "interrupted: what arrived is kept in DIR/.modelpack-partial; run … again", and running again completes.
 func TestPipedProgressAndInterrupt(t *testing.T) {
 	bin := testenv.Modelpack(t)
 	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
@@ -117,7 +117,7 @@ func TestPipedProgressAndInterrupt(t *testing.T) {
 			cmd.Process.Signal(sig)
 			rest, _ := io.ReadAll(stderr)
 			err := cmd.Wait()
-			if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 130 || !strings.Contains(string(rest), "interrupted; run again to resume") {
+			if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 130 || !strings.Contains(string(rest), "interrupted: what arrived is kept in "+filepath.Join(dir, ".modelpack-partial")) {
 				t.Fatalf("after %v: %v\n%s%s", sig, err, seen.String(), rest)
 			}
 			entries, _ := os.ReadDir(dir)

@@ -169,7 +169,12 @@ func runPack(cmd *cobra.Command, g *Globals, f *packFlags, dir string, pushSink 
 			ws.add(g + " matches no file of " + snap.Ref.String())
 		}
 		applySnapshot(&opts, snap, f.created == "")
-		opts.NoIgnoreFile = true // the Hub's files are chosen by --include/--exclude
+		opts.NoIgnoreFile = true             // the Hub's files are chosen by --include/--exclude
+		rules, err := snap.Rules(opts.Rules) // a dataset's files are the dataset kind
+		if err != nil {
+			return err
+		}
+		opts.Rules = append(opts.Rules, rules...)
 		if f.concurrency == 0 {
 			opts.Concurrency = 8 // network-bound: more than GOMAXPROCS files at once
 		}
@@ -230,10 +235,6 @@ func hfSnapshot(ctx context.Context, g *Globals, f *packFlags, s string, store *
 	if err != nil {
 		return nil, err
 	}
-	client, err := g.hubClient()
-	if err != nil {
-		return nil, err
-	}
 	opts := hf.Options{Include: f.include, Exclude: f.exclude, Strict: f.strict}
 	if store != nil {
 		opts.Dest = store.Root()
@@ -241,6 +242,13 @@ func hfSnapshot(ctx context.Context, g *Globals, f *packFlags, s string, store *
 			ok, _ := store.Exists(ctx, ocispec.Descriptor{Digest: d, Size: size})
 			return ok
 		}
+	}
+	if hf.Offline() {
+		return hf.LocalSnapshot(hf.CacheDir(), ref, opts) // HF_HUB_OFFLINE: huggingface_hub's cache, no request
+	}
+	client, err := g.hubClient()
+	if err != nil {
+		return nil, err
 	}
 	return client.Snapshot(ctx, ref, opts)
 }

@@ -43,6 +43,7 @@ Mirrors configured in --hosts-dir are tried before the registry itself.`,
 				return err
 			}
 			defer store.Close()
+			g.onInterrupt("the blobs verified so far stay in the local store (%s) and a partial download is kept to resume from its last byte; run `modelpack pull %s` again to continue", store.Root(), args[0])
 			ui := newTransferUI(cmd, g, "pulled")
 			// The blobs the store lacks must fit in the free space of its file system, checked before any is written.
 			check := func(blobs []ocispec.Descriptor) error {

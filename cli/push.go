@@ -81,6 +81,7 @@ tag) and exits 0.`,
 			if err != nil {
 				return err
 			}
+			g.onInterrupt("the blobs %s already holds are skipped next time, and an upload over 8 MiB resumes from the offset the registry kept (the local store remembers its session); run `modelpack push %s` again to continue", dst.Reference.Registry, args[0])
 			topts := remote.TransferOptions{Referrers: referrers, Sources: store, Sessions: store}
 			if dryRun {
 				if sf.key != "" {

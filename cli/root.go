@@ -50,7 +50,13 @@ type Globals struct {
 
 	httpLog *httplog.Logger // --debug's, made once the flags are parsed
 	warned  *warnings       // what the command said beside its result (newWarnings), for the error document too
+	// interrupted is the line a transfer prints on Ctrl-C: what it keeps and how to resume (onInterrupt).
+	interrupted string
 }
+
+// onInterrupt sets what the command says if SIGINT or SIGTERM stops it: after "interrupted: ", what is kept and
+// the command that resumes.
+func (g *Globals) onInterrupt(format string, a ...any) { g.interrupted = fmt.Sprintf(format, a...) }
 
 // wrapTransport is what wraps the HTTP transports of registries and the Hub: nil, or with --debug the logger.
 func (g *Globals) wrapTransport() func(http.RoundTripper) http.RoundTripper {
@@ -157,6 +163,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if ctx.Err() != nil {
 		// Transfers keep what they verified (partial blobs resume with HTTP Range), so the next run continues.
 		code, msg = exitInterrupted, "interrupted; run again to resume"
+		if g.interrupted != "" {
+			msg = "interrupted: " + g.interrupted
+		}
 	}
 	if f := root.PersistentFlags().Lookup("output"); (f != nil && f.Value.String() == "json") || wantsJSON(args) {
 		_ = PrintJSON(stderr, errorJSON{Error: errorBody{Message: msg, Warnings: g.warned.all()}})

@@ -295,6 +295,13 @@ func scanHub(ctx context.Context, g *Globals, s string) ([]scan.FileReport, erro
 	if err != nil {
 		return nil, err
 	}
+	if hf.Offline() {
+		dir, _, err := hf.LocalSnapshotDir(hf.CacheDir(), ref)
+		if err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("HF_HUB_OFFLINE is set, so %s is not read from the Hub: scan the cached snapshot through a copy with its links followed (cp -rL %s DIR && modelpack scan DIR), or unset HF_HUB_OFFLINE", ref, dir)
+	}
 	client, err := g.hubClient()
 	if err != nil {
 		return nil, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -97,20 +98,35 @@ With --format oms the model's files are signed as OpenSSF Model Signing does (mo
 in-toto statement listing every file with its sha256, taken from the raw layers' digests (nothing is read
 again), in a Sigstore bundle attached to the manifest as an OCI referrer; the artifact's digest is unchanged.
 Check it with modelpack verify --format oms, or an oms rule of the node policy. --oms DIR signs a local
-model directory instead and writes DIR/model.sig, which modelpack pack then carries as a layer. For OMS, KEY
+model directory instead and writes DIR/model.sig, which modelpack pack then carries as a layer. REF --oms FILE
+attaches a signature made elsewhere (model_signing sign over the model's directory) as that referrer, once its
+statement lists exactly REF's files with their digests; it needs no key. For OMS, KEY
 may also be a PEM ECDSA key (EC PRIVATE KEY or PRIVATE KEY, P-256/384/521), what model_signing signs with;
 a password is asked only for an EC PRIVATE KEY that openssl ec -aes256 encrypted.`,
 		Example: `  modelpack sign registry.local/models/llama3:8b --key cosign.key
   modelpack sign registry.local/models/llama3:8b --key cosign.key --format oms
   modelpack sign --oms ./llama3-8b --key cosign.key
+  modelpack sign registry.local/models/llama3:8b --oms ./llama3-8b/model.sig
   cosign verify --key cosign.pub --insecure-ignore-tlog registry.local/models/llama3:8b`,
 		Args: func(cmd *cobra.Command, args []string) error {
+			if fi, err := os.Stat(omsDir); omsDir != "" && err == nil && fi.Mode().IsRegular() {
+				if len(args) != 1 {
+					return usageErr("--oms %s is a signature file: name the artifact to attach it to (modelpack sign REF --oms %s)", omsDir, omsDir)
+				}
+				return nil
+			}
 			if omsDir != "" {
-				return cobra.NoArgs(cmd, args)
+				if len(args) > 0 {
+					return usageErr("--oms %s signs a local directory and takes no REF; to attach a model_signing signature file to REF, give --oms FILE", omsDir)
+				}
+				return nil
 			}
 			return cobra.ExactArgs(1)(cmd, args)
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if omsDir != "" && len(args) == 1 {
+				return attachOMS(cmd, g, &rf, omsDir, args[0], sf.key != "" || len(sf.annotations) > 0)
+			}
 			if omsDir != "" {
 				if sf.key == "" {
 					return errors.New("--key is required")
@@ -190,9 +206,44 @@ a password is asked only for an EC PRIVATE KEY that openssl ec -aes256 encrypted
 	fl.StringVar(&sf.key, "key", "", "cosign private key: file, env://VAR or k8s://NAMESPACE/NAME")
 	fl.StringArrayVarP(&sf.annotations, "annotations", "a", nil, "KEY=VALUE signed into the payload (repeatable)")
 	fl.StringVar(&format, "format", "cosign", "cosign: sign the manifest digest; oms: sign the model's files as OpenSSF Model Signing (a model.sig bundle attached as a referrer)")
-	fl.StringVar(&omsDir, "oms", "", "sign this local model directory as OpenSSF Model Signing does (model_signing sign key), writing DIR/model.sig")
+	fl.StringVar(&omsDir, "oms", "", "DIR: sign this local model directory as OpenSSF Model Signing does (model_signing sign key), writing DIR/model.sig; "+
+		"FILE with REF: attach this OMS signature (a model_signing model.sig) to REF as its referrer, after checking it lists REF's files")
 	fl.StringVar(&omsSignature, "signature", "", "with --oms: where to write the signature (default DIR/model.sig)")
 	fl.BoolVar(&tlogUpload, "tlog-upload", false, "upload to a transparency log (not supported: always false here)")
 	rf.registerConnection(fl)
 	return cmd
+}
+
+// attachOMS is sign REF --oms FILE: a model_signing signature made elsewhere, attached as the OMS referrer once
+// its statement matches REF's files (signing.AttachOMS).
+func attachOMS(cmd *cobra.Command, g *Globals, rf *remoteFlags, file, ref string, signerFlags bool) error {
+	if signerFlags {
+		return usageErr("--oms FILE attaches a signature already made: --key and --annotations do not apply")
+	}
+	if _, err := registryRef(ref); err != nil {
+		return err
+	}
+	bundle, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	ro, err := remote.NewTransports(rf.options())
+	if err != nil {
+		return err
+	}
+	signed, referrer, err := signing.AttachOMS(cmd.Context(), ref, bundle, signing.SignOptions{Registry: ro})
+	if err != nil {
+		return err
+	}
+	if g.IsJSON() {
+		return PrintJSON(cmd.OutOrStdout(), struct {
+			Reference string `json:"reference"`
+			Signed    string `json:"signed"`
+			Referrer  string `json:"referrer"`
+			Format    string `json:"format"`
+			Signature string `json:"signature"`
+		}{ref, signed, referrer, "oms", file})
+	}
+	_, err = fmt.Fprintf(cmd.OutOrStdout(), "Attached the OMS signature %s to %s (referrer %s)\n", file, signed, referrer)
+	return err
 }

@@ -24,7 +24,7 @@ type verifyFlags struct {
 	trustedRoot, chain       string
 	ctlogKeys, rekorKeys     []string
 	ignoreTlog, ignoreSCT    bool
-	policy                   string
+	policy, namespace        string
 	format                   string
 	omsDir, omsSignature     string
 	omsIgnore                []string
@@ -127,7 +127,8 @@ checked. cosign signatures (the sha256-<hex>.sig tag) and Sigstore bundles attac
 cosign v3 default) are both accepted.
 
 Transparency-log entries are required unless --insecure-ignore-tlog, as with cosign; signatures made by
-modelpack sign have none. With --policy, REF is checked as the node driver checks it, against that policy.
+modelpack sign have none. With --policy, REF is checked as the node driver checks it, against that policy;
+--namespace NS checks it as for a pod in NS (rules scoped to NS first).
 
 With --format oms, REF must carry an OpenSSF Model Signing signature over its files: the model.sig layer that
 packing an OMS-signed directory keeps, or a referrer from modelpack sign --format oms. It must verify with a
@@ -191,7 +192,10 @@ be listed; the check reads the manifest and the signature only (raw layers are n
 			// The refusal is the command's error; only warn-rule failures are worth a warning here.
 			ws := newWarnings(cmd, g)
 			v.Log = ws.logger(slog.LevelWarn)
-			dec, err := v.Verify(cmd.Context(), ref)
+			if f.namespace != "" && f.policy == "" {
+				return usageErr("--namespace chooses among a --policy's rules scoped to namespaces: give --policy")
+			}
+			dec, err := v.VerifyIn(cmd.Context(), f.namespace, ref)
 			if errors.Is(err, signing.ErrDenied) && f.policy == "" {
 				// No policy was named: say what the user gave, not the rule the flags were made into.
 				return fmt.Errorf("%s is not verified by %s: %s", dec.Ref, dec.Rule, dec.Reason)
@@ -225,6 +229,7 @@ be listed; the check reads the manifest and the signature only (raw layers are n
 	fl.BoolVar(&f.ignoreTlog, "insecure-ignore-tlog", false, "do not require a transparency-log entry")
 	fl.BoolVar(&f.ignoreSCT, "insecure-ignore-sct", false, "keyless: do not require a certificate-transparency SCT")
 	fl.StringVar(&f.policy, "policy", "", "check against this node trust policy instead of the flags above")
+	fl.StringVar(&f.namespace, "namespace", "", "with --policy: check as for a pod in this namespace (its namespace-scoped rules first); none: the unscoped rules, as for a prepull")
 	fl.StringVar(&f.format, "format", "cosign", "signature to check: cosign (the manifest digest's) or oms (OpenSSF Model Signing over the model's files)")
 	fl.StringVar(&f.omsDir, "oms", "", "check the OMS signature of this local model directory (or single file) instead of REF")
 	fl.StringVar(&f.omsSignature, "signature", "", "with --oms: the signature file (default DIR/model.sig)")

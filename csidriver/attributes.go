@@ -1,6 +1,7 @@
 package csidriver
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -260,6 +261,21 @@ func cleanSubPath(p string) (string, error) {
 		return "", nil
 	}
 	return c, nil
+}
+
+type podNamespaceKey struct{}
+
+// WithPodNamespace records in ctx the namespace of the pod a publish serves (csi.storage.k8s.io/pod.namespace),
+// which the backend's trust policy scopes rules by.
+func WithPodNamespace(ctx context.Context, namespace string) context.Context {
+	return context.WithValue(ctx, podNamespaceKey{}, namespace)
+}
+
+// PodNamespace is the namespace WithPodNamespace recorded: "" for a call serving no pod (a prepull), or a publish
+// whose context lacked it (podInfoOnMount off).
+func PodNamespace(ctx context.Context) string {
+	ns, _ := ctx.Value(podNamespaceKey{}).(string)
+	return ns
 }
 
 func podOf(ctx map[string]string) (name, namespace, uid string) {

@@ -26,6 +26,8 @@ func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublish
 		return nil, err
 	}
 	podName, podNS, podUID := podOf(req.GetVolumeContext())
+	// The trust policy's namespace-scoped rules read it from here (Backend.Verify and Screen).
+	ctx = WithPodNamespace(ctx, podNS)
 	log := d.log.With("volume", req.GetVolumeId(), "target", target, "reference", attrs.Reference,
 		"pod", podName, "namespace", podNS, "podUID", podUID)
 

@@ -2,8 +2,11 @@ package deploy_test
 
 import (
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -11,6 +14,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/modelpack/modelpack/cache"
+	"github.com/modelpack/modelpack/internal/testenv"
 )
 
 // node.registryCredentials.secretName: one existing kubernetes.io/dockerconfigjson Secret becomes the plugin's
@@ -172,5 +178,69 @@ func TestHelmPodValues(t *testing.T) {
 	// The chart's own PriorityClass is for its default name only; another name is an existing class.
 	if _, ok := ix["PriorityClass/modelpack-prepull"]; ok {
 		t.Error("prepull.priorityClassName=prepull-priority still renders the PriorityClass modelpack-prepull")
+	}
+}
+
+// watermarks reads the plugin's --cache-high-watermark and --cache-low-watermark as the driver gets them: each
+// flag once, its $(VAR) resolved from the container's env.
+func watermarks(t *testing.T, plugin *corev1.Container) (high, low string) {
+	t.Helper()
+	env := map[string]string{}
+	for _, e := range plugin.Env {
+		env[e.Name] = e.Value
+	}
+	flags := parseFlags(plugin.Args)
+	resolve := func(name string) string {
+		v, ok := flags[name]
+		if !ok {
+			t.Fatalf("plugin has no --%s: %q", name, plugin.Args)
+		}
+		if inner, ok := strings.CutPrefix(v, "$("); ok {
+			inner = strings.TrimSuffix(inner, ")")
+			if v, ok = env[inner]; !ok {
+				t.Fatalf("--%s reads $(%s), which the container's env lacks", name, inner)
+			}
+		}
+		return v
+	}
+	return resolve("cache-high-watermark"), resolve("cache-low-watermark")
+}
+
+// cache.highWatermark/lowWatermark become the driver's flags (kubelet's image GC defaults, 85 and 80, in the chart
+// and the kustomize base alike); a pair the driver would refuse is refused at render time, naming the value.
+func TestCacheWatermarks(t *testing.T) {
+	for name, c := range map[string]struct {
+		plugin    *corev1.Container
+		high, low string
+	}{
+		"helm defaults":  {container(podSpec(index(helm(t))["DaemonSet/modelpack-node"]), "modelpack"), "85", "80"},
+		"helm set":       {container(podSpec(index(helm(t, "cache.highWatermark=90", "cache.lowWatermark=70"))["DaemonSet/modelpack-node"]), "modelpack"), "90", "70"},
+		"helm off":       {container(podSpec(index(helm(t, "cache.highWatermark=0", "cache.lowWatermark=0"))["DaemonSet/modelpack-node"]), "modelpack"), "0", "0"},
+		"kustomize base": {container(podSpec(index(kustomize(t, "default"))["DaemonSet/modelpack-node"]), "modelpack"), "85", "80"},
+	} {
+		high, low := watermarks(t, c.plugin)
+		if high != c.high || low != c.low {
+			t.Errorf("%s: watermarks %s/%s, want %s/%s", name, high, low, c.high, c.low)
+		}
+		h, _ := strconv.Atoi(high)
+		l, _ := strconv.Atoi(low)
+		if err := cache.CheckWatermarks(h, l, "--cache-high-watermark", "--cache-low-watermark"); err != nil {
+			t.Errorf("%s: the driver would refuse them: %v", name, err)
+		}
+	}
+	helmBin := testenv.Tool(t, "helm")
+	for set, want := range map[string]string{
+		"cache.lowWatermark=85":    "cache.lowWatermark 85: want 0 to below cache.highWatermark (85)",
+		"cache.highWatermark=0":    "cache.lowWatermark 80 without cache.highWatermark",
+		"cache.highWatermark=101":  "/cache/highWatermark",
+		"cache.lowWatermark=-1":    "/cache/lowWatermark",
+		"cache.highWatermark=high": "/cache/highWatermark",
+	} {
+		cmd := exec.Command(helmBin, "template", "modelpack", "helm/modelpack", "--set", set)
+		cmd.Env = append(os.Environ(), "HOME="+t.TempDir())
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), want) {
+			t.Errorf("--set %s: %v, want an error with %q:\n%s", set, err, want, out)
+		}
 	}
 }

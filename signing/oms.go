@@ -331,6 +331,50 @@ func SignOMS(ctx context.Context, ref, keyRef string, opts SignOptions) (signed,
 	return d.String(), rd, nil
 }
 
+// AttachOMS attaches an OMS signature made elsewhere (model_signing sign over the model's directory: its
+// model.sig) to the artifact ref points at, as SignOMS attaches its own, after checking that the signature's
+// statement lists exactly the artifact's files with their digests, as the node will: a bundle for another model,
+// another revision of it, or a subset of its files is refused naming the first file that differs, and nothing
+// is written. Who signed it is not checked here (no key is needed): the node's oms rule decides that. It returns
+// the signed digest reference and the referrer's digest.
+func AttachOMS(ctx context.Context, ref string, bundle []byte, opts SignOptions) (signed, referrer string, err error) {
+	sig, err := oms.Parse(bundle)
+	if err != nil {
+		return "", "", fmt.Errorf("attach: %w", err)
+	}
+	c := writeClient(ctx, opts.Registry, ref)
+	d, err := resolve(ref, c)
+	if err != nil {
+		return "", "", fmt.Errorf("attach: %w", err)
+	}
+	desc, err := remote.Get(d, c.remote...)
+	if err != nil {
+		return "", "", fmt.Errorf("attach: reading %s: %w", d, err)
+	}
+	var m ocispec.Manifest
+	if err := json.Unmarshal(desc.Manifest, &m); err != nil || desc.MediaType.IsIndex() {
+		return "", "", fmt.Errorf("attach: %s is %s: an OMS signature covers one artifact's files; name a platform's manifest", d, desc.MediaType)
+	}
+	layers, err := artifact.Layers(m)
+	if err != nil {
+		return "", "", fmt.Errorf("attach: %w", err)
+	}
+	st := sig.UnverifiedStatement()
+	// As the node checks a referrer: every layer counts, a model.sig layer too.
+	files, err := oms.ArtifactFiles(layers, st.Serialization, "")
+	if err == nil {
+		err = st.Check(files)
+	}
+	if err != nil {
+		return "", "", fmt.Errorf("attach: the OMS signature does not match %s, refused (nothing written): %w", d, err)
+	}
+	rd, err := putOMSReferrer(d, desc.Descriptor, bundle, c)
+	if err != nil {
+		return "", "", fmt.Errorf("attach: attaching the OMS signature to %s: %w", d, err)
+	}
+	return d.String(), rd, nil
+}
+
 // putOMSReferrer pushes the bundle and a manifest whose subject is the signed manifest; go-containerregistry
 // updates the referrers fallback tag on registries without the referrers API.
 func putOMSReferrer(d name.Digest, subject v1.Descriptor, bundle []byte, c client) (string, error) {

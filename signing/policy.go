@@ -69,8 +69,13 @@ const (
 //	  keys: [/etc/modelpack/keys/team.pub]
 //	  scanAttestation: {keys: [/etc/modelpack/keys/scanner.pub]}
 //	  transparencyLog: waive
+//	- name: prod-signed                  # only for pods in these namespaces (see namespaces.go)
+//	  namespaces: [prod, "payments-*"]
+//	  match: ["registry.example.com/**"]
+//	  keys: [/etc/modelpack/keys/release.pub]
 //
-// The first rule whose pattern matches the repository applies; Default applies when none does.
+// For a pod's volume, the first rule scoped to its namespace whose pattern matches the repository applies, else
+// the first unscoped rule whose pattern matches; Default applies when none does.
 type PolicyFile struct {
 	SecretsDir string `yaml:"secretsDir" json:"secretsDir,omitempty"`
 	Default    Rule   `yaml:"default" json:"default"`
@@ -101,6 +106,9 @@ type Rule struct {
 	AllowCode bool `yaml:"allowCode" json:"allowCode,omitempty"`
 	// Exceptions allow named files of named models whatever their scan verdict.
 	Exceptions []ScanException `yaml:"exceptions" json:"exceptions,omitempty"`
+	// Namespaces, if set, scope the rule to volumes of pods in these namespaces (names, or globs with * and ?
+	// within the name): it is considered before every unscoped rule for them and never for anyone else.
+	Namespaces []string `yaml:"namespaces" json:"namespaces,omitempty"`
 	// ScanAttestation requires a signed scan report for the manifest digest (see ScanAttestationRule).
 	ScanAttestation *ScanAttestationRule `yaml:"scanAttestation" json:"scanAttestation,omitempty"`
 }
@@ -199,6 +207,9 @@ func newPolicy(f PolicyFile, source string, raw []byte) (*Policy, error) {
 	if len(f.Default.Match) > 0 {
 		return nil, policyErr(source, "default.match", "not allowed: the default rule applies to every reference no other rule matches")
 	}
+	if len(f.Default.Namespaces) > 0 {
+		return nil, policyErr(source, "default.namespaces", "not allowed: the default rule applies in every namespace; scope another rule with namespaces and match: [\"**\"]")
+	}
 	if f.Default.Name == "" {
 		f.Default.Name = "default"
 	}
@@ -236,22 +247,14 @@ func policyErr(source, field, msg string) error {
 	return fmt.Errorf("policy %s: %s: %s", source, field, msg)
 }
 
-// ruleFor returns the rule governing a repository ("registry/path").
-func (p *Policy) ruleFor(repo string) *rule {
-	for _, r := range p.rules {
-		for _, m := range r.match {
-			if m.MatchString(repo) {
-				return r
-			}
-		}
-	}
-	return p.def
-}
+// ruleFor returns the rule governing a repository ("registry/path") for a caller with no namespace.
+func (p *Policy) ruleFor(repo string) *rule { return p.ruleIn("", repo) }
 
 // rule is a compiled Rule.
 type rule struct {
 	name        string
 	match       []*regexp.Regexp
+	namespaces  []*regexp.Regexp // none: unscoped
 	mode        Mode
 	none        bool
 	authorities []*authority
@@ -286,6 +289,10 @@ func (l *loader) compileRule(r Rule, path string) (*rule, error) {
 	case Enforce, Warn, Off:
 	default:
 		return nil, fmt.Errorf("%s.mode: %q is not valid (valid: enforce, warn, off)", path, r.Mode)
+	}
+	var err error
+	if cr.namespaces, err = compileNamespaces(r.Namespaces, path); err != nil {
+		return nil, err
 	}
 	for i, m := range r.Match {
 		re, err := compileGlob(m)

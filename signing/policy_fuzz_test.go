@@ -13,6 +13,7 @@ func FuzzLoadPolicy(f *testing.F) {
 	f.Add([]byte("default: {mode: warn, none: true}\nrules:\n- name: a\n  match: [\"r.example/**\"]\n  mode: off\n  none: true\n"))
 	f.Add([]byte("default: {mode: enforcing}\n"))
 	f.Add([]byte("rules: [{match: ['[']}]\n"))
+	f.Add([]byte("default: {none: true}\nrules:\n- name: a\n  namespaces: [prod, 'team-*']\n  match: [\"r.example/**\"]\n  mode: off\n"))
 	f.Fuzz(func(t *testing.T, doc []byte) {
 		p := filepath.Join(t.TempDir(), "policy.yaml")
 		if err := os.WriteFile(p, doc, 0o644); err != nil {
@@ -23,8 +24,8 @@ func FuzzLoadPolicy(f *testing.F) {
 			return
 		}
 		for _, repo := range []string{"r.example/models/a", "index.docker.io/library/x", ""} {
-			r := pol.ruleFor(repo)
-			if r == nil {
+			r := pol.ruleIn("team-a", repo)
+			if r == nil || pol.ruleFor(repo) == nil {
 				t.Fatalf("no rule for %q", repo)
 			}
 			switch r.mode {

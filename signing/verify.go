@@ -55,6 +55,8 @@ type Decision struct {
 	Verified  bool   `json:"verified"`
 	Authority string `json:"authority,omitempty"` // the key or identity that verified it
 	Reason    string `json:"reason,omitempty"`    // why it is not verified
+	// Namespace is the pod's namespace the rule was chosen for ("" for none: unscoped rules only).
+	Namespace string `json:"namespace,omitempty"`
 }
 
 // How long verdicts stay cached. Denials expire quickly so a signature added after a refusal takes effect on
@@ -137,13 +139,17 @@ func (v *Verifier) log() *slog.Logger {
 // pull exactly that digest) may be used. Under an enforce rule a failed check returns an error wrapping
 // ErrDenied; under warn it is logged and allowed. Other errors (registry unreachable) are not cached.
 func (v *Verifier) Verify(ctx context.Context, ref string) (Decision, error) {
+	return v.verify(ctx, "", ref)
+}
+
+func (v *Verifier) verify(ctx context.Context, namespace, ref string) (Decision, error) {
 	d, err := name.NewDigest(ref)
 	if err != nil {
 		return Decision{Ref: ref}, fmt.Errorf("signature policy: %q is not a digest reference (repo@sha256:…): %w", ref, err)
 	}
 	p := v.Policy()
-	r := p.ruleFor(repoKey(d.Context()))
-	dec := Decision{Ref: d.String(), Rule: r.name, Mode: r.mode}
+	r := p.ruleIn(namespace, repoKey(d.Context()))
+	dec := Decision{Ref: d.String(), Rule: r.name, Mode: r.mode, Namespace: namespace}
 	switch {
 	case r.mode == Off:
 		dec.Reason = "rule mode is off"
@@ -187,7 +193,8 @@ func (v *Verifier) Verify(ctx context.Context, ref string) (Decision, error) {
 // verdict checks signatures once per digest and policy version: concurrent callers share one check and
 // later ones get the cached verdict.
 func (v *Verifier) verdict(ctx context.Context, p *Policy, r *rule, d name.Digest) (verdict, error) {
-	key := p.Version() + " " + d.String()
+	// Rules differ by namespace for one digest: the verdict is the rule's (names are unique within a policy).
+	key := p.Version() + " " + r.name + " " + d.String()
 	now := time.Now()
 	v.mu.Lock()
 	c, ok := v.cache[key]

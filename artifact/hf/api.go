@@ -69,8 +69,14 @@ type Entry struct {
 	} `json:"lfs"`
 }
 
+// apiURL is the API's URL of kind (revision, tree, commits) of repo at rev: /api/models/ORG/NAME/…, or
+// /api/datasets/ORG/NAME/… for a dataset (repo datasets/ORG/NAME).
 func (c *Client) apiURL(repo, kind, rev string) string {
-	return c.Endpoint() + "/api/models/" + repo + "/" + kind + "/" + url.PathEscape(rev)
+	api := "/api/models/"
+	if id, ok := strings.CutPrefix(repo, datasetPrefix); ok {
+		api, repo = "/api/datasets/", id
+	}
+	return c.Endpoint() + api + repo + "/" + kind + "/" + url.PathEscape(rev)
 }
 
 func (c *Client) getJSON(ctx context.Context, rawURL, what string, v any) (*http.Response, error) {

@@ -31,6 +31,7 @@ func TestParseReference(t *testing.T) {
 		"hf://acme/tiny":                   {"acme/tiny", "main"},
 		"hf://acme/tiny@v1.0":              {"acme/tiny", "v1.0"},
 		"hf://Qwen/Qwen2.5-0.5B@refs/pr/1": {"Qwen/Qwen2.5-0.5B", "refs/pr/1"},
+		"hf://datasets/acme/corpus@v2":     {"datasets/acme/corpus", "v2"},
 	} {
 		got, err := ParseReference(in)
 		if err != nil || got != want {
@@ -38,8 +39,8 @@ func TestParseReference(t *testing.T) {
 		}
 	}
 	for _, in := range []string{"acme/tiny", "hf://", "hf://acme/tiny@", "hf://a/b/c", "hf://acme/../x", "hf://acme/ti--ny",
-		"hf://datasets/acme/x", "hf://acme/tiny@a b", "hf://acme/tiny@../x", "hf://-acme/x", "hf://acme/x.", "hf://acme//x", "hf://Qwen", "hf://gpt2@main"} {
-		if _, err := ParseReference(in); err == nil || !strings.Contains(err.Error(), "want hf://ORG/NAME") {
+		"hf://spaces/acme/x", "hf://datasets/acme", "hf://datasets/datasets/x/y", "hf://datasets/a--b/x", "hf://acme/tiny@a b", "hf://acme/tiny@../x", "hf://-acme/x", "hf://acme/x.", "hf://acme//x", "hf://Qwen", "hf://gpt2@main"} {
+		if _, err := ParseReference(in); err == nil || !strings.Contains(err.Error(), "want hf://ORG/NAME, hf://datasets/ORG/NAME") {
 			t.Errorf("%s: %v", in, err)
 		}
 	}

@@ -13,11 +13,22 @@ import (
 // Scheme prefixes a Hub model reference.
 const Scheme = "hf://"
 
-// Ref names a model repository on the Hub and a revision (a branch, tag or commit; "main" if none is given).
+// Ref names a model or dataset repository on the Hub and a revision (a branch, tag or commit; "main" if none is
+// given).
 type Ref struct {
-	Repo     string // ORG/NAME
+	Repo     string // ORG/NAME, or datasets/ORG/NAME: the repository's path on the Hub's site
 	Revision string
 }
+
+// datasetPrefix starts the Repo of a dataset: the Hub's pages and files of datasets live under /datasets/, and
+// their API under /api/datasets/.
+const datasetPrefix = "datasets/"
+
+// IsDataset reports whether r names a dataset repository (hf://datasets/ORG/NAME).
+func (r Ref) IsDataset() bool { return strings.HasPrefix(r.Repo, datasetPrefix) }
+
+// ID is the repository id as huggingface_hub names it (ORG/NAME, for a dataset too).
+func (r Ref) ID() string { return strings.TrimPrefix(r.Repo, datasetPrefix) }
 
 func (r Ref) String() string { return Scheme + r.Repo + "@" + r.Revision }
 
@@ -30,12 +41,16 @@ func IsReference(s string) bool { return strings.HasPrefix(s, Scheme) }
 
 // ParseReference parses hf://ORG/NAME[@REVISION].
 func ParseReference(s string) (Ref, error) {
-	const form = "want hf://ORG/NAME or hf://ORG/NAME@REVISION (a branch, tag or commit)"
+	const form = "want hf://ORG/NAME, hf://datasets/ORG/NAME, either with @REVISION (a branch, tag or commit)"
 	rest, ok := strings.CutPrefix(s, Scheme)
 	if !ok {
 		return Ref{}, fmt.Errorf("%q: not a Hugging Face reference: %s", s, form)
 	}
 	repo, rev, hasRev := strings.Cut(rest, "@")
+	prefix := ""
+	if r, ok := strings.CutPrefix(repo, datasetPrefix); ok {
+		prefix, repo = datasetPrefix, r
+	}
 	if hasRev && (rev == "" || strings.ContainsAny(rev, "@?#\\ \t\n") || strings.Contains(rev, "..") ||
 		strings.HasPrefix(rev, "/") || strings.HasSuffix(rev, "/") || strings.Contains(rev, "//") || len(rev) > 255) {
 		return Ref{}, fmt.Errorf("%q: invalid revision %q: %s", s, rev, form)
@@ -53,8 +68,8 @@ func ParseReference(s string) (Ref, error) {
 	if len(parts) > 2 || len(repo) > 96 {
 		return Ref{}, fmt.Errorf("%q: invalid repository %q: %s", s, repo, form)
 	}
-	if parts[0] == "datasets" || parts[0] == "spaces" {
-		return Ref{}, fmt.Errorf("%q: only model repositories can be packed: %s", s, form)
+	if prefix == "" && (parts[0] == "datasets" || parts[0] == "spaces") {
+		return Ref{}, fmt.Errorf("%q: only model and dataset repositories can be packed (hf://datasets/ORG/NAME): %s", s, form)
 	}
 	for _, p := range parts {
 		if !repoPart.MatchString(p) || strings.Contains(p, "--") || strings.Contains(p, "..") ||
@@ -62,5 +77,5 @@ func ParseReference(s string) (Ref, error) {
 			return Ref{}, fmt.Errorf("%q: invalid repository %q: %s", s, repo, form)
 		}
 	}
-	return Ref{Repo: repo, Revision: rev}, nil
+	return Ref{Repo: prefix + repo, Revision: rev}, nil
 }

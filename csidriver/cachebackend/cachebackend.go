@@ -26,7 +26,8 @@ import (
 )
 
 // Verifier checks an artifact before any of it is pulled (signature policy). It gets the digest reference
-// (host/repository@sha256:…) the volume's reference resolved to. An error wrapping csidriver.ErrDenied refuses
+// (host/repository@sha256:…) the volume's reference resolved to, and the pod's namespace in
+// csidriver.PodNamespace(ctx) ("" for a prepull). An error wrapping csidriver.ErrDenied refuses
 // the volume with PERMISSION_DENIED, one wrapping csidriver.ErrUnsafeContent (a required scan attestation
 // missing or reporting code) with FAILED_PRECONDITION; other errors (signatures unreachable) are classified like registry errors,
 // so kubelet retries them.
@@ -52,12 +53,13 @@ type Options struct {
 	Screen ScanPolicy
 }
 
-// ScanPolicy is the trust policy's content rules (signing.Policy: allowCode, exceptions).
+// ScanPolicy is the trust policy's content rules (signing.Policy: allowCode, exceptions), each chosen for a
+// volume of a pod in namespace ("" for a prepull: unscoped rules only).
 type ScanPolicy interface {
 	// ScanNeeded is false when no scan result could refuse ref (its rule allows code).
-	ScanNeeded(ref string) bool
+	ScanNeeded(namespace, ref string) bool
 	// AllowsScan refuses (wrapping ErrUnsafeContent) a file at path of ref whose report the rule does not allow.
-	AllowsScan(ref, path string, r scan.Report) error
+	AllowsScan(namespace, ref, path string, r scan.Report) error
 }
 
 // Backend is a csidriver.Backend on a cache.Cache.
@@ -258,7 +260,8 @@ func (b *Backend) Screen(ctx context.Context, ref string, top, manifest digest.D
 		return fmt.Errorf("%w: %v", csidriver.ErrInvalidReference, err)
 	}
 	model := parsed.Registry + "/" + parsed.Repository + "@" + top.String()
-	if !b.opts.Screen.ScanNeeded(model) {
+	ns := csidriver.PodNamespace(ctx)
+	if !b.opts.Screen.ScanNeeded(ns, model) {
 		return nil
 	}
 	layers, err := b.cache.Scan(manifest)
@@ -267,7 +270,7 @@ func (b *Backend) Screen(ctx context.Context, ref string, top, manifest digest.D
 	}
 	for _, l := range layers {
 		for _, f := range perFile(l) {
-			if err := b.opts.Screen.AllowsScan(model, f.path, f.report); err != nil {
+			if err := b.opts.Screen.AllowsScan(ns, model, f.path, f.report); err != nil {
 				return err
 			}
 		}

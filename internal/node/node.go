@@ -42,7 +42,7 @@ type Options struct {
 	PolicyPath string
 	// Prepull serves the prepull API beside the CSI socket.
 	Prepull Prepull
-	// Collect runs the cache's collector every Driver.GCInterval: set when a size cap or watermarks are.
+	// Collect runs the cache's collector every Driver.GCInterval: set when a size cap or disk watermarks are.
 	Collect bool
 }
 
@@ -139,8 +139,9 @@ func trustPolicy(ctx context.Context, o Options, log *slog.Logger) (cachebackend
 	go v.WatchPolicy(ctx, o.PolicyPath, 0)
 	log.Info("trust policy loaded", "path", o.PolicyPath, "version", p.Version())
 	// A refusal wraps signing.ErrDenied, which is the driver's ErrDenied (PERMISSION_DENIED).
+	// Rules scoped to namespaces apply to the publishing pod's (csidriver.PodNamespace; none for prepulls).
 	verify := cachebackend.VerifierFunc(func(ctx context.Context, digestRef string) error {
-		_, err := v.Verify(ctx, digestRef)
+		_, err := v.VerifyIn(ctx, csidriver.PodNamespace(ctx), digestRef)
 		return err
 	})
 	return verify, currentPolicy{v}, v.Collector(), nil
@@ -149,10 +150,12 @@ func trustPolicy(ctx context.Context, o Options, log *slog.Logger) (cachebackend
 // currentPolicy is the verifier's policy of the moment, as a scan policy: a reload applies to the next publish.
 type currentPolicy struct{ v *signing.Verifier }
 
-func (c currentPolicy) ScanNeeded(ref string) bool { return c.v.Policy().ScanNeeded(ref) }
+func (c currentPolicy) ScanNeeded(namespace, ref string) bool {
+	return c.v.Policy().ScanNeededIn(namespace, ref)
+}
 
-func (c currentPolicy) AllowsScan(ref, path string, r scan.Report) error {
-	return c.v.Policy().AllowsScan(ref, path, r)
+func (c currentPolicy) AllowsScan(namespace, ref, path string, r scan.Report) error {
+	return c.v.Policy().AllowsScanIn(namespace, ref, path, r)
 }
 
 // servePrepull serves the prepull API once the driver serves CSI, until ctx ends.
@@ -178,7 +181,8 @@ func trimUnix(endpoint string) string {
 	return endpoint
 }
 
-// collect keeps the cache under its limits; volumes in use are never evicted.
+// collect keeps the cache under its size limit and its file system under the high watermark; volumes in use are
+// never evicted.
 func collect(ctx context.Context, c *cache.Cache, every time.Duration, log *slog.Logger) {
 	t := time.NewTicker(every)
 	defer t.Stop()

@@ -53,6 +53,10 @@ type Signature struct {
 // Payload is the DSSE payload (the in-toto statement's JSON).
 func (s *Signature) Payload() []byte { return s.payload }
 
+// UnverifiedStatement is the statement the signature carries, parsed and self-consistent but not verified: what
+// a signer may compare with the model before attaching the signature, never what a verifier may trust (Verify).
+func (s *Signature) UnverifiedStatement() *Statement { return s.statement }
+
 // Statement is the signed content of a signature: the model's name, its root digest and its resources.
 type Statement struct {
 	Name          string

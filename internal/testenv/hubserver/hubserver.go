@@ -40,7 +40,7 @@ import (
 
 // Repo is a model repository with one commit.
 type Repo struct {
-	Name  string            // ORG/NAME
+	Name  string            // ORG/NAME, or datasets/ORG/NAME for a dataset (the Hub's /api/datasets/… and /datasets/…)
 	Files map[string][]byte // path → content; directories are implied
 	// LFS reports whether a file is stored in LFS; nil means weights by extension and files of 10 KiB or more.
 	LFS func(path string, size int) bool
@@ -317,6 +317,15 @@ func (s *Server) serveHub(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	parts := splitEscaped(r.URL.EscapedPath())
+	// Datasets have the models' API under their own prefix (/api/datasets/ORG/NAME/…, /datasets/ORG/NAME/resolve/…),
+	// served here from the repository named datasets/ORG/NAME.
+	kind := ""
+	switch {
+	case len(parts) >= 2 && parts[0] == "api" && parts[1] == "datasets":
+		parts[1], kind = "models", "datasets/"
+	case len(parts) >= 1 && parts[0] == "datasets":
+		parts, kind = parts[1:], "datasets/"
+	}
 	if len(parts) >= 5 && parts[0] == "api" && parts[1] == "models" {
 		s.mu.Lock()
 		stall, trickle := s.StallAPI[parts[4]] > 0, s.TrickleAPI
@@ -325,11 +334,11 @@ func (s *Server) serveHub(w http.ResponseWriter, r *http.Request) {
 		}
 		s.mu.Unlock()
 		if !stall && trickle <= 0 {
-			s.serveAPI(w, r, parts[2]+"/"+parts[3], parts[4], parts[5:])
+			s.serveAPI(w, r, kind+parts[2]+"/"+parts[3], parts[4], parts[5:])
 			return
 		}
 		rec := httptest.NewRecorder()
-		s.serveAPI(rec, r, parts[2]+"/"+parts[3], parts[4], parts[5:])
+		s.serveAPI(rec, r, kind+parts[2]+"/"+parts[3], parts[4], parts[5:])
 		maps.Copy(w.Header(), rec.Header())
 		w.WriteHeader(rec.Code)
 		body := rec.Body.Bytes()
@@ -351,7 +360,7 @@ func (s *Server) serveHub(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(parts) >= 5 && parts[2] == "resolve" {
-		s.serveResolve(w, r, parts[0]+"/"+parts[1], parts[3], strings.Join(parts[4:], "/"))
+		s.serveResolve(w, r, kind+parts[0]+"/"+parts[1], parts[3], strings.Join(parts[4:], "/"))
 		return
 	}
 	hubError(w, http.StatusNotFound, "", "Sorry, we can't find the page you are looking for.")
