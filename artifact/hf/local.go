@@ -84,6 +84,12 @@ func LocalSnapshot(cacheDir string, ref Ref, opts Options) (_ *Snapshot, err err
 	if err != nil {
 		return nil, err
 	}
+	// A snapshot's links point into the repository's blobs/; a link anywhere else (a cache another user can write
+	// to, a link planted by a download gone wrong) would pack that file — ~/.ssh/id_rsa as a weight — and is refused.
+	blobsDir, err := filepath.EvalSymlinks(filepath.Join(snapDir, "..", "..", "blobs"))
+	if err != nil {
+		blobsDir = "" // no blobs/: only plain files may be packed
+	}
 	var all, kept []localFile
 	err = filepath.WalkDir(snapDir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -93,7 +99,7 @@ func LocalSnapshot(cacheDir string, ref Ref, opts Options) (_ *Snapshot, err err
 		if d.IsDir() {
 			return nil
 		}
-		f, err := statLocal(p, filepath.ToSlash(rel))
+		f, err := statLocal(p, filepath.ToSlash(rel), blobsDir)
 		if err != nil {
 			return err
 		}
@@ -191,9 +197,20 @@ type localFile struct {
 	sha256, oid string // from the blob's name: an LFS file's sha256, another file's git blob id; "" if neither
 }
 
-func statLocal(p, rel string) (localFile, error) {
+func statLocal(p, rel, blobsDir string) (localFile, error) {
 	f := localFile{rel: rel, blob: p}
-	if target, err := filepath.EvalSymlinks(p); err == nil {
+	li, err := os.Lstat(p)
+	if err != nil {
+		return f, err
+	}
+	if li.Mode()&fs.ModeSymlink != 0 {
+		target, err := filepath.EvalSymlinks(p)
+		if err != nil {
+			return f, fmt.Errorf("%s: a link the local Hub cache cannot resolve: %w", rel, err)
+		}
+		if name := filepath.Base(target); blobsDir == "" || filepath.Dir(target) != blobsDir || !(isHex(name, 64) || isHex(name, 40)) {
+			return f, fmt.Errorf("%s links to %s, which is not a blob of the local Hub cache (the repository's blobs/, named by sha256 or git blob id): refused, nothing packed", rel, target)
+		}
 		f.blob = target
 	}
 	fi, err := os.Stat(f.blob)
