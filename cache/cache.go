@@ -81,6 +81,8 @@ type Options struct {
 	ScrubRate int64
 	// Logger receives the cache's warnings (damaged blobs); slog.Default() if nil.
 	Logger *slog.Logger
+	// hooks, if set (tests), are the cache's hooks from Open on, for work Open itself starts.
+	hooks *hooks
 	// VolatileOwnerPrefix marks the owners whose references stand for something no restart of the machine leaves
 	// in place (the CSI driver's mounts): their Acquire and Release wait for no flush to disk, and their
 	// references are dropped at the first Open after a restart of the machine (holds.go). "" makes none volatile.
@@ -96,6 +98,9 @@ const DefaultScrubRate = 128 << 20
 const DefaultMinAge = time.Minute
 
 func (o Options) withDefaults() Options {
+	if o.hooks == nil {
+		o.hooks = &hooks{}
+	}
 	if o.Concurrency <= 0 {
 		o.Concurrency = 8
 	}
@@ -128,6 +133,7 @@ func (o Options) withDefaults() Options {
 
 // Cache is a node's content store. It is safe for concurrent use; one process at a time holds a cache root.
 type Cache struct {
+	hooks *hooks // tests' (testing.go); never nil
 	opts  Options
 	root  string
 	blobs *cas.Store
@@ -209,7 +215,7 @@ func Open(opts Options) (*Cache, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Cache{
-		opts: opts, root: root, blobs: blobs, db: db, holds: holds, m: newMetrics(), log: opts.Logger,
+		opts: opts, root: root, blobs: blobs, db: db, holds: holds, m: newMetrics(), log: opts.Logger, hooks: opts.hooks,
 		ctx: ctx, cancel: cancel,
 		flights: map[flightKey]*flight{}, pulling: map[digest.Digest]int{}, held: map[digest.Digest]int{}, lstamps: map[digest.Digest]*layerStamps{},
 	}

@@ -52,7 +52,7 @@ func durableLayers(t *testing.T, c *Cache, ds ...digest.Digest) []bool {
 	return out
 }
 
-// gateSyncfs counts the syncfs of c's layers (not those of other tests' caches flushing late) and holds the first
+// gateSyncfs counts the syncfs of c's layers (its own hook: not those of other tests' caches flushing late) and holds the first
 // one, completed but before its marks, until release (also at cleanup); at runs after each with its number, before
 // its marks (and before the hold). The returned channel closes when the first is held.
 func gateSyncfs(t *testing.T, c *Cache, at func(n int)) (held <-chan struct{}, release func(), count func() int) {
@@ -60,9 +60,6 @@ func gateSyncfs(t *testing.T, c *Cache, at func(n int)) (held <-chan struct{}, r
 	var n atomic.Int32
 	first, gate := make(chan struct{}), make(chan struct{})
 	hook := func(root string) {
-		if root != c.root {
-			return
-		}
 		i := int(n.Add(1))
 		at(i)
 		if i == 1 {
@@ -70,10 +67,10 @@ func gateSyncfs(t *testing.T, c *Cache, at func(n int)) (held <-chan struct{}, r
 			<-gate
 		}
 	}
-	syncFSHook.Store(&hook)
+	set(t, &c.hooks.syncFS, hook)
 	var once sync.Once
 	release = func() { once.Do(func() { close(gate) }) }
-	t.Cleanup(func() { release(); syncFSHook.Store(nil) })
+	t.Cleanup(release)
 	return first, release, func() int { return int(n.Load()) }
 }
 

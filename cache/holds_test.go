@@ -186,7 +186,7 @@ func TestGCKeepsWhatVolatileOwnersHold(t *testing.T) {
 				t.Fatal(err)
 			}
 			var evicted []digest.Digest
-			acquireHook = func(s string) {
+			set(t, &c.hooks.acquire, func(s string) {
 				if s == step {
 					st, err := c.GC(ctx)
 					if err != nil {
@@ -194,10 +194,9 @@ func TestGCKeepsWhatVolatileOwnersHold(t *testing.T) {
 					}
 					evicted = st.Evicted
 				}
-			}
-			t.Cleanup(func() { acquireHook = nil })
+			})
 			dir, err := c.Acquire("csi-a", desc.Digest, Selector{})
-			acquireHook = nil
+			c.hooks.acquire.Store(nil)
 			switch step {
 			case "checked":
 				if !errors.Is(err, ErrNotFound) || len(evicted) != 1 {

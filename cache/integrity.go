@@ -197,9 +197,7 @@ func (c *Cache) flushLayers(batch []extraction) {
 	if err := diskio.SyncFS(filepath.Join(c.root, "layers")); err != nil {
 		return // failing: unmarked, so deleted and extracted again after a restart of the machine
 	}
-	if hook := syncFSHook.Load(); hook != nil {
-		(*hook)(c.root)
-	}
+	run(&c.hooks.syncFS, func(f func(string)) { f(c.root) })
 	c.db.Update(func(tx *bolt.Tx) error {
 		durable := tx.Bucket(bucketDurableLayers)
 		for _, e := range batch {
@@ -228,9 +226,7 @@ func (c *Cache) maintain(unclean bool) {
 		if err == nil && unclean {
 			c.uncleanVerified.Store(true)
 		}
-		if backgroundVerifyHook != nil {
-			backgroundVerifyHook(r, err)
-		}
+		run(&c.hooks.backgroundVerify, func(f func(VerifyReport, error)) { f(r, err) })
 	}
 	if unclean {
 		c.log.Info("cache was not closed cleanly: every blob is re-hashed before its next use, and scrubbed in the background")
@@ -269,9 +265,7 @@ func (c *Cache) scrub(ctx context.Context) (VerifyReport, error) {
 		// The thread's priorities go with it: never unlocked, it ends with this goroutine.
 		runtime.LockOSThread()
 		err := diskio.Background()
-		if scrubHook != nil {
-			scrubHook(err)
-		}
+		run(&c.hooks.scrub, func(f func(error)) { f(err) })
 		if err != nil {
 			c.log.Warn("cache scrub runs at normal priority", "error", err.Error())
 		}

@@ -199,14 +199,14 @@ func TestUncleanStartVerifiesEveryBlob(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan VerifyReport, 1)
-	backgroundVerifyHook = func(r VerifyReport, err error) {
+	h := &hooks{}
+	set(t, &h.backgroundVerify, func(r VerifyReport, err error) {
 		if err != nil {
 			t.Error(err)
 		}
 		done <- r
-	}
-	t.Cleanup(func() { backgroundVerifyHook = nil })
-	c2 := openCache(t, root, Options{})
+	})
+	c2 := openCache(t, root, Options{hooks: h})
 	select {
 	case r := <-done:
 		if len(r.Repaired) != 1 || r.Repaired[0] != d {

@@ -35,13 +35,12 @@ func TestCancelledExtractionDoesNotFailJoinedCallers(t *testing.T) {
 
 	// The extraction cannot finish before the fifo is fed, so a caller registered while it runs has joined it.
 	registered := make(chan struct{}, 8)
-	layerFlightHook = func(digest.Digest) {
+	set(t, &c.hooks.layerFlight, func(digest.Digest) {
 		select {
 		case registered <- struct{}{}:
 		default: // retries after the test stopped listening
 		}
-	}
-	t.Cleanup(func() { layerFlightHook = nil })
+	})
 	ctxA, cancelA := context.WithCancel(context.Background())
 	errA := make(chan error, 1)
 	go func() { errA <- c.ensureLayer(ctxA, l) }()

@@ -675,9 +675,7 @@ func (c *Cache) extractLayer(ctx context.Context, l artifact.Layer, dst string) 
 		c.flushLayerLater(e)
 		return ctx, nil
 	})
-	if layerFlightHook != nil {
-		layerFlightHook(l.Digest)
-	}
+	run(&c.hooks.layerFlight, func(f func(digest.Digest)) { f(l.Digest) })
 	r := <-ch
 	v, err := r.Val, r.Err
 	lead, _ := v.(context.Context)

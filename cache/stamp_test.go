@@ -214,9 +214,9 @@ func TestUncleanStartUseWaitsForTheBlobsRehash(t *testing.T) {
 		}
 	}))
 	scrubbed := make(chan VerifyReport, 1)
-	backgroundVerifyHook = func(r VerifyReport, err error) { scrubbed <- r }
-	t.Cleanup(func() { backgroundVerifyHook = nil })
-	c = openCache(t, root, Options{})
+	h := &hooks{}
+	set(t, &h.backgroundVerify, func(r VerifyReport, err error) { scrubbed <- r })
+	c = openCache(t, root, Options{hooks: h})
 	has := make(chan bool, 1)
 	go func() { has <- c.Has(desc.Digest) }()
 	// Both the scrub and the use come to d's one re-hash, held; a use that does not wait for it returns first.
@@ -260,7 +260,7 @@ func TestScrubFindsWhatStampsCannotSee(t *testing.T) {
 		t.Fatal("the forged stamp was not taken at its word: this test no longer shows what the scrub is for")
 	}
 	var class, nice int
-	scrubHook = func(err error) {
+	set(t, &c.hooks.scrub, func(err error) {
 		if err != nil {
 			t.Errorf("lowering the scrub's priorities: %v", err)
 		}
@@ -269,8 +269,7 @@ func TestScrubFindsWhatStampsCannotSee(t *testing.T) {
 		class = int(v) >> 13
 		p, _ := unix.Getpriority(unix.PRIO_PROCESS, 0)
 		nice = 20 - p
-	}
-	t.Cleanup(func() { scrubHook = nil })
+	})
 	var total int64
 	c.blobs.Walk(func(_ digest.Digest, n int64) error { total += n; return nil })
 	r, err := c.scrub(context.Background())

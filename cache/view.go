@@ -123,9 +123,7 @@ func (c *Cache) Acquire(owner string, manifest digest.Digest, sel Selector) (str
 			return "", err
 		}
 	}
-	if acquireHook != nil {
-		acquireHook("checked")
-	}
+	run(&c.hooks.acquire, func(f func(string)) { f("checked") })
 	var md digest.Digest
 	var prev []byte
 	// Resolve and record the reference in one step under mu, so GC cannot evict the manifest in between. Only
@@ -172,9 +170,7 @@ func (c *Cache) Acquire(owner string, manifest digest.Digest, sel Selector) (str
 	if err != nil {
 		return "", err
 	}
-	if acquireHook != nil {
-		acquireHook("recorded")
-	}
+	run(&c.hooks.acquire, func(f func(string)) { f("recorded") })
 	dir, err := c.ensureView(md, sel)
 	if err != nil {
 		// Put the owner's previous reference back (or drop the new one).
