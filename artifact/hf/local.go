@@ -316,12 +316,12 @@ func (s *Snapshot) Rules(user []pack.Rule) ([]pack.Rule, error) {
 
 func matchedBy(rules []pack.Rule, p string) bool {
 	for _, r := range rules {
-		if ok, _ := path.Match(r.Pattern, p); ok {
+		if r.Matches(p) {
 			return true
 		}
 		// A rule naming a directory packs it whole: its files are that rule's too.
 		for d := path.Dir(p); d != "."; d = path.Dir(d) {
-			if ok, _ := path.Match(r.Pattern, d); ok {
+			if r.Matches(d) {
 				return true
 			}
 		}

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/modelpack/modelpack/artifact/pack"
 )
 
 // TestLocalSnapshotRefusesLinksOutOfTheCache: a snapshot file is a link into its repository's blobs/, named by
@@ -60,6 +62,27 @@ func TestLocalSnapshotRefusesLinksOutOfTheCache(t *testing.T) {
 		_, err := LocalSnapshot(cache, ref, Options{TempDir: t.TempDir()})
 		if err == nil || !strings.Contains(err.Error(), "config.json links to "+target) || !strings.Contains(err.Error(), "not a blob of the local Hub cache") {
 			t.Errorf("%s: a link to %s gave %v", name, target, err)
+		}
+	}
+}
+
+// TestDatasetRulesYieldToTheUsersInTheirSyntax: a user's --kind rule is in --include's syntax (a name without "/"
+// matches at any depth), so a dataset file it names is the user's, however deep it lies, and a Modelfile rule's
+// path.Match names only the whole path.
+func TestDatasetRulesYieldToTheUsersInTheirSyntax(t *testing.T) {
+	for _, c := range []struct {
+		rule pack.Rule
+		path string
+		want bool
+	}{
+		{pack.Rule{Pattern: "*.csv", Glob: true}, "data/train.csv", true},
+		{pack.Rule{Pattern: "data", Glob: true}, "data/train.csv", true},
+		{pack.Rule{Pattern: "*.csv"}, "data/train.csv", false},
+		{pack.Rule{Pattern: "data/*.csv"}, "data/train.csv", true},
+		{pack.Rule{Pattern: "*.json", Glob: true}, "data/train.csv", false},
+	} {
+		if got := matchedBy([]pack.Rule{c.rule}, c.path); got != c.want {
+			t.Errorf("rule %+v on %s: %v, want %v", c.rule, c.path, got, c.want)
 		}
 	}
 }

@@ -23,8 +23,8 @@ type Rule struct {
 	Glob bool
 }
 
-// matches reports whether the rule names the model-relative path rel itself.
-func (r *Rule) matches(rel string) bool {
+// Matches reports whether the rule names the model-relative path rel itself, in the rule's own syntax.
+func (r *Rule) Matches(rel string) bool {
 	if r.Glob {
 		return artifact.MatchGlob(r.Pattern, rel)
 	}

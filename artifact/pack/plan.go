@@ -212,7 +212,7 @@ func (s *ruleSet) match(rel string) (*Rule, error) {
 		var hit *Rule
 		for i := range rules {
 			r := &rules[i]
-			if !r.matches(rel) {
+			if !r.Matches(rel) {
 				continue
 			}
 			s.used[r] = true

@@ -141,7 +141,7 @@ func FuzzParseRule(f *testing.F) {
 		if !slices.Contains(artifact.Kinds, r.Kind) || artifact.ValidateGlob(r.Pattern) != nil {
 			t.Fatalf("ParseRule(%q) = %+v", s, r)
 		}
-		r.matches("a/b") // must not panic
+		r.Matches("a/b") // must not panic
 	})
 }
 
