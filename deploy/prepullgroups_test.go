@@ -117,6 +117,7 @@ func TestHelmPrepullGroups(t *testing.T) {
 	}{
 		{[]string{"prepull.groups[0].name=gpu", "prepull.groups[0].models={r/m:1}"}, "nodeSelector"},
 		{[]string{"prepull.groups[0].name=gpu", "prepull.groups[0].nodeSelector.a=b"}, "models"},
+		{[]string{"prepull.groups[0].name=gpu", "prepull.groups[0].nodeSelector.a=b", "prepull.groups[0].models[0]=has space"}, "models"},
 		{[]string{"prepull.groups[0].name=GPU", "prepull.groups[0].nodeSelector.a=b", "prepull.groups[0].models={r/m:1}"}, "name"},
 		{[]string{"prepull.groups[0].name=gpu", "prepull.groups[0].nodeSelector.a=b", "prepull.groups[0].models={r/m:1}",
 			"prepull.groups[1].name=gpu", "prepull.groups[1].nodeSelector.a=c", "prepull.groups[1].models={r/m:2}"}, `name "gpu" appears twice`},

@@ -12,9 +12,12 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/modelpack/modelpack/e2e/cluster/harness"
+	"github.com/modelpack/modelpack/internal/testenv"
 	"github.com/modelpack/modelpack/prepull"
 	"sigs.k8s.io/yaml"
 )
@@ -186,4 +189,143 @@ func holds(t *testing.T, c *harness.Cluster, node, manifestDigest string) {
 	case !slices.ContainsFunc(entries[i].Owners, func(o string) bool { return strings.HasPrefix(o, "pin:") }):
 		t.Errorf("node %s: the cache's %s is not pinned: owners %v", node, manifestDigest, entries[i].Owners)
 	}
+}
+
+// TestPrepullGroupOnSelectedNodes: the Helm chart's prepull.groups (one DaemonSet + ConfigMap per group, on the
+// nodes its nodeSelector picks) rendered with `helm template` and applied beside the kustomize install: one node
+// labelled for the group prepulls the group's model, under the group's own list on its driver, and the other
+// nodes neither run the group's pod nor hold the model. Retiring the group (models: []) unpins it.
+func TestPrepullGroupOnSelectedNodes(t *testing.T) {
+	c := harness.Connect(t)
+	src := model(t, 6, 1, 1<<20)
+	ref, _ := c.PushModel(t, src, "e2e/fleet-prepull-group:v1")
+	_, manifestDigest, _ := strings.Cut(ref, "@")
+	const group, label = "e2e", "e2e.modelpack.dev/prepull-group"
+	const groupPort = 29811 // beside the default prepull pod's 29809 on the node's loopback
+	chosen := c.Nodes[1]
+	c.Kubectl(t, "label", "node", chosen, label+"=yes")
+	t.Cleanup(func() { c.Kubectl(t, "label", "node", chosen, label+"-") })
+
+	render := func(models string) string {
+		t.Helper()
+		// The image the kustomize install runs, REPOSITORY:TAG (the registry's port holds a colon too).
+		running := c.Kubectl(t, "-n", harness.Namespace, "get", "ds", "modelpack-prepull", "-o", "jsonpath={.spec.template.spec.containers[0].image}")
+		i := strings.LastIndex(running, ":")
+		image, tag := running[:i], running[i+1:]
+		out, err := exec.Command(testenv.Tool(t, "helm"), "template", "modelpack", filepath.Join(testenv.RepoRoot(), "deploy", "helm", "modelpack"),
+			"--namespace", harness.Namespace, "--set", "image.repository="+image, "--set-string", "image.tag="+tag,
+			"--set", "prepull.groups[0].name="+group, "--set-string", "prepull.groups[0].nodeSelector."+strings.ReplaceAll(label, ".", `\.`)+"=yes",
+			"--set-json", "prepull.groups[0].models="+models,
+			"--show-only", "templates/prepull.yaml", "--show-only", "templates/configmaps.yaml").Output()
+		if err != nil {
+			t.Fatalf("helm template: %v", err)
+		}
+		// Only the group's objects: the rest of the install is the kustomize overlay's.
+		var keep []string
+		for _, doc := range strings.Split(string(out), "\n---\n") {
+			var o struct {
+				Kind     string
+				Metadata struct{ Name string }
+			}
+			if err := yaml.Unmarshal([]byte(doc), &o); err != nil || o.Metadata.Name != "modelpack-prepull-"+group {
+				continue
+			}
+			if o.Kind == "DaemonSet" {
+				doc = hostNetworkPrepull(t, doc, groupPort)
+			}
+			keep = append(keep, doc)
+		}
+		if len(keep) != 2 {
+			t.Fatalf("helm template rendered %d objects named modelpack-prepull-%s, want a DaemonSet and a ConfigMap:\n%s", len(keep), group, out)
+		}
+		return strings.Join(keep, "\n---\n")
+	}
+	c.Apply(t, render(`["`+ref+`"]`))
+	c.Kubectl(t, "-n", harness.Namespace, "rollout", "status", "ds/modelpack-prepull-"+group, "--timeout=3m")
+
+	sel := "modelpack.dev/prepull-group=" + group
+	var pods corev1.PodList
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		if err := yaml.Unmarshal([]byte(c.Kubectl(t, "-n", harness.Namespace, "get", "pods", "-l", sel, "-o", "json")), &pods); err != nil {
+			t.Fatal(err)
+		}
+		if len(pods.Items) == 1 && ready(&pods.Items[0]) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the group's pods are not one Ready pod after 3m:\n%s", c.Kubectl(t, "-n", harness.Namespace, "get", "pods", "-l", sel, "-o", "wide"))
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if n := pods.Items[0].Spec.NodeName; n != chosen {
+		t.Fatalf("the group's pod runs on %s, want only the labelled node %s", n, chosen)
+	}
+	holds(t, c, chosen, manifestDigest)
+	entries := func(node, list string) []prepull.Entry {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		s, err := prepull.NewClient(filepath.Join(c.Dir, "nodes", node, "kubelet", "plugins", "modelpack.csi.dev", "prepull.sock")).Entries(ctx, list, 0)
+		if err != nil {
+			t.Fatalf("node %s: prepull entries: %v", node, err)
+		}
+		return s.Entries
+	}
+	if es := entries(chosen, "group-"+group); len(es) != 1 || es[0].Ref != ref || es[0].State != prepull.StateReady {
+		t.Errorf("node %s: list group-%s holds %+v, want %s ready", chosen, group, es, ref)
+	}
+	if es := entries(chosen, "configmap"); slices.ContainsFunc(es, func(e prepull.Entry) bool { return e.Ref == ref }) {
+		t.Errorf("node %s: the default list holds the group's model: %+v", chosen, es)
+	}
+	for _, n := range c.Nodes {
+		if n == chosen {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		cache, err := prepull.NewClient(filepath.Join(c.Dir, "nodes", n, "kubelet", "plugins", "modelpack.csi.dev", "prepull.sock")).Cache(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("node %s: prepull cache: %v", n, err)
+		}
+		if slices.ContainsFunc(cache, func(e prepull.CacheEntry) bool { return e.Digest.String() == manifestDigest }) {
+			t.Errorf("node %s is not in the group, yet its cache holds the group's model %s", n, manifestDigest)
+		}
+	}
+
+	// Retire the group: models [] first (its pod unpins them), then the DaemonSet goes (Apply's cleanup).
+	if _, err := c.RunInput(render("[]"), "apply", "-f", "-"); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(2 * time.Minute)
+	for len(entries(chosen, "group-"+group)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("node %s still lists the group's models 2m after the group was emptied: %+v", chosen, entries(chosen, "group-"+group))
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// hostNetworkPrepull makes what the fleet overlay (deploy/overlays/local-cluster) makes of the default prepull
+// DaemonSet: the test cluster's kubelets cannot reach pod addresses, so the pod uses the node's network, its
+// endpoints on the node's loopback at port.
+func hostNetworkPrepull(t *testing.T, doc string, port int32) string {
+	t.Helper()
+	var ds appsv1.DaemonSet
+	if err := yaml.Unmarshal([]byte(doc), &ds); err != nil {
+		t.Fatal(err)
+	}
+	ps := &ds.Spec.Template.Spec
+	ps.HostNetwork = true
+	c := &ps.Containers[0]
+	c.Args = append(c.Args, fmt.Sprintf("--metrics-addr=127.0.0.1:%d", port))
+	c.Ports = []corev1.ContainerPort{{Name: "metrics", ContainerPort: port}}
+	for _, p := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe} {
+		p.HTTPGet.Host, p.HTTPGet.Port = "127.0.0.1", intstr.FromInt32(port)
+	}
+	b, err := yaml.Marshal(&ds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
