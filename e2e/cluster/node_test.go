@@ -75,9 +75,9 @@ func enforceSignatures(t *testing.T, c *harness.Cluster, rule, match string) (si
 		}
 	}
 	run("generate-key-pair", "--output-key-prefix", "e2e")
-	oldPolicy := c.Kubectl(t, "-n", harness.Namespace, "get", "configmap", "modelpack-policy", "-o", "jsonpath={.data.policy\\.yaml}")
+	oldPolicy := c.Policy(t)
 	c.Kubectl(t, "-n", harness.Namespace, "create", "secret", "generic", "modelpack-keys", "--from-file=cosign.pub="+filepath.Join(keys, "e2e.pub"))
-	setPolicy(t, c, fmt.Sprintf(`default:
+	c.SetPolicy(t, fmt.Sprintf(`default:
   mode: enforce
   none: true
 rules:
@@ -88,7 +88,7 @@ rules:
   transparencyLog: waive
 `, rule, match))
 	t.Cleanup(func() {
-		setPolicy(t, c, oldPolicy)
+		c.SetPolicy(t, oldPolicy)
 		c.Run("-n", harness.Namespace, "delete", "secret", "modelpack-keys", "--ignore-not-found")
 	})
 	// The Secret was created after the plugin started: restart the plugin so its volume carries the key, as an
@@ -97,16 +97,6 @@ rules:
 	return func(ref string) {
 		t.Helper()
 		run("sign", "--key", filepath.Join(keys, "e2e.key"), "--tlog-upload=false", "--allow-http-registry", "--yes", ref)
-	}
-}
-
-// setPolicy writes the node trust policy into the driver's ConfigMap.
-func setPolicy(t *testing.T, c *harness.Cluster, policy string) {
-	t.Helper()
-	cm := fmt.Sprintf("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: modelpack-policy, namespace: %s}\ndata:\n  policy.yaml: |\n%s",
-		harness.Namespace, indent(policy, "    "))
-	if _, err := c.RunInput(cm, "apply", "-f", "-"); err != nil {
-		t.Fatal(err)
 	}
 }
 

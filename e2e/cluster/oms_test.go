@@ -42,9 +42,9 @@ func TestOMSPolicy(t *testing.T) {
 	badRef, badLayers := c.PushModel(t, bad, "e2e/oms/bad:v1")
 
 	const rule = "e2e-oms-models"
-	oldPolicy := c.Kubectl(t, "-n", harness.Namespace, "get", "configmap", "modelpack-policy", "-o", "jsonpath={.data.policy\\.yaml}")
+	oldPolicy := c.Policy(t)
 	c.Kubectl(t, "-n", harness.Namespace, "create", "secret", "generic", "modelpack-keys", "--from-file=oms-ca.pem="+filepath.Join(vectors, "keys/ca-cert.pem"))
-	setPolicy(t, c, fmt.Sprintf(`default:
+	c.SetPolicy(t, fmt.Sprintf(`default:
   mode: enforce
   none: true
 rules:
@@ -55,7 +55,7 @@ rules:
     certificateChains: [/etc/modelpack/keys/oms-ca.pem]
 `, rule, c.Registry))
 	t.Cleanup(func() {
-		setPolicy(t, c, oldPolicy)
+		c.SetPolicy(t, oldPolicy)
 		c.Run("-n", harness.Namespace, "delete", "secret", "modelpack-keys", "--ignore-not-found")
 	})
 	restartDriver(t, c)

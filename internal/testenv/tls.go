@@ -17,7 +17,10 @@ import (
 
 // WriteCA generates a CA and a server certificate for 127.0.0.1 signed by it, and returns the paths, for
 // StartRegistry's CertFile and KeyFile and a client's --ca-file.
-func WriteCA(t testing.TB) (caFile, certFile, keyFile string) {
+func WriteCA(t testing.TB) (caFile, certFile, keyFile string) { return WriteCAFor(t, "127.0.0.1") }
+
+// WriteCAFor is WriteCA with a server certificate for these IP addresses (a registry on a bridge, not loopback).
+func WriteCAFor(t testing.TB, ips ...string) (caFile, certFile, keyFile string) {
 	dir := t.TempDir()
 	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	caTmpl := &x509.Certificate{
@@ -30,11 +33,15 @@ func WriteCA(t testing.TB) (caFile, certFile, keyFile string) {
 		t.Fatal(err)
 	}
 	ca, _ := x509.ParseCertificate(caDER)
+	var addrs []net.IP
+	for _, ip := range ips {
+		addrs = append(addrs, net.ParseIP(ip))
+	}
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: ips[0]},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
+		IPAddresses: addrs, DNSNames: []string{"localhost"},
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)

@@ -75,7 +75,13 @@ type BlobServe struct {
 // BlobsServed is BlobGETs with the bytes sent and the clients, by digest.
 func (c *Cluster) BlobsServed(t testing.TB, since LogMark) map[string]*BlobServe {
 	t.Helper()
-	f, err := os.Open(c.registryLog())
+	return BlobsServedIn(t, c.registryLog(), since)
+}
+
+// BlobsServedIn is BlobsServed for any registry's access log (a registry a test starts itself).
+func BlobsServedIn(t testing.TB, path string, since LogMark) map[string]*BlobServe {
+	t.Helper()
+	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}

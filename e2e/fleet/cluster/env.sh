@@ -12,6 +12,8 @@ BRIDGE=mpfleet0
 # Pods of node i (bridge CNI inside the node's namespace): 10.219.i.0/24.
 POD_NET=10.219
 ETCD_PORT=23379 ETCD_PEER_PORT=23380 APISERVER_PORT=27443 REGISTRY_PORT=25100
+# A private registry (htpasswd, TLS from a test CA) that TestKrakenPrivateModel starts itself on the bridge.
+AUTH_REGISTRY_PORT=25101
 KCM_PORT=21257 SCHEDULER_PORT=21259 KUBELET_PORT=10250 KUBELET_HEALTHZ_PORT=10248
 REGISTRY=$HOST_IP:$REGISTRY_PORT
 # The per-node directories a node's mount namespace binds over these host paths (name=path).
