@@ -66,13 +66,7 @@ func TestTenants(t *testing.T) {
 	event := waitEvent(t, c, "tenant-b", "b-nosecret", "FailedMount",
 		regexp.MustCompile(`is on this node, but it is shared only with callers its registry serves it to.*(unauthorized|authentication required)`))
 	t.Logf("tenant B without a secret, refused as expected: %s", event)
-	p := c.Pod(t, "tenant-b", "b-nosecret")
-	// kubelet may report the FailedMount event before it first writes the container's status: none yet, or
-	// waiting in ContainerCreating; never running.
-	waiting := len(p.Status.ContainerStatuses) == 0 ||
-		(len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].State.Waiting != nil &&
-			p.Status.ContainerStatuses[0].State.Waiting.Reason == "ContainerCreating")
-	if p.Status.Phase != corev1.PodPending || !waiting {
+	if p := c.Pod(t, "tenant-b", "b-nosecret"); !harness.NotStarted(p) {
 		t.Errorf("tenant B's pod without a secret: want Pending in ContainerCreating, got %s %+v", p.Status.Phase, p.Status.ContainerStatuses)
 	}
 	c.Kubectl(t, "-n", "tenant-b", "create", "secret", "docker-registry", "pull", "--docker-server="+authRegistry,

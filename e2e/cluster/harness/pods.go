@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -97,6 +98,15 @@ func (c *Cluster) PodManifest(spec PodSpec) string {
 		panic(err)
 	}
 	return string(b)
+}
+
+// NotStarted reports whether a pod whose volume cannot be mounted is as kubelet leaves it: Pending, with no
+// container status yet (kubelet may post the FailedMount event before it first writes one) or its one container
+// waiting in ContainerCreating; never running.
+func NotStarted(p *corev1.Pod) bool {
+	cs := p.Status.ContainerStatuses
+	return p.Status.Phase == corev1.PodPending && (len(cs) == 0 ||
+		(len(cs) == 1 && cs[0].State.Waiting != nil && cs[0].State.Waiting.Reason == "ContainerCreating"))
 }
 
 // HostMounts lists the host's mount points under prefix with their options.
