@@ -86,7 +86,7 @@ func BenchmarkFleet(b *testing.B) {
 					took := time.Since(start)
 					cpu := nodesCPU(ns, setup == "kraken") - cpu0
 					rows = append(rows, fleetRow{link: link, n: n, setup: setup, took: took,
-						copies: copies(o.bytes("", weights...)-before, size),
+						copies:    copies(o.bytes("", weights...)-before, size),
 						cpuPerGiB: cpu / float64(n) / (float64(size) / (1 << 30))})
 				})
 			}
