@@ -202,4 +202,3 @@ func (w *Writer) Close() error {
 func blobPath(d digest.Digest) string {
 	return "blobs/" + d.Algorithm().String() + "/" + d.Encoded()
 }
-
