@@ -103,13 +103,9 @@ func Pull(ctx context.Context, src *Repository, dst oras.Target, dstRef string, 
 // Copy copies an artifact from one registry to another (or within one). Within one registry the blobs are mounted
 // across repositories instead of transferred. The destination tag defaults to the source's.
 func Copy(ctx context.Context, src, dst *Repository, opts TransferOptions) (*Result, error) {
-	srcRef := src.Reference.Reference
-	if srcRef == "" {
-		return nil, fmt.Errorf("copy %s: the source needs a tag or digest", src)
-	}
-	dstRef := dst.Reference.Reference
-	if dstRef == "" {
-		dstRef = srcRef
+	srcRef, dstRef, err := copyRefs(src, dst)
+	if err != nil {
+		return nil, err
 	}
 	res, err := copyGraph(ctx, src, srcRef, dst, dstRef, dst, opts)
 	if err != nil {
@@ -122,6 +118,20 @@ func Copy(ctx context.Context, src, dst *Repository, opts TransferOptions) (*Res
 }
 
 // withOp names the operation in err, and the registry when a lower layer did not.
+// copyRefs are the references a copy from src to dst reads and writes: the source's tag or digest, and the
+// destination's, which defaults to the source's.
+func copyRefs(src, dst *Repository) (srcRef, dstRef string, err error) {
+	srcRef = src.Reference.Reference
+	if srcRef == "" {
+		return "", "", fmt.Errorf("copy %s: the source needs a tag or digest", src)
+	}
+	dstRef = dst.Reference.Reference
+	if dstRef == "" {
+		dstRef = srcRef
+	}
+	return srcRef, dstRef, nil
+}
+
 func withOp(op string, repo *Repository, err error) error {
 	var e *Error
 	if errors.As(err, &e) {

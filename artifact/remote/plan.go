@@ -61,13 +61,9 @@ func PlanPush(ctx context.Context, src oras.ReadOnlyTarget, srcRef string, dst *
 
 // PlanCopy is Copy's plan.
 func PlanCopy(ctx context.Context, src, dst *Repository, opts TransferOptions) (*Plan, error) {
-	srcRef := src.Reference.Reference
-	if srcRef == "" {
-		return nil, fmt.Errorf("copy %s: the source needs a tag or digest", src)
-	}
-	dstRef := dst.Reference.Reference
-	if dstRef == "" {
-		dstRef = srcRef
+	srcRef, dstRef, err := copyRefs(src, dst)
+	if err != nil {
+		return nil, err
 	}
 	mountFrom := ""
 	if src.Reference.Registry == dst.Reference.Registry && src.Reference.Repository != dst.Reference.Repository {

@@ -179,11 +179,7 @@ func procCPU(match func(pid, pgid int) bool) float64 {
 	var ticks int64
 	for _, st := range stats {
 		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(st)))
-		b, err := os.ReadFile(st)
-		if err != nil {
-			continue
-		}
-		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		f := kraken.ProcStat(st)
 		if len(f) < 13 {
 			continue
 		}

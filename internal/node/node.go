@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -167,18 +168,11 @@ func servePrepull(ctx context.Context, serving <-chan struct{}, be prepull.Backe
 	}
 	socket := o.Prepull.Socket
 	if socket == "" {
-		socket = filepath.Join(filepath.Dir(trimUnix(o.Driver.Endpoint)), "prepull.sock")
+		socket = filepath.Join(filepath.Dir(strings.TrimPrefix(o.Driver.Endpoint, "unix://")), "prepull.sock")
 	}
 	if err := prepull.Serve(ctx, socket, be, prepull.Options{Concurrency: o.Prepull.Concurrency, Logger: log}); err != nil {
 		log.Error("prepull API stopped", "error", err.Error())
 	}
-}
-
-func trimUnix(endpoint string) string {
-	if len(endpoint) > len("unix://") && endpoint[:len("unix://")] == "unix://" {
-		return endpoint[len("unix://"):]
-	}
-	return endpoint
 }
 
 // collect keeps the cache under its size limit and its file system under the high watermark; volumes in use are

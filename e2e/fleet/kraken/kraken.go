@@ -199,12 +199,12 @@ func removeStalePid() {
 
 // alive reports whether process pid exists and is no zombie.
 func alive(pid int) bool {
-	f := procStat(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	f := ProcStat(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
 	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
 }
 
-// procStat returns the fields of a /proc/PID/stat file after the command name (state, ppid, pgrp, …), or nil.
-func procStat(path string) []string {
+// ProcStat returns the fields of a /proc/PID/stat file after the command name (state, ppid, pgrp, …), or nil.
+func ProcStat(path string) []string {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil
@@ -217,7 +217,7 @@ func procStat(path string) []string {
 func groupAlive(pgid int) bool {
 	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
 	for _, st := range stats {
-		if f := procStat(st); len(f) > 2 && f[2] == strconv.Itoa(pgid) && f[0] != "Z" && f[0] != "X" {
+		if f := ProcStat(st); len(f) > 2 && f[2] == strconv.Itoa(pgid) && f[0] != "Z" && f[0] != "X" {
 			return true
 		}
 	}
