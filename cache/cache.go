@@ -25,6 +25,7 @@ import (
 	"github.com/modelpack/modelpack/artifact/archive"
 	"github.com/modelpack/modelpack/cas"
 	"github.com/modelpack/modelpack/internal/errdef"
+	"github.com/modelpack/modelpack/internal/schema"
 )
 
 // Errors callers can test with errors.Is.
@@ -201,7 +202,7 @@ func Open(opts Options) (*Cache, error) {
 	}
 	blobs.SetFlushDelay(opts.FlushDelay)
 	// The freelist is rebuilt at open rather than written on every commit: smaller, faster commits (as etcd does).
-	db, err := bolt.Open(filepath.Join(root, "meta.db"), 0o600, &bolt.Options{Timeout: opts.LockTimeout, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
+	db, err := schema.Open(filepath.Join(root, "meta.db"), metaSchema, &bolt.Options{Timeout: opts.LockTimeout, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
 	if err != nil {
 		if errors.Is(err, bolt.ErrTimeout) {
 			return nil, fmt.Errorf("cache %s is held by another process (timed out after %s)", root, opts.LockTimeout)
@@ -302,11 +303,6 @@ func (c *Cache) recover() error {
 	var dropped map[digest.Digest]bool
 	var droppedViews, unflushed []digest.Digest
 	if err := c.db.Update(func(tx *bolt.Tx) error {
-		for _, b := range buckets {
-			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-				return err
-			}
-		}
 		var err error
 		if dropped, unflushed, err = c.recoverLayers(tx); err != nil {
 			return err

@@ -11,6 +11,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/modelpack/modelpack/artifact"
+	"github.com/modelpack/modelpack/internal/schema"
 )
 
 // Metadata lives in bbolt buckets of JSON records, written in transactions so a crash leaves either the old or the
@@ -31,8 +32,13 @@ var (
 	bucketLayerStamps = []byte("layerStamps") // layer digest -> {path: cas.Stamp}
 	// bucketScans holds each blob's scan report (package scan), with the scanner's version that made it.
 	bucketScans = []byte("scans") // blob digest -> scanRecord
-	buckets     = [][]byte{bucketManifests, bucketIndexes, bucketRefs, bucketLayers, bucketState, bucketDurableLayers, bucketLayerStamps, bucketScans}
 )
+
+// metaSchema is meta.db's layout history. Version 1 is the buckets above as releases before versioning wrote them
+// (creating those an older one lacked); a change of layout is a new migration appended here.
+var metaSchema = schema.Schema{Migrations: []schema.Migration{
+	schema.CreateBuckets(bucketManifests, bucketIndexes, bucketRefs, bucketLayers, bucketState, bucketDurableLayers, bucketLayerStamps, bucketScans),
+}}
 
 type manifestRecord struct {
 	Descriptor ocispec.Descriptor `json:"descriptor"` // the manifest itself (media type, digest, size, platform)
