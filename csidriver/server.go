@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -55,7 +54,7 @@ type Options struct {
 	NodeID string
 	// Endpoint is where the CSI services listen: unix:///path/to/csi.sock (or a plain path).
 	Endpoint string
-	// StateDir holds the persisted state (state.json, and the volume records in volumes.json).
+	// StateDir holds the persisted state (package state: state.db, and this boot's volume records under volumes/).
 	StateDir string
 	// OwnDirs are the other directories the driver keeps content in (the cache root): no target may lie in or
 	// over them or StateDir, and a mount left on a target the state does not know is taken off only when it is
@@ -142,7 +141,7 @@ func New(opts Options) (*Driver, error) {
 		opts.GCInterval = 5 * time.Minute
 	}
 	log := opts.Logger.With("driver", opts.DriverName, "node", opts.NodeID)
-	st, err := state.Open(filepath.Join(opts.StateDir, "state.json"))
+	st, err := state.Open(opts.StateDir)
 	var corrupt *state.CorruptError
 	if errors.As(err, &corrupt) {
 		log.Error("persisted state was unreadable and was set aside; unknown mounts are cleaned when unpublished", "error", err.Error())
@@ -152,8 +151,9 @@ func New(opts Options) (*Driver, error) {
 	if opts.AccessPolicy.Mode == "" {
 		opts.AccessPolicy.Mode = access.DefaultMode
 	}
-	acc, dropped, err := access.Open(opts.StateDir)
+	acc, dropped, err := access.Open(opts.StateDir, st)
 	if err != nil {
+		st.Close()
 		return nil, fmt.Errorf("csidriver: open access records: %w", err)
 	}
 	for _, k := range dropped {
@@ -191,6 +191,16 @@ func (d *Driver) Run(ctx context.Context) error {
 			Done: d.readaheadDone, Gate: d.readaheadGate})
 	}
 	close(d.running)
+	// Whatever ends Run, the state is closed last, once nothing uses it.
+	var gc sync.WaitGroup
+	defer func() {
+		cancel()
+		d.Wait()
+		gc.Wait()
+		if err := d.state.Close(); err != nil {
+			d.log.Error("close state", "error", err.Error())
+		}
+	}()
 	d.recover(ctx)
 
 	lis, err := listen(d.opts.Endpoint, d.log)
@@ -221,7 +231,8 @@ func (d *Driver) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	go d.gcLoop(ctx)
+	gc.Add(1)
+	go func() { defer gc.Done(); d.gcLoop(ctx) }()
 	d.log.Info("csi driver serving", "endpoint", d.opts.Endpoint, "metrics", d.opts.MetricsAddr, "state", d.state.Path())
 
 	var runErr error

@@ -3,8 +3,8 @@
 // nothing about who may read it; what does is a record that the registry served that digest, under that
 // registry host and repository, to that credential.
 //
-// A Store keeps those records, persisted next to the driver's state and crash-safe (an intent before a pull,
-// the record after it), with credentials reduced to a keyed hash. A Policy applies kubelet's
+// A Store keeps those records, persisted in the driver's state (package state) and crash-safe (an intent before a
+// pull, the record after it), with credentials reduced to a keyed hash. A Policy applies kubelet's
 // imagePullCredentialsVerificationPolicy to them.
 package access
 
@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -112,40 +113,37 @@ type Record struct {
 // which costs their owner one manifest request at its next publish.
 const maxRecordsPerKey = 64
 
-// fileVersion is the records' format; records of another version grant nothing.
-const fileVersion = 2
-
-// file is the persisted document.
-type file struct {
-	Version int                 `json:"version"`
-	Records map[string][]Record `json:"records"`
-	// Intents are pulls started for a credential and not yet recorded: after a crash they grant nothing.
-	Intents map[string][]Record `json:"intents,omitempty"`
+// Persistence is where a Store keeps its records: each key's list of records and of intents, as the Store encodes
+// them (package state's Store).
+type Persistence interface {
+	// Access returns every list, by key.
+	Access() (records, intents map[string][]byte, err error)
+	// SetAccess commits the lists given durably, in one transaction; nil deletes a key's list.
+	SetAccess(records, intents map[string][]byte) error
 }
 
-// Store is the records of one node, in memory for O(1) lookups and in a JSON document written atomically (a
-// temporary file, fsync, rename, fsync of the directory) on every change; changes happen only when the
-// registry was asked, so their cost hides behind that request.
+// Store is the records of one node, in memory for O(1) lookups and persisted on every change, one small
+// transaction for the keys it changed; changes happen only when the registry was asked, so their cost hides behind
+// that request. A lookup never waits for a change being persisted.
 type Store struct {
-	path    string
+	db      Persistence
 	hmacKey []byte
 
+	// wmu serialises changes; mu guards the maps, which a change replaces once persisted.
+	wmu     sync.Mutex
 	mu      sync.RWMutex
 	records map[Key][]Record
 	intents map[Key][]Record
 }
 
-const (
-	recordsFile = "access.json"
-	// keyFile holds the node's secret key for credential hashes, apart from the records: the records alone
-	// allow no offline guessing of a credential.
-	keyFile = "access.key"
-)
+// keyFile holds the node's secret key for credential hashes, apart from the records: the records alone allow no
+// offline guessing of a credential.
+const keyFile = "access.key"
 
-// Open loads the records in dir, creating the key on first use. Intents left by a crash are dropped: the pull
-// they announced recorded nothing, so its caller checks with the registry at its next publish. A records file
-// that does not parse is set aside (every caller re-checks once), as a lost state would be.
-func Open(dir string) (*Store, []Key, error) {
+// Open loads the records kept in db, with the key in dir (created on first use). Intents left by a crash are
+// dropped: the pull they announced recorded nothing, so its caller checks with the registry at its next publish.
+// Records that do not parse are dropped too (their callers check once more), as a lost state would be.
+func Open(dir string, db Persistence) (*Store, []Key, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, nil, err
 	}
@@ -153,47 +151,35 @@ func Open(dir string) (*Store, []Key, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	s := &Store{path: filepath.Join(dir, recordsFile), hmacKey: key, records: map[Key][]Record{}, intents: map[Key][]Record{}}
-	// Not following links, and only a regular file of the driver's user nobody else may write: forged records
-	// (a link to a file elsewhere) are set aside as corrupt ones are, not believed.
-	b, err := diskio.ReadPrivate(s.path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return s, nil, nil
-	}
-	if err != nil && !errors.Is(err, diskio.ErrNotOurs) {
-		return nil, nil, err
-	}
-	var f file
-	if err == nil {
-		err = json.Unmarshal(b, &f)
-	}
+	records, intents, err := db.Access()
 	if err != nil {
-		if rerr := os.Rename(s.path, s.path+".corrupt"); rerr != nil {
-			return nil, nil, fmt.Errorf("access records %s are corrupt (%v) and cannot be moved aside: %w", s.path, err, rerr)
+		return nil, nil, fmt.Errorf("access records: %w", err)
+	}
+	s := &Store{db: db, hmacKey: key, records: map[Key][]Record{}, intents: map[Key][]Record{}}
+	bad := map[string][]byte{}
+	for k, b := range records {
+		key, kerr := parseKey(k)
+		var recs []Record
+		if kerr == nil {
+			kerr = json.Unmarshal(b, &recs)
 		}
-		return s, nil, nil
-	}
-	if f.Version != fileVersion {
-		// Records of version 1 were granted on a manifest request alone, before blobs had to be served too:
-		// none is kept, so each caller is checked once more.
-		f.Records = nil
-	}
-	for k, recs := range f.Records {
-		key, err := parseKey(k)
-		if err != nil {
+		if kerr != nil {
+			bad[k] = nil
 			continue
 		}
 		s.records[key] = recs
 	}
 	var dropped []Key
-	for k := range f.Intents {
+	stale := map[string][]byte{}
+	for k := range intents {
+		stale[k] = nil
 		if key, err := parseKey(k); err == nil {
 			dropped = append(dropped, key)
 		}
 	}
-	if len(dropped) > 0 {
-		if err := s.persist(); err != nil {
-			return nil, nil, err
+	if len(stale) > 0 || len(bad) > 0 {
+		if err := db.SetAccess(bad, stale); err != nil {
+			return nil, nil, fmt.Errorf("access records: %w", err)
 		}
 	}
 	return s, dropped, nil
@@ -249,28 +235,36 @@ func (s *Store) Has(k Key, id Identity) bool {
 
 // Intend records, durably, that a pull of k for id starts.
 func (s *Store) Intend(k Key, id Identity) error {
-	return s.change(func() bool {
-		if slices.ContainsFunc(s.intents[k], func(r Record) bool { return r.same(id) }) {
-			return false
+	return s.change(func(records, intents map[Key][]Record) []Key {
+		if slices.ContainsFunc(intents[k], func(r Record) bool { return r.same(id) }) {
+			return nil
 		}
-		s.intents[k] = append(s.intents[k], Record{Identity: id, Via: ViaPull, At: time.Now().UTC()})
-		return true
+		intents[k] = append(slices.Clone(intents[k]), Record{Identity: id, Via: ViaPull, At: time.Now().UTC()})
+		return []Key{k}
 	})
 }
 
 // Abandon drops id's intent on k (its pull failed).
 func (s *Store) Abandon(k Key, id Identity) error {
-	return s.change(func() bool { return dropIdentity(s.intents, k, id) })
+	return s.change(func(_, intents map[Key][]Record) []Key {
+		if !dropIdentity(intents, k, id) {
+			return nil
+		}
+		return []Key{k}
+	})
 }
 
 // Add records, durably, that the registry served k to id, and ends id's intent on k.
 func (s *Store) Add(k Key, id Identity, via Via) error {
-	return s.change(func() bool {
-		changed := dropIdentity(s.intents, k, id)
-		recs := s.records[k]
+	return s.change(func(records, intents map[Key][]Record) []Key {
+		changed := dropIdentity(intents, k, id)
+		recs := records[k]
 		if i := slices.IndexFunc(recs, func(r Record) bool { return r.same(id) }); i >= 0 {
 			if recs[i].Namespace == id.Namespace {
-				return changed
+				if !changed {
+					return nil
+				}
+				return []Key{k}
 			}
 			recs = slices.Delete(slices.Clone(recs), i, i+1)
 		}
@@ -278,23 +272,23 @@ func (s *Store) Add(k Key, id Identity, via Via) error {
 		if len(recs) > maxRecordsPerKey {
 			recs = recs[len(recs)-maxRecordsPerKey:]
 		}
-		s.records[k] = recs
-		return true
+		records[k] = recs
+		return []Key{k}
 	})
 }
 
 // Forget drops the records of every digest keep refuses (content no longer on the node), so they do not grow
 // without bound as models come and go.
 func (s *Store) Forget(keep func(digest.Digest) bool) error {
-	return s.change(func() bool {
-		changed := false
-		for k := range s.records {
+	return s.change(func(records, _ map[Key][]Record) []Key {
+		var gone []Key
+		for k := range records {
 			if !keep(k.Digest) {
-				delete(s.records, k)
-				changed = true
+				delete(records, k)
+				gone = append(gone, k)
 			}
 		}
-		return changed
+		return gone
 	})
 }
 
@@ -312,43 +306,42 @@ func dropIdentity(m map[Key][]Record, k Key, id Identity) bool {
 	return true
 }
 
-// change applies fn under the lock and persists the result if fn changed anything; a failed write restores the
-// records as they were, so memory never holds a grant the disk lacks.
-func (s *Store) change(fn func() bool) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	records, intents := cloneMap(s.records), cloneMap(s.intents)
-	if !fn() {
+// change applies fn to copies of the maps and, if fn changed anything, persists the lists of the keys it returns
+// before the copies replace the maps: memory never holds a grant the disk lacks, and lookups meanwhile read the
+// maps as they were.
+func (s *Store) change(fn func(records, intents map[Key][]Record) (changed []Key)) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	s.mu.RLock()
+	records, intents := maps.Clone(s.records), maps.Clone(s.intents)
+	s.mu.RUnlock()
+	changed := fn(records, intents)
+	if len(changed) == 0 {
 		return nil
 	}
-	if err := s.persist(); err != nil {
-		s.records, s.intents = records, intents
+	recs, ints := map[string][]byte{}, map[string][]byte{}
+	for _, k := range changed {
+		recs[k.String()], ints[k.String()] = encode(records[k]), encode(intents[k])
+	}
+	if err := s.db.SetAccess(recs, ints); err != nil {
 		return fmt.Errorf("access records: %w", err)
 	}
+	s.mu.Lock()
+	s.records, s.intents = records, intents
+	s.mu.Unlock()
 	return nil
 }
 
-func cloneMap(m map[Key][]Record) map[Key][]Record {
-	c := make(map[Key][]Record, len(m))
-	for k, v := range m {
-		c[k] = v
+// encode is a key's list as persisted; nil (deleted) when it is empty.
+func encode(recs []Record) []byte {
+	if len(recs) == 0 {
+		return nil
 	}
-	return c
-}
-
-func (s *Store) persist() error {
-	f := file{Version: fileVersion, Records: map[string][]Record{}, Intents: map[string][]Record{}}
-	for k, v := range s.records {
-		f.Records[k.String()] = v
-	}
-	for k, v := range s.intents {
-		f.Intents[k.String()] = v
-	}
-	b, err := json.MarshalIndent(f, "", " ")
+	b, err := json.Marshal(recs)
 	if err != nil {
-		return err
+		panic(fmt.Sprintf("access: marshal: %v", err))
 	}
-	return diskio.WriteFileAtomic(s.path, b, 0o600)
+	return b
 }
 
 // parseKey reads host/repository@digest.

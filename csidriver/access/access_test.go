@@ -2,14 +2,21 @@ package access
 
 import (
 	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 
 	digest "github.com/opencontainers/go-digest"
 
+	"github.com/modelpack/modelpack/csidriver/state"
 	"github.com/modelpack/modelpack/internal/testenv"
 )
 
@@ -20,13 +27,59 @@ var (
 	bob   = Identity{Kind: Secret, Hash: "bb", Namespace: "team-b"}
 )
 
+// open opens the records of the state in dir, closing the state an earlier open of dir left open (a restart).
 func open(t *testing.T, dir string) (*Store, []Key) {
 	t.Helper()
-	s, dropped, err := Open(dir)
+	openMu.Lock()
+	defer openMu.Unlock()
+	if st := opened[dir]; st != nil {
+		st.Close()
+	}
+	st, err := state.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opened[dir] = st
+	t.Cleanup(func() { st.Close() })
+	s, dropped, err := Open(dir, st)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s, dropped
+}
+
+var (
+	openMu sync.Mutex
+	opened = map[string]*state.Store{}
+)
+
+// memory is a Persistence in memory that can be made to fail.
+type memory struct {
+	records, intents map[string][]byte
+	fail             error
+}
+
+func (m *memory) Access() (map[string][]byte, map[string][]byte, error) {
+	return maps.Clone(m.records), maps.Clone(m.intents), nil
+}
+
+func (m *memory) SetAccess(records, intents map[string][]byte) error {
+	if m.fail != nil {
+		return m.fail
+	}
+	for into, from := range map[*map[string][]byte]map[string][]byte{&m.records: records, &m.intents: intents} {
+		if *into == nil {
+			*into = map[string][]byte{}
+		}
+		for k, v := range from {
+			if v == nil {
+				delete(*into, k)
+			} else {
+				(*into)[k] = v
+			}
+		}
+	}
+	return nil
 }
 
 // Records survive a restart; an intent left by a crash grants nothing and is dropped, named.
@@ -85,7 +138,7 @@ func TestIntentLifecycle(t *testing.T) {
 	}
 }
 
-// Credentials are stored as a keyed hash: the file holds neither the credential nor its plain sha256, and a
+// Credentials are stored as a keyed hash: the state holds neither the credential nor its plain sha256, and a
 // node with another key hashes the same credential differently (no table of guesses carries over).
 func TestCredentialHashIsKeyed(t *testing.T) {
 	dir := t.TempDir()
@@ -98,12 +151,12 @@ func TestCredentialHashIsKeyed(t *testing.T) {
 	if err := s.Add(key, Identity{Kind: Secret, Hash: h}, ViaPull); err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(filepath.Join(dir, recordsFile))
+	b, err := os.ReadFile(filepath.Join(dir, "state.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if bytes.Contains(b, []byte("hunter2")) || !bytes.Contains(b, []byte(h)) {
-		t.Fatalf("records file: %s", b)
+		t.Fatal("the state holds the credential, or not its hash")
 	}
 	fi, err := os.Stat(filepath.Join(dir, keyFile))
 	if err != nil || fi.Mode().Perm() != 0o600 {
@@ -117,42 +170,118 @@ func TestCredentialHashIsKeyed(t *testing.T) {
 	}
 }
 
-// A records file that does not parse is set aside: nothing is granted from it, the driver still starts.
-func TestCorruptRecordsAreSetAside(t *testing.T) {
-	dir := t.TempDir()
-	s, _ := open(t, dir)
-	if err := s.Add(key, alice, ViaPull); err != nil {
+// Records that do not parse grant nothing and are dropped; the others stay.
+func TestUnreadableRecordsAreDropped(t *testing.T) {
+	good, _ := json.Marshal([]Record{{Identity: alice, Via: ViaPull}})
+	m := &memory{records: map[string][]byte{key.String(): good, "no digest": good, "registry.example.com/x@" + dgst.String(): []byte(`[{`)}}
+	s, _, err := Open(t.TempDir(), m)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, recordsFile), []byte(`{"records": {`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s2, _ := open(t, dir)
-	if s2.Has(key, alice) {
-		t.Fatal("granted from a corrupt file")
-	}
-	if _, err := os.Stat(filepath.Join(dir, recordsFile+".corrupt")); err != nil {
-		t.Fatal(err)
+	if !s.Has(key, alice) || len(m.records) != 1 {
+		t.Fatalf("after unreadable records: has=%v, persisted %s", s.Has(key, alice), m.records)
 	}
 }
 
 // A write that fails changes nothing in memory either: no grant the disk lacks.
 func TestFailedWriteGrantsNothing(t *testing.T) {
-	dir := t.TempDir()
-	s, _ := open(t, dir)
-	if err := os.Chmod(dir, 0o500); err != nil {
+	m := &memory{}
+	s, _, err := Open(t.TempDir(), m)
+	if err != nil {
 		t.Fatal(err)
 	}
-	defer os.Chmod(dir, 0o700)
-	if os.Geteuid() == 0 {
-		// root writes through the mode bits: point the store at a directory that does not exist instead.
-		s.path = filepath.Join(dir, "gone", recordsFile)
-	}
-	if err := s.Add(key, alice, ViaPull); err == nil {
-		t.Fatal("the write succeeded")
+	m.fail = errors.New("disk full")
+	if err := s.Add(key, alice, ViaPull); !errors.Is(err, m.fail) {
+		t.Fatalf("got %v", err)
 	}
 	if s.Has(key, alice) {
 		t.Fatal("a failed write left the grant in memory")
+	}
+}
+
+// A change persists only the keys it changes, in one transaction: a cold pull's intent and record are two small
+// writes, not two rewrites of every record.
+func TestChangesPersistOnlyTheirKey(t *testing.T) {
+	m := &memory{}
+	s, _, err := Open(t.TempDir(), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls []int
+	counting := &counter{memory: m, calls: &calls}
+	s.db = counting
+	otherKey := Key{Host: key.Host, Repository: "models/other", Digest: dgst}
+	for _, step := range []func() error{
+		func() error { return s.Add(otherKey, bob, ViaPull) },
+		func() error { return s.Intend(key, alice) },
+		func() error { return s.Add(key, alice, ViaPull) },
+		func() error { return s.Add(key, alice, ViaPull) }, // no change: no write
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !slices.Equal(calls, []int{1, 1, 1}) {
+		t.Fatalf("keys per write: %v, want one write of one key per change", calls)
+	}
+}
+
+type counter struct {
+	*memory
+	calls *[]int
+}
+
+func (c *counter) SetAccess(records, intents map[string][]byte) error {
+	keys := map[string]bool{}
+	for k := range records {
+		keys[k] = true
+	}
+	for k := range intents {
+		keys[k] = true
+	}
+	*c.calls = append(*c.calls, len(keys))
+	return c.memory.SetAccess(records, intents)
+}
+
+// Changes from many goroutines at once, beside lookups, all persist (run under -race).
+func TestConcurrentChangesAllPersist(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := open(t, dir)
+	const n = 16
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(2)
+		k := Key{Host: key.Host, Repository: fmt.Sprintf("models/m%d", i%4), Digest: dgst}
+		id := Identity{Kind: Secret, Hash: fmt.Sprintf("h%d", i)}
+		go func() {
+			defer wg.Done()
+			for _, step := range []func() error{
+				func() error { return s.Intend(k, id) },
+				func() error { return s.Add(k, id, ViaPull) },
+				func() error { return s.Intend(k, Identity{Kind: Node}) },
+				func() error { return s.Abandon(k, Identity{Kind: Node}) },
+			} {
+				if err := step(); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			s.Has(k, id)
+			s.Records(k)
+		}()
+	}
+	wg.Wait()
+	s2, dropped := open(t, dir)
+	if len(dropped) != 0 {
+		t.Fatalf("intents left: %v", dropped)
+	}
+	for i := range n {
+		k := Key{Host: key.Host, Repository: fmt.Sprintf("models/m%d", i%4), Digest: dgst}
+		if !s2.Has(k, Identity{Kind: Secret, Hash: fmt.Sprintf("h%d", i)}) {
+			t.Errorf("record %d lost", i)
+		}
 	}
 }
 
@@ -190,8 +319,9 @@ func TestIdentityStringsRevealNoCredential(t *testing.T) {
 	}
 }
 
-// Records or a key that are not a regular file the driver wrote (a link to a forged file elsewhere, a file others
-// may write or own, a FIFO) are set aside and not believed: real files, a real link, a real FIFO.
+// A key that is not a regular file the driver wrote (a link to a forged file elsewhere, a file others may read,
+// write or own, a FIFO) is set aside and not believed: real files, a real link, a real FIFO. (Forged records are
+// package state's.)
 func TestForgedFilesAreSetAside(t *testing.T) {
 	forger := t.TempDir()
 	f, _ := open(t, forger)
@@ -237,29 +367,21 @@ func TestForgedFilesAreSetAside(t *testing.T) {
 	}
 	for name, put := range plant {
 		t.Run(name, func(t *testing.T) {
-			for _, file := range []string{recordsFile, keyFile} {
-				if strings.HasSuffix(name, "(the key)") && file != keyFile {
-					continue // records are no secret: the node's key keeps credentials from being guessed
-				}
-				dir := t.TempDir()
-				open(t, dir)
-				p := filepath.Join(dir, file)
-				os.Remove(p)
-				put(t, p, filepath.Join(forger, file))
-				s, _ := open(t, dir)
-				if s.Has(key, alice) {
-					t.Errorf("%s: forged records believed", file)
-				}
-				if file == keyFile && s.HashCredential("registry.example.com", []byte("secret")) == forgedHash {
-					t.Errorf("%s: forged key used", file)
-				}
-				if _, err := os.Lstat(p + ".corrupt"); err != nil {
-					t.Errorf("%s: not set aside: %v", file, err)
-				}
+			dir := t.TempDir()
+			open(t, dir)
+			p := filepath.Join(dir, keyFile)
+			os.Remove(p)
+			put(t, p, filepath.Join(forger, keyFile))
+			s, _ := open(t, dir)
+			if s.HashCredential("registry.example.com", []byte("secret")) == forgedHash {
+				t.Error("forged key used")
+			}
+			if _, err := os.Lstat(p + ".corrupt"); err != nil {
+				t.Errorf("not set aside: %v", err)
 			}
 		})
 	}
 	if g, _ := open(t, forger); !g.Has(key, alice) {
-		t.Fatal("the forged files themselves were changed")
+		t.Fatal("the forger's state itself was changed")
 	}
 }

@@ -1,15 +1,25 @@
 // Package state persists what the CSI driver has done on this node, so that a driver restarted after a crash or a
-// SIGKILL still knows every target it published, every image a tag resolved to and every pull it had started.
+// SIGKILL still knows every target it published, every image a tag resolved to and every pull it had started, and
+// keeps the access records of package access.
 //
-// The state is two small JSON documents, each replaced atomically (write to a temporary file, rename): a reader
-// after a crash sees either a document before an update or after it, never a torn mix. state.json (images, pulls,
-// controller volumes) is also flushed to disk (fsync of the file and of the directory), so it survives a power
-// loss. volumes.json (the published volumes) never is: a published volume is a bind mount, and no mount outlives
-// the kernel; after a restart of the machine kubelet publishes again every volume of the pods that still exist. So
-// a volume record only has to survive the driver being killed, which the kernel's page cache guarantees once the
-// rename returned, and a publish does not wait for a flush that may queue behind gigabytes of pulled model. The
-// node holds at most a few hundred volumes, so rewriting a document on each change costs far less than the mount
-// it records.
+// The state is two bbolt files in the driver's state directory, each with a schema version (internal/schema), a
+// bucket per kind of record and one transaction per change, so a crash leaves each record before or after an
+// update, never torn:
+//
+//	state.db             images, pulls, controller volumes, access records and intents; every commit flushed to
+//	                     disk, so it survives a power loss
+//	volumes/<boot id>.db the published volumes, committed without a flush and trusted only in the boot that
+//	                     wrote it (schema.OpenVolatile)
+//
+// The volumes are apart because a published volume is a bind mount, and no mount outlives the kernel: after a
+// restart of the machine kubelet publishes again every volume of the pods that still exist (and the cache has
+// dropped the holds those mounts took, which it keeps the same way). So a volume record only has to survive the
+// driver being killed, which the kernel's page cache guarantees once the commit returned, and a publish does not
+// wait for a flush that may queue behind gigabytes of pulled model. Commits without a flush cannot share a file
+// with those that must survive a power loss (they may overwrite pages the last flushed commit points to).
+//
+// Releases before these files kept the state in JSON documents (state.json, volumes.json, access.json): Open
+// imports those it finds and removes them once the import committed (legacy.go).
 package state
 
 import (
@@ -23,9 +33,11 @@ import (
 	"sync"
 	"time"
 
-	digest "github.com/opencontainers/go-digest"
+	bolt "go.etcd.io/bbolt"
 
+	"github.com/modelpack/modelpack/cas"
 	"github.com/modelpack/modelpack/internal/diskio"
+	"github.com/modelpack/modelpack/internal/schema"
 )
 
 // Phase is how far a publish got.
@@ -98,8 +110,8 @@ type ControllerVolume struct {
 	CapacityBytes int64             `json:"capacityBytes"`
 }
 
-// State is everything persisted. Maps are keyed by target path, image key, pull key and volume name. Volumes are
-// kept in volumes.json; state.json held them too before that existed, and such a state.json is still read.
+// State is everything persisted but the access records. Maps are keyed by target path, image key, pull key and
+// volume name.
 type State struct {
 	Volumes           map[string]Volume           `json:"volumes,omitempty"`
 	Images            map[string]Image            `json:"images"`
@@ -136,108 +148,241 @@ func (s *State) clone() *State {
 	return c
 }
 
+const (
+	stateFile  = "state.db"
+	volumesDir = "volumes"
+	// lockTimeout bounds the wait for another process holding the state (a second driver on the same node).
+	lockTimeout = 10 * time.Second
+)
+
+// Buckets: each holds JSON records by the key of the map State keeps them in; the access buckets hold package
+// access's lists of records by content key (host/repository@digest).
+var (
+	bucketImages            = []byte("images")
+	bucketPulls             = []byte("pulls")
+	bucketControllerVolumes = []byte("controllerVolumes")
+	bucketAccessRecords     = []byte("accessRecords")
+	bucketAccessIntents     = []byte("accessIntents")
+	bucketVolumes           = []byte("volumes")
+)
+
+// The files' layout histories; a change of layout is a migration appended to one of them.
+var (
+	stateSchema = schema.Schema{Migrations: []schema.Migration{
+		schema.CreateBuckets(bucketImages, bucketPulls, bucketControllerVolumes, bucketAccessRecords, bucketAccessIntents),
+	}}
+	volumesSchema = schema.Schema{Migrations: []schema.Migration{schema.CreateBuckets(bucketVolumes)}}
+)
+
 // Store is the persisted state, safe for concurrent use.
 type Store struct {
-	path, volPath string
-	mu            sync.Mutex
-	st            *State
-	// durable and volumes are the documents as last written (or read): an update rewrites only those it changes.
-	// nil forces a write (a state.json from before volumes.json, whose volumes move out at the next update).
-	durable, volumes []byte
-	// migratedFrom is the sha256 of the state.json whose volumes volumes.json took over (volumesDoc).
-	migratedFrom string
+	path string // state.db
+	// db is state.db, vols this boot's volume records.
+	db, vols *bolt.DB
+
+	mu sync.Mutex
+	st *State
+	// enc is each record as committed, by bucket: an update writes only the records it changes.
+	enc map[string]map[string][]byte
 }
 
-// volumesDoc is volumes.json.
-type volumesDoc struct {
-	Volumes map[string]Volume `json:"volumes"`
-	// MigratedFrom is the sha256 of the state.json holding volumes that this document took them over from. Such a
-	// state.json met again is that one, left by a driver killed between writing the two documents: this document
-	// is newer. A state.json holding volumes with another digest was written since by a driver from before
-	// volumes.json (a downgrade, then an upgrade): its volumes are the newer record.
-	MigratedFrom string `json:"migratedFrom,omitempty"`
-}
-
-// Open loads the state at path (and the volume records beside it, in volumes.json), or starts empty if there is
-// none. A document that does not parse (a disk error, an edit by hand) is moved aside to its name+".corrupt" and
-// the driver starts without it rather than refusing to run: the mounts themselves remain discoverable and
-// unpublishing an unknown target still cleans it.
-func Open(path string) (*Store, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+// Open opens the state in dir, creating it if there is none, and imports the JSON documents of earlier releases
+// it finds there. A file that is not a bbolt database of ours (a disk error, an edit by hand, a link to a forged
+// one elsewhere) is moved aside to its name+".corrupt", and a document that does not parse too; the driver then
+// starts without it, told by a CorruptError beside the usable Store, rather than refusing to run: the mounts
+// themselves remain discoverable and unpublishing an unknown target still cleans it. A file of a newer schema
+// version is refused.
+func Open(dir string) (*Store, error) {
+	boot, err := cas.BootID()
+	if err != nil {
 		return nil, err
 	}
-	s := &Store{path: path, volPath: filepath.Join(filepath.Dir(path), "volumes.json"), st: &State{}}
+	return openAt(dir, boot, nil)
+}
+
+// openAt is Open in the boot given; afterImport, if not nil (tests), runs between the import's commit and the
+// removal of the documents imported.
+func openAt(dir, boot string, afterImport func()) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	s := &Store{path: filepath.Join(dir, stateFile)}
 	var corrupt []error
-	raw, err := readDoc(path, s.st)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-	case errors.As(err, new(*CorruptError)):
+	db, err := openDurable(s.path)
+	if c := (*CorruptError)(nil); errors.As(err, &c) {
 		corrupt = append(corrupt, err)
-		s.st = &State{}
-	case err != nil:
+	} else if err != nil {
 		return nil, err
 	}
-	legacy := len(s.st.Volumes) > 0
-	legacySum := ""
-	if legacy {
-		legacySum = digest.FromBytes(raw).Encoded()
+	vols, dropped, err := schema.OpenVolatile(filepath.Join(dir, volumesDir), boot, volumesSchema, bolt.Options{Timeout: lockTimeout})
+	if err != nil {
+		db.Close()
+		return nil, lockError(dir, err)
 	}
-	var vols volumesDoc
-	switch _, err := readDoc(s.volPath, &vols); {
-	case errors.Is(err, fs.ErrNotExist):
-	case errors.As(err, new(*CorruptError)):
-		corrupt = append(corrupt, err)
-		s.st.Volumes = nil
-	case err != nil:
+	if dropped != nil {
+		corrupt = append(corrupt, &CorruptError{Path: filepath.Join(dir, volumesDir, boot+".db"), Err: dropped, Dropped: true})
+	}
+	s.db, s.vols = db, vols
+	lost, err := s.importLegacy(dir, afterImport)
+	if err == nil {
+		err = s.load()
+	}
+	if err != nil {
+		s.Close()
 		return nil, err
-	case !legacy || vols.MigratedFrom == legacySum:
-		// volumes.json is the record; a state.json still holding volumes is the one it took them over from.
-		s.st.Volumes, legacy, s.migratedFrom = vols.Volumes, false, vols.MigratedFrom
 	}
-	s.st.init()
-	if legacy {
-		s.migratedFrom = legacySum
-	} else {
-		s.durable, s.volumes = s.docs(s.st)
-	}
-	return s, errors.Join(corrupt...)
+	return s, errors.Join(append(corrupt, lost...)...)
 }
 
-// readDoc decodes the document at path into v and returns its bytes; one that does not parse, or that is not a
-// regular file the driver wrote, is moved aside (a CorruptError).
-func readDoc(path string, v any) ([]byte, error) {
-	// Not following links, and only a regular file of the driver's user nobody else may write: a link to a
-	// forged state elsewhere is set aside like a corrupt one, not believed.
-	b, jerr := diskio.ReadPrivate(path)
-	if jerr != nil && !errors.Is(jerr, diskio.ErrNotOurs) {
-		return nil, jerr
-	}
-	if jerr == nil {
-		jerr = json.Unmarshal(b, v)
-	}
-	if jerr != nil {
-		if err := os.Rename(path, path+".corrupt"); err != nil {
-			return nil, fmt.Errorf("state %s is corrupt (%v) and cannot be moved aside: %w", path, jerr, err)
+// openDurable opens state.db, setting aside one that is not ours or not a database.
+func openDurable(path string) (*bolt.DB, error) {
+	var corrupt error
+	if err := diskio.CheckPrivate(path); errors.Is(err, diskio.ErrNotOurs) {
+		if corrupt = setAside(path, err); !errors.As(corrupt, new(*CorruptError)) {
+			return nil, corrupt
 		}
-		return nil, &CorruptError{Path: path, Err: jerr}
+	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
 	}
-	return b, nil
+	opts := &bolt.Options{Timeout: lockTimeout, NoFreelistSync: true, FreelistType: bolt.FreelistMapType}
+	db, err := schema.Open(path, stateSchema, opts)
+	if errors.Is(err, bolt.ErrInvalid) || errors.Is(err, bolt.ErrChecksum) || errors.Is(err, bolt.ErrVersionMismatch) {
+		if corrupt = setAside(path, err); !errors.As(corrupt, new(*CorruptError)) {
+			return nil, corrupt
+		}
+		db, err = schema.Open(path, stateSchema, opts)
+	}
+	if err != nil {
+		return nil, lockError(filepath.Dir(path), err)
+	}
+	return db, corrupt
 }
 
-// CorruptError reports a state document that was moved aside; the returned Store is usable.
+func lockError(dir string, err error) error {
+	if errors.Is(err, bolt.ErrTimeout) {
+		return fmt.Errorf("state %s is held by another process (timed out after %s)", dir, lockTimeout)
+	}
+	return err
+}
+
+// setAside moves a file that cannot be believed to its name+".corrupt": a CorruptError, or the error of the move.
+func setAside(path string, why error) error {
+	if err := os.Rename(path, path+".corrupt"); err != nil {
+		return fmt.Errorf("state %s is corrupt (%v) and cannot be moved aside: %w", path, why, err)
+	}
+	return &CorruptError{Path: path, Err: why}
+}
+
+// CorruptError reports state that was lost: a file or document moved aside, or (Dropped) deleted; the returned
+// Store is usable.
 type CorruptError struct {
-	Path string
-	Err  error
+	Path    string
+	Err     error
+	Dropped bool
 }
 
 func (e *CorruptError) Error() string {
+	if e.Dropped {
+		return fmt.Sprintf("state %s was unreadable and was dropped: %v", e.Path, e.Err)
+	}
 	return fmt.Sprintf("state %s was corrupt and was moved to %s.corrupt: %v", e.Path, e.Path, e.Err)
 }
 
 func (e *CorruptError) Unwrap() error { return e.Err }
 
-// Path is the state document's location.
+// load reads every record into memory.
+func (s *Store) load() error {
+	s.st = &State{}
+	s.st.init()
+	s.enc = map[string]map[string][]byte{}
+	read := func(db *bolt.DB, name []byte, into func(k string, v []byte) error) error {
+		enc := map[string][]byte{}
+		s.enc[string(name)] = enc
+		return db.View(func(tx *bolt.Tx) error {
+			return tx.Bucket(name).ForEach(func(k, v []byte) error {
+				enc[string(k)] = bytes.Clone(v)
+				if err := into(string(k), v); err != nil {
+					return fmt.Errorf("%s: record %s/%q: %w", db.Path(), name, k, err)
+				}
+				return nil
+			})
+		})
+	}
+	return errors.Join(
+		read(s.vols, bucketVolumes, decodeInto(s.st.Volumes)),
+		read(s.db, bucketImages, decodeInto(s.st.Images)),
+		read(s.db, bucketPulls, decodeInto(s.st.Pulls)),
+		read(s.db, bucketControllerVolumes, decodeInto(s.st.ControllerVolumes)),
+	)
+}
+
+func decodeInto[T any](m map[string]T) func(k string, v []byte) error {
+	return func(k string, v []byte) error {
+		var r T
+		if err := json.Unmarshal(v, &r); err != nil {
+			return err
+		}
+		m[k] = r
+		return nil
+	}
+}
+
+// changes lists the records of next that differ from those committed (enc), encoded; nil for one deleted.
+func changes[T any](enc map[string][]byte, next map[string]T) map[string][]byte {
+	out := map[string][]byte{}
+	for k, v := range next {
+		b, err := json.Marshal(v)
+		if err != nil {
+			panic(fmt.Sprintf("state: marshal: %v", err))
+		}
+		if old, ok := enc[k]; !ok || !bytes.Equal(old, b) {
+			out[k] = b
+		}
+	}
+	for k := range enc {
+		if _, ok := next[k]; !ok {
+			out[k] = nil
+		}
+	}
+	return out
+}
+
+// commit writes, in one transaction of db, the changed records of each bucket (nil deletes).
+func commit(db *bolt.DB, changed map[string]map[string][]byte) error {
+	return db.Update(func(tx *bolt.Tx) error { return put(tx, changed) })
+}
+
+func put(tx *bolt.Tx, changed map[string]map[string][]byte) error {
+	for name, recs := range changed {
+		b := tx.Bucket([]byte(name))
+		for k, v := range recs {
+			var err error
+			if v == nil {
+				err = b.Delete([]byte(k))
+			} else {
+				err = b.Put([]byte(k), v)
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Path is state.db's location.
 func (s *Store) Path() string { return s.path }
+
+// Close closes the state's files; the Store is not to be used after.
+func (s *Store) Close() error {
+	var errs []error
+	for _, db := range []*bolt.DB{s.vols, s.db} {
+		if db != nil {
+			errs = append(errs, db.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
 
 // Snapshot returns a copy of the current state.
 func (s *Store) Snapshot() *State {
@@ -246,8 +391,8 @@ func (s *Store) Snapshot() *State {
 	return s.st.clone()
 }
 
-// Update applies fn to a copy of the state and persists the documents it changed: state.json durably,
-// volumes.json without a flush (see the package comment); if fn or a write fails nothing changes.
+// Update applies fn to a copy of the state and commits the records it changed: volumes in this boot's file without
+// a flush, the rest in state.db durably (see the package comment); if fn or a commit fails nothing changes.
 func (s *Store) Update(fn func(*State) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -255,97 +400,99 @@ func (s *Store) Update(fn func(*State) error) error {
 	if err := fn(next); err != nil {
 		return err
 	}
-	durable, volumes := s.docs(next)
-	if bytes.Equal(volumes, s.volumes) {
-		volumes = nil
+	vols := map[string]map[string][]byte{string(bucketVolumes): changes(s.enc[string(bucketVolumes)], next.Volumes)}
+	durable := map[string]map[string][]byte{
+		string(bucketImages):            changes(s.enc[string(bucketImages)], next.Images),
+		string(bucketPulls):             changes(s.enc[string(bucketPulls)], next.Pulls),
+		string(bucketControllerVolumes): changes(s.enc[string(bucketControllerVolumes)], next.ControllerVolumes),
 	}
-	if bytes.Equal(durable, s.durable) {
-		durable = nil
+	volsChanged, durableChanged := someChange(vols), someChange(durable)
+	if volsChanged {
+		if err := commit(s.vols, vols); err != nil {
+			return err
+		}
 	}
-	if err := s.write(durable, volumes, true); err != nil {
-		return err
+	if durableChanged {
+		if err := commit(s.db, durable); err != nil {
+			if volsChanged {
+				// Best effort: the volumes as they were, so the files agree with the state kept in memory.
+				commit(s.vols, s.undo(vols))
+			}
+			return err
+		}
+	}
+	for _, changed := range []map[string]map[string][]byte{vols, durable} {
+		for name, recs := range changed {
+			for k, v := range recs {
+				if v == nil {
+					delete(s.enc[name], k)
+				} else {
+					s.enc[name][k] = v
+				}
+			}
+		}
 	}
 	s.st = next
 	return nil
 }
 
-// Writable rewrites the current state (without a flush: the bytes are those on disk already) and reports why it
-// cannot, as every publish would find: a state file made immutable, a file system gone read-only, a full disk.
+func someChange(changed map[string]map[string][]byte) bool {
+	for _, recs := range changed {
+		if len(recs) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// undo is the commit that restores the records changed as they were.
+func (s *Store) undo(changed map[string]map[string][]byte) map[string]map[string][]byte {
+	out := map[string]map[string][]byte{}
+	for name, recs := range changed {
+		out[name] = map[string][]byte{}
+		for k := range recs {
+			out[name][k] = s.enc[name][k]
+		}
+	}
+	return out
+}
+
+// Writable reports why the state cannot be written, as every publish would find: a file made immutable, a file
+// system gone read-only. It commits (without a flush) in the volume records' file, which a publish writes, and
+// opens state.db for writing without writing to it (a commit there would cost a flush).
 func (s *Store) Writable() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	durable, volumes := s.docs(s.st)
-	if err := s.write(durable, volumes, false); err != nil {
-		return fmt.Errorf("state %s cannot be written: %w", s.path, err)
-	}
-	return nil
-}
-
-// docs renders st as state.json and volumes.json.
-func (s *Store) docs(st *State) (durable, volumes []byte) {
-	rest := *st
-	rest.Volumes = nil
-	durable, err := json.MarshalIndent(rest, "", " ")
+	err := schema.Probe(s.vols)
 	if err == nil {
-		volumes, err = json.MarshalIndent(volumesDoc{Volumes: st.Volumes, MigratedFrom: s.migratedFrom}, "", " ")
+		var f *os.File
+		if f, err = os.OpenFile(s.path, os.O_WRONLY, 0); err == nil {
+			err = f.Close()
+		}
 	}
 	if err != nil {
-		panic(fmt.Sprintf("state: marshal: %v", err))
-	}
-	return durable, volumes
-}
-
-// write replaces the documents given (nil: unchanged). volumes.json goes first: while a state.json from before it
-// still holds volumes, volumes.json must exist before that state.json is replaced by one without them.
-func (s *Store) write(durable, volumes []byte, sync bool) error {
-	if volumes != nil {
-		if err := replace(s.volPath, volumes, false); err != nil {
-			return err
-		}
-		s.volumes = volumes
-	}
-	if durable != nil {
-		if err := replace(s.path, durable, sync); err != nil {
-			return err
-		}
-		s.durable = durable
+		return fmt.Errorf("state %s cannot be written: %w", filepath.Dir(s.path), err)
 	}
 	return nil
 }
 
-// replace writes b to path atomically, and with sync durably.
-func replace(path string, b []byte, sync bool) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, ".state-*.tmp")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	committed := false
-	defer func() {
-		if !committed {
-			os.Remove(tmp)
+// Access returns the access records and intents, each key's list as package access encoded it.
+func (s *Store) Access() (records, intents map[string][]byte, err error) {
+	records, intents = map[string][]byte{}, map[string][]byte{}
+	err = s.db.View(func(tx *bolt.Tx) error {
+		for name, m := range map[string]map[string][]byte{string(bucketAccessRecords): records, string(bucketAccessIntents): intents} {
+			if err := tx.Bucket([]byte(name)).ForEach(func(k, v []byte) error {
+				m[string(k)] = bytes.Clone(v)
+				return nil
+			}); err != nil {
+				return err
+			}
 		}
-	}()
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if sync {
-		if err := f.Sync(); err != nil {
-			f.Close()
-			return err
-		}
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	committed = true
-	if !sync {
 		return nil
-	}
-	return diskio.SyncDir(dir)
+	})
+	return records, intents, err
+}
+
+// SetAccess commits, in one transaction flushed to disk, the lists of access records and intents given by key
+// (nil deletes a key's list).
+func (s *Store) SetAccess(records, intents map[string][]byte) error {
+	return commit(s.db, map[string]map[string][]byte{string(bucketAccessRecords): records, string(bucketAccessIntents): intents})
 }

@@ -2,24 +2,39 @@ package state
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+
+	bolt "go.etcd.io/bbolt"
 )
 
-func TestUpdatePersistsAndRollsBack(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "csi", "state.json")
-	s, err := Open(p)
+const boot = "boot-1"
+
+func open(t *testing.T, dir string) *Store {
+	t.Helper()
+	s, err := openAt(dir, boot, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Update(func(st *State) error {
-		st.Volumes["/t"] = Volume{VolumeID: "v", TargetPath: "/t", Phase: PhasePublished}
-		return nil
-	}); err != nil {
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func update(t *testing.T, s *Store, fn func(*State)) {
+	t.Helper()
+	if err := s.Update(func(st *State) error { fn(st); return nil }); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func TestUpdatePersistsAndRollsBack(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "csi")
+	s := open(t, dir)
+	update(t, s, func(st *State) { st.Volumes["/t"] = Volume{VolumeID: "v", TargetPath: "/t", Phase: PhasePublished} })
 	boom := errors.New("boom")
 	if err := s.Update(func(st *State) error {
 		delete(st.Volumes, "/t")
@@ -27,258 +42,195 @@ func TestUpdatePersistsAndRollsBack(t *testing.T) {
 	}); !errors.Is(err, boom) {
 		t.Fatal(err)
 	}
-	if err := s.Update(func(st *State) error {
-		st.Images["r|"] = Image{Reference: "r", Digest: "sha256:x"}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	update(t, s, func(st *State) { st.Images["r|"] = Image{Reference: "r", Digest: "sha256:x"} })
 	// Callers get copies: changing one changes nothing stored.
 	s.Snapshot().Volumes["/t"] = Volume{VolumeID: "changed"}
+	s.Close()
 
-	re, err := Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st := re.Snapshot()
+	st := open(t, dir).Snapshot()
 	if st.Volumes["/t"].VolumeID != "v" || st.Images["r|"].Digest != "sha256:x" {
 		t.Fatalf("reopened state: %+v", st)
 	}
-	if entries, _ := os.ReadDir(filepath.Dir(p)); len(entries) != 2 {
-		t.Fatalf("temporary files left: %v", entries)
+	entries, _ := os.ReadDir(dir)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if strings.Join(names, " ") != "state.db volumes" {
+		t.Fatalf("state directory holds %v", names)
 	}
 }
 
-func TestCorruptStateIsSetAside(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "state.json")
-	if err := os.WriteFile(p, []byte(`{"volumes": {`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s, err := Open(p)
-	var ce *CorruptError
-	if !errors.As(err, &ce) || s == nil {
-		t.Fatalf("got %v, want a CorruptError and a usable store", err)
-	}
-	if len(s.Snapshot().Volumes) != 0 {
-		t.Fatal("corrupt state not replaced by an empty one")
-	}
-	if _, err := os.Stat(p + ".corrupt"); err != nil {
-		t.Fatalf("corrupt state not kept for inspection: %v", err)
-	}
-	if err := s.Update(func(st *State) error { return nil }); err != nil {
-		t.Fatal(err)
-	}
+// txID is the last transaction committed in db.
+func txID(db *bolt.DB) (id int) {
+	db.View(func(tx *bolt.Tx) error { id = tx.ID(); return nil })
+	return id
 }
 
-// Volume records and the rest live in two documents, and an update rewrites only the one it changes: recording a
-// publish never replaces (nor flushes) state.json, and recording an image never replaces volumes.json.
-func TestUpdateRewritesOnlyTheDocumentItChanges(t *testing.T) {
+// An update commits only in the file it changes: recording a publish never commits (nor flushes) state.db, and
+// recording an image never commits in the volumes' file; a delete removes the record.
+func TestUpdateCommitsOnlyWhatItChanges(t *testing.T) {
 	dir := t.TempDir()
-	p := filepath.Join(dir, "state.json")
-	s, err := Open(p)
-	if err != nil {
-		t.Fatal(err)
+	s := open(t, dir)
+	update(t, s, func(st *State) { st.Images["r|"] = Image{Reference: "r", Digest: "sha256:x"} })
+	durable, vols := txID(s.db), txID(s.vols)
+	update(t, s, func(st *State) { st.Volumes["/t1"] = Volume{VolumeID: "v", TargetPath: "/t1"} })
+	update(t, s, func(st *State) { st.Volumes["/t2"] = Volume{VolumeID: "v", TargetPath: "/t2"} })
+	if txID(s.db) != durable || txID(s.vols) != vols+2 {
+		t.Fatalf("two volumes recorded: state.db at transaction %d (was %d), volumes at %d (was %d)", txID(s.db), durable, txID(s.vols), vols)
 	}
-	image := func(st *State) error { st.Images["r|"] = Image{Reference: "r", Digest: "sha256:x"}; return nil }
-	volume := func(target string) func(*State) error {
-		return func(st *State) error { st.Volumes[target] = Volume{VolumeID: "v", TargetPath: target}; return nil }
+	update(t, s, func(st *State) { st.Pulls["k"] = Pull{Reference: "r"} })
+	update(t, s, func(*State) {})
+	if txID(s.vols) != vols+2 || txID(s.db) != durable+1 {
+		t.Fatal("a pull, then nothing, committed in the wrong file")
 	}
-	if err := s.Update(image); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Update(volume("/t1")); err != nil {
-		t.Fatal(err)
-	}
-	stat := func(name string) os.FileInfo {
-		fi, err := os.Stat(filepath.Join(dir, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return fi
-	}
-	durable, volumes := stat("state.json"), stat("volumes.json")
-	if err := s.Update(volume("/t2")); err != nil {
-		t.Fatal(err)
-	}
-	if !os.SameFile(durable, stat("state.json")) {
-		t.Error("recording a volume replaced state.json")
-	}
-	if os.SameFile(volumes, stat("volumes.json")) {
-		t.Error("recording a volume did not replace volumes.json")
-	}
-	volumes = stat("volumes.json")
-	if err := s.Update(func(st *State) error { st.Pulls["k"] = Pull{Reference: "r"}; return nil }); err != nil {
-		t.Fatal(err)
-	}
-	if !os.SameFile(volumes, stat("volumes.json")) {
-		t.Error("recording a pull replaced volumes.json")
-	}
-	if b, _ := os.ReadFile(p); strings.Contains(string(b), "/t1") {
-		t.Errorf("state.json holds volumes: %s", b)
-	}
-	re, err := Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st := re.Snapshot(); len(st.Volumes) != 2 || st.Images["r|"].Digest != "sha256:x" || len(st.Pulls) != 1 {
+	update(t, s, func(st *State) { delete(st.Volumes, "/t1") })
+	s.Close()
+	if st := open(t, dir).Snapshot(); len(st.Volumes) != 1 || st.Volumes["/t2"].VolumeID != "v" || st.Images["r|"].Digest != "sha256:x" || len(st.Pulls) != 1 {
 		t.Fatalf("reopened state: %+v", st)
 	}
 }
 
-// A state.json written before volumes.json existed holds the volumes: they are read, and move to volumes.json at
-// the next update. Once volumes.json exists it is the record over the state.json it took them from (a driver killed
-// between writing the two), not over one a driver from before volumes.json wrote since (a downgrade).
-func TestLegacyStateVolumesMoveToTheirDocument(t *testing.T) {
+// Volume records last the boot that wrote them, as the mounts they stand for; the rest survives a restart of the
+// machine.
+func TestVolumeRecordsLastTheBoot(t *testing.T) {
 	dir := t.TempDir()
-	p := filepath.Join(dir, "state.json")
-	legacy := `{"volumes": {"/old": {"volumeId": "v", "targetPath": "/old", "phase": "published"}},
-		"images": {"r|": {"reference": "r", "digest": "sha256:x"}}}`
-	if err := os.WriteFile(p, []byte(legacy), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s, err := Open(p)
+	s := open(t, dir)
+	update(t, s, func(st *State) {
+		st.Volumes["/t"] = Volume{VolumeID: "v", TargetPath: "/t", Phase: PhasePublished}
+		st.ControllerVolumes["pvc"] = ControllerVolume{ID: "pvc"}
+	})
+	s.Close()
+	next, err := openAt(dir, "boot-2", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st := s.Snapshot(); st.Volumes["/old"].VolumeID != "v" || st.Images["r|"].Digest != "sha256:x" {
-		t.Fatalf("legacy state read as %+v", st)
+	defer next.Close()
+	if st := next.Snapshot(); len(st.Volumes) != 0 || st.ControllerVolumes["pvc"].ID != "pvc" {
+		t.Fatalf("after a restart of the machine: %+v", st)
 	}
-	if err := s.Update(func(st *State) error { st.Pulls["k"] = Pull{Reference: "r"}; return nil }); err != nil {
-		t.Fatal(err)
-	}
-	if b, _ := os.ReadFile(p); strings.Contains(string(b), "/old") {
-		t.Errorf("state.json still holds the volumes after an update: %s", b)
-	}
-	re, err := Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st := re.Snapshot(); st.Volumes["/old"].VolumeID != "v" || st.Images["r|"].Digest != "sha256:x" || len(st.Pulls) != 1 {
-		t.Fatalf("migrated state reopened as %+v", st)
-	}
-
-	// Killed after writing volumes.json and before replacing the legacy state.json: volumes.json wins.
-	if err := os.WriteFile(p, []byte(legacy), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := re.Update(func(st *State) error { delete(st.Volumes, "/old"); return nil }); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(p, []byte(legacy), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	again, err := Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st := again.Snapshot(); len(st.Volumes) != 0 {
-		t.Fatalf("a legacy state.json's volumes overrode volumes.json: %+v", st.Volumes)
-	}
-
-	// Downgraded, the driver of before volumes.json recorded a volume in state.json; upgraded again, that state.json
-	// is the record, volumes.json older, and the volume moves over at the next update.
-	downgraded := `{"volumes": {"/later": {"volumeId": "w", "targetPath": "/later", "phase": "published"}},
-		"images": {"r|": {"reference": "r", "digest": "sha256:x"}}}`
-	if err := os.WriteFile(p, []byte(downgraded), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	up, err := Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st := up.Snapshot(); len(st.Volumes) != 1 || st.Volumes["/later"].VolumeID != "w" {
-		t.Fatalf("after a downgrade and an upgrade: volumes %+v; want the downgraded driver's /later", st.Volumes)
-	}
-	if err := up.Update(func(st *State) error { st.Pulls["k2"] = Pull{Reference: "r"}; return nil }); err != nil {
-		t.Fatal(err)
-	}
-	final, err := Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st := final.Snapshot(); len(st.Volumes) != 1 || st.Volumes["/later"].VolumeID != "w" {
-		t.Fatalf("reopened after the migration: volumes %+v", st.Volumes)
-	}
-	if b, _ := os.ReadFile(p); strings.Contains(string(b), "/later") {
-		t.Errorf("state.json still holds the volumes after an update: %s", b)
+	if entries, _ := os.ReadDir(filepath.Join(dir, volumesDir)); len(entries) != 1 || entries[0].Name() != "boot-2.db" {
+		t.Fatalf("volume files: %v", entries)
 	}
 }
 
-// A volumes.json that does not parse is set aside like a corrupt state.json: the caller is told (the driver then
-// treats its state as lost), the rest of the state is kept.
-func TestCorruptVolumesAreSetAside(t *testing.T) {
-	dir := t.TempDir()
-	p := filepath.Join(dir, "state.json")
-	s, err := Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Update(func(st *State) error { st.Images["r|"] = Image{Reference: "r", Digest: "sha256:x"}; return nil }); err != nil {
-		t.Fatal(err)
-	}
-	vp := filepath.Join(dir, "volumes.json")
-	if err := os.WriteFile(vp, []byte(`{"volumes": {"/t": `), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	re, err := Open(p)
-	var ce *CorruptError
-	if !errors.As(err, &ce) || ce.Path != vp || re == nil {
-		t.Fatalf("got %v, want a CorruptError for %s and a usable store", err, vp)
-	}
-	if st := re.Snapshot(); len(st.Volumes) != 0 || st.Images["r|"].Digest != "sha256:x" {
-		t.Fatalf("after a corrupt volumes.json: %+v", st)
-	}
-	if _, err := os.Stat(vp + ".corrupt"); err != nil {
-		t.Fatalf("corrupt volumes.json not kept for inspection: %v", err)
-	}
-}
-
-// A state document replaced by a link to a forged one elsewhere, or by a file others may write, is set aside (the
-// link itself, not what it points to) and not believed.
-func TestForgedStateIsSetAside(t *testing.T) {
+// A state.db that is not a database, or not ours (a link to a forged one elsewhere, a file others may write), is
+// set aside and not believed: the caller is told (the driver then treats its state as lost) and the store works.
+func TestUnbelievableStateIsSetAside(t *testing.T) {
 	forger := t.TempDir()
-	f, err := Open(filepath.Join(forger, "state.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Update(func(st *State) error {
-		st.Volumes["/var/lib/kubelet/pods/x/volumes/kubernetes.io~csi/m/mount"] = Volume{VolumeID: "forged"}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	for _, doc := range []string{"state.json", "volumes.json"} {
-		for _, how := range []string{"link", "writable"} {
+	f := open(t, forger)
+	update(t, f, func(st *State) { st.Images["forged|"] = Image{Reference: "forged"} })
+	f.Close()
+	for name, plant := range map[string]func(p string){
+		"garbage": func(p string) { os.WriteFile(p, []byte(`{"volumes": {`), 0o600) },
+		"link":    func(p string) { os.Symlink(filepath.Join(forger, stateFile), p) },
+		"writable": func(p string) {
+			b, _ := os.ReadFile(filepath.Join(forger, stateFile))
+			os.WriteFile(p, b, 0o600)
+			os.Chmod(p, 0o666)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
-			p := filepath.Join(dir, doc)
-			forged := filepath.Join(forger, doc)
-			if how == "link" {
-				if err := os.Symlink(forged, p); err != nil {
-					t.Fatal(err)
-				}
-			} else {
-				b, _ := os.ReadFile(forged)
-				os.WriteFile(p, b, 0o600)
-				os.Chmod(p, 0o666)
-			}
-			if doc == "state.json" {
-				// A volumes.json of ours beside it: only state.json is forged.
-				os.WriteFile(filepath.Join(dir, "volumes.json"), []byte(`{"volumes": {}}`), 0o600)
-			}
-			s, err := Open(filepath.Join(dir, "state.json"))
+			p := filepath.Join(dir, stateFile)
+			plant(p)
+			s, err := openAt(dir, boot, nil)
 			var ce *CorruptError
-			if !errors.As(err, &ce) || s == nil {
-				t.Fatalf("%s %s: got %v, want a CorruptError and a usable store", doc, how, err)
+			if !errors.As(err, &ce) || ce.Path != p || s == nil {
+				t.Fatalf("got %v, want a CorruptError for %s and a usable store", err, p)
 			}
-			if len(s.Snapshot().Volumes) != 0 {
-				t.Errorf("%s %s: forged volumes believed", doc, how)
+			defer s.Close()
+			if len(s.Snapshot().Images) != 0 {
+				t.Fatal("forged records believed")
 			}
 			if _, err := os.Lstat(p + ".corrupt"); err != nil {
-				t.Errorf("%s %s: not set aside: %v", doc, how, err)
+				t.Fatalf("not kept for inspection: %v", err)
 			}
-		}
+			update(t, s, func(st *State) { st.Images["r|"] = Image{Reference: "r"} })
+		})
 	}
-	if b, err := os.ReadFile(filepath.Join(forger, "volumes.json")); err != nil || !strings.Contains(string(b), "forged") {
-		t.Fatalf("the forged document itself changed: %v", err)
+	if st := open(t, forger).Snapshot(); st.Images["forged|"].Reference != "forged" {
+		t.Fatal("the forged file itself changed")
+	}
+}
+
+// A state file of a newer schema version (a newer driver wrote it, then this one was rolled back) is refused,
+// named, and left as it was.
+func TestNewerStateIsRefused(t *testing.T) {
+	for _, file := range []string{stateFile, filepath.Join(volumesDir, boot+".db")} {
+		t.Run(filepath.Base(file), func(t *testing.T) {
+			dir := t.TempDir()
+			s := open(t, dir)
+			s.Close()
+			p := filepath.Join(dir, file)
+			db, err := bolt.Open(p, 0o600, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			db.Update(func(tx *bolt.Tx) error { return tx.Bucket([]byte("schema")).Put([]byte("version"), []byte("7")) })
+			db.Close()
+			_, err = openAt(dir, boot, nil)
+			if err == nil || !strings.Contains(err.Error(), p) || !strings.Contains(err.Error(), "schema version 7") || !strings.Contains(err.Error(), "up to 1") {
+				t.Fatalf("got %v, want a refusal naming %s, its version 7 and the latest known, 1", err, p)
+			}
+			if _, err := os.Stat(p); err != nil {
+				t.Fatalf("the refused file was removed: %v", err)
+			}
+		})
+	}
+}
+
+// Updates from many goroutines at once, beside snapshots, all persist in their file (run under -race).
+func TestConcurrentUpdatesAllPersist(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir)
+	const n = 16
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for _, fn := range []func(*State) error{
+				func(st *State) error { st.Volumes[fmt.Sprint("/t", i)] = Volume{VolumeID: fmt.Sprint(i)}; return nil },
+				func(st *State) error { st.Images[fmt.Sprint("r", i)] = Image{Reference: fmt.Sprint(i)}; return nil },
+			} {
+				if err := s.Update(fn); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			s.Snapshot()
+		}()
+	}
+	wg.Wait()
+	s.Close()
+	if st := open(t, dir).Snapshot(); len(st.Volumes) != n || len(st.Images) != n {
+		t.Fatalf("after %d concurrent updates of each: %d volumes, %d images", n, len(st.Volumes), len(st.Images))
+	}
+}
+
+// BenchmarkRecordVolume is what a publish costs the state: one volume recorded beside a few hundred others.
+func BenchmarkRecordVolume(b *testing.B) {
+	s, err := openAt(b.TempDir(), boot, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	s.Update(func(st *State) error {
+		for i := range 300 {
+			t := fmt.Sprintf("/var/lib/kubelet/pods/%d/volumes/kubernetes.io~csi/m/mount", i)
+			st.Volumes[t] = Volume{VolumeID: "v", TargetPath: t, Attributes: map[string]string{"reference": "r"}, Phase: PhasePublished}
+		}
+		return nil
+	})
+	for i := 0; b.Loop(); i++ {
+		if err := s.Update(func(st *State) error {
+			st.Volumes["/t"] = Volume{VolumeID: fmt.Sprint(i), TargetPath: "/t", Phase: PhasePublished}
+			return nil
+		}); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

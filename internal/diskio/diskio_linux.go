@@ -159,13 +159,32 @@ func readPrivate(path string, deny uint32) ([]byte, error) {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, &os.PathError{Op: "fstat", Path: path, Err: err}
 	}
-	switch {
-	case st.Mode&unix.S_IFMT != unix.S_IFREG:
-		return nil, fmt.Errorf("%s: %w: type %#o", path, ErrNotOurs, st.Mode&unix.S_IFMT)
-	case st.Uid != uint32(os.Geteuid()):
-		return nil, fmt.Errorf("%s: %w: owned by uid %d", path, ErrNotOurs, st.Uid)
-	case st.Mode&deny != 0:
-		return nil, fmt.Errorf("%s: %w: mode %04o lets others at it", path, ErrNotOurs, st.Mode&0o7777)
+	if err := ours(path, &st, deny); err != nil {
+		return nil, err
 	}
 	return io.ReadAll(f)
+}
+
+func ours(path string, st *unix.Stat_t, deny uint32) error {
+	switch {
+	case st.Mode&unix.S_IFMT == unix.S_IFLNK:
+		return fmt.Errorf("%s: %w: a symbolic link", path, ErrNotOurs)
+	case st.Mode&unix.S_IFMT != unix.S_IFREG:
+		return fmt.Errorf("%s: %w: type %#o", path, ErrNotOurs, st.Mode&unix.S_IFMT)
+	case st.Uid != uint32(os.Geteuid()):
+		return fmt.Errorf("%s: %w: owned by uid %d", path, ErrNotOurs, st.Uid)
+	case st.Mode&deny != 0:
+		return fmt.Errorf("%s: %w: mode %04o lets others at it", path, ErrNotOurs, st.Mode&0o7777)
+	}
+	return nil
+}
+
+// CheckPrivate is ReadPrivate's test for a file opened by another library (a bbolt database): nil for a regular
+// file of ours nobody else may write, not followed if a link.
+func CheckPrivate(path string) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return &os.PathError{Op: "lstat", Path: path, Err: err}
+	}
+	return ours(path, &st, 0o022)
 }

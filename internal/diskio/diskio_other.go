@@ -28,3 +28,9 @@ func WillNeed(*os.File, int64, int64) (int64, error) { return 0, nil }
 func FreeSpace(string) (int64, error) { return 0, errors.ErrUnsupported }
 
 func readPrivate(path string, _ uint32) ([]byte, error) { return os.ReadFile(path) }
+
+// CheckPrivate only checks that path exists here.
+func CheckPrivate(path string) error {
+	_, err := os.Lstat(path)
+	return err
+}

@@ -118,3 +118,15 @@ func CreateBuckets(names ...[]byte) Migration {
 		return nil
 	}
 }
+
+// Probe commits a rewrite of db's version, to learn whether db can be written (a file made immutable, a file
+// system gone read-only) as the next change would be.
+func Probe(db *bolt.DB) error {
+	return db.Update(func(tx *bolt.Tx) error {
+		v, err := Version(tx)
+		if err != nil {
+			return err
+		}
+		return setVersion(tx, v)
+	})
+}
