@@ -13,9 +13,10 @@
 //	views/<hex>[-<sel>]/   one read-only tree per manifest (and selector), assembled with hardlinks, shared by
 //	                       every volume of that manifest
 //	tmp/, trash/           trees being built or deleted; emptied at Open
-//	meta.db                bbolt: manifests, their state and last use, the index→manifest choices, references,
-//	                       each blob's scan report
-//	holds/<boot id>.db     bbolt, never flushed: the references of volatile owners (mounts) taken in this boot
+//	meta.db                bbolt (schema version 1, internal/schema): manifests, their state and last use, the
+//	                       index→manifest choices, references, each blob's scan report, extracted layers' stamps
+//	holds/<boot id>.db     bbolt (schema version 1), never flushed: the references of volatile owners (mounts)
+//	                       taken in this boot
 //
 // The API:
 //

@@ -2,9 +2,6 @@ package cache
 
 import (
 	"bytes"
-	"errors"
-	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -13,20 +10,26 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/modelpack/modelpack/cas"
+	"github.com/modelpack/modelpack/internal/schema"
 )
 
 // The references of volatile owners (Options.VolatileOwnerPrefix: the CSI driver's volumes) stand for bind mounts,
 // and no mount outlives the kernel: after a restart of the machine kubelet publishes, and so acquires, again every
 // volume of the pods that still exist. They are kept apart from meta.db, in holds/<boot id>.db, a bbolt file
-// committed without a flush to disk (NoSync). A commit there survives the process being killed (the kernel has its
+// committed without a flush to disk (NoSync; schema.OpenVolatile). A commit there survives the process being killed (the kernel has its
 // pages) and waits for no fdatasync, which on a busy disk queues behind everything written recently (a 2 GiB pull
 // being flushed). Such a file is trusted only within the boot that wrote it: after a power loss its pages may be
 // torn, so at Open a file of another boot is deleted without being read, and its holds go with the mounts they
 // stood for. A volatile Acquire records the manifest's last use there too (in meta.db it would be a durable
-// commit); readers take the later of the two, and GC copies it into meta.db in its own transaction.
+// commit); readers take the later of the two, and GC copies it into meta.db in its own transaction. They cannot be
+// buckets of meta.db: a commit without a flush there may overwrite pages its last flushed commit points to (a power
+// loss would then tear the durable metadata), and a flushed one would make every warm publish wait for the disk.
 
 // bucketHoldUse is in the holds file only.
 var bucketHoldUse = []byte("lastUsed") // manifest digest -> time of its last Acquire by a volatile owner
+
+// holdsSchema is the holds file's layout history (version 1: the buckets as releases before versioning wrote them).
+var holdsSchema = schema.Schema{Migrations: []schema.Migration{schema.CreateBuckets(bucketRefs, bucketHoldUse)}}
 
 // openHolds opens this boot's holds file, deleting those of other boots, and one of this boot that cannot be
 // opened (its holds are lost as after a restart: kubelet's next publish of each volume takes its hold again).
@@ -35,61 +38,12 @@ func openHolds(root string, opts Options) (*bolt.DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	if boot == "" || strings.ContainsAny(boot, `/\.`) {
-		return nil, fmt.Errorf("boot id %q cannot name a file", boot)
-	}
-	dir := filepath.Join(root, "holds")
-	// Whatever else is found there (a directory, a link, a file of another boot) holds nothing of this boot.
-	if fi, err := os.Lstat(dir); err == nil && !fi.IsDir() {
-		if err := os.Remove(dir); err != nil {
-			return nil, err
-		}
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, err
-	}
-	name := boot + ".db"
-	for _, e := range entries {
-		if e.Name() != name || !e.Type().IsRegular() {
-			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
-				return nil, err
-			}
-		}
-	}
-	path := filepath.Join(dir, name)
-	db, err := openHoldsFile(path, opts)
-	if err != nil && !errors.Is(err, bolt.ErrTimeout) {
-		opts.Logger.Warn("the volatile holds of this boot are unreadable and are dropped", "path", path, "error", err.Error())
-		if err := os.Remove(path); err != nil {
-			return nil, err
-		}
-		db, err = openHoldsFile(path, opts)
+	db, dropped, err := schema.OpenVolatile(filepath.Join(root, "holds"), boot, holdsSchema,
+		bolt.Options{Timeout: opts.LockTimeout, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
+	if dropped != nil {
+		opts.Logger.Warn("the volatile holds of this boot are unreadable and are dropped", "error", dropped.Error())
 	}
 	return db, err
-}
-
-func openHoldsFile(path string, opts Options) (*bolt.DB, error) {
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: opts.LockTimeout, NoSync: true, NoGrowSync: true,
-		NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
-	if err != nil {
-		return nil, err
-	}
-	if err := db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketRefs, bucketHoldUse} {
-			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-				return err
-			}
-		}
-		return nil
-	}); err != nil {
-		db.Close()
-		return nil, err
-	}
-	return db, nil
 }
 
 // volatile reports whether owner's reference lives in the holds file.

@@ -12,26 +12,34 @@ import (
 	"github.com/modelpack/modelpack/internal/schema"
 )
 
-// A meta.db as releases before schema versions wrote it (the same buckets, no version) opens with its manifests
-// and references, and is version 1 from then on; a meta.db of a newer version is refused, named.
+// A meta.db and a holds file as releases before schema versions wrote them (the same buckets, no version) open
+// with their manifests and references, and are version 1 from then on; a meta.db of a newer version is refused,
+// named.
 func TestMetaDBFromTheReleasedLayout(t *testing.T) {
 	src := newMemTarget()
 	desc := src.manifestDesc(modelManifest(t, src, sampleModel(t, 1)))
 	root := t.TempDir()
-	c, err := Open(Options{Root: root})
+	opts := Options{Root: root, VolatileOwnerPrefix: "csi-"}
+	c, err := Open(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Pull(context.Background(), src, desc, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Acquire("pin:p", desc.Digest, Selector{}); err != nil {
-		t.Fatal(err)
+	for _, o := range []string{"pin:p", "csi-v"} {
+		if _, err := c.Acquire(o, desc.Digest, Selector{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	c.Close()
 	meta := filepath.Join(root, "meta.db")
-	setVersion := func(v string) {
-		db, err := bolt.Open(meta, 0o600, nil)
+	holds, _ := filepath.Glob(filepath.Join(root, "holds", "*.db"))
+	if len(holds) != 1 {
+		t.Fatalf("holds files %v", holds)
+	}
+	setVersion := func(file, v string) {
+		db, err := bolt.Open(file, 0o600, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -45,27 +53,30 @@ func TestMetaDBFromTheReleasedLayout(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	setVersion("") // the released layout
+	setVersion(meta, "") // the released layout
+	setVersion(holds[0], "")
 
-	c, err = Open(Options{Root: root})
+	c, err = Open(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := owners(t, c); !slices.Equal(got, []string{"pin:p"}) {
+	if got := owners(t, c); !slices.Equal(got, []string{"csi-v", "pin:p"}) {
 		t.Fatalf("references after the migration: %v", got)
 	}
 	if !c.Has(desc.Digest) {
 		t.Fatal("the pulled manifest is gone after the migration")
 	}
-	c.db.View(func(tx *bolt.Tx) error {
-		if v, err := schema.Version(tx); v != 1 || err != nil {
-			t.Errorf("meta.db at version %d (%v), want 1", v, err)
-		}
-		return nil
-	})
+	for _, db := range []*bolt.DB{c.db, c.holds} {
+		db.View(func(tx *bolt.Tx) error {
+			if v, err := schema.Version(tx); v != 1 || err != nil {
+				t.Errorf("%s at version %d (%v), want 1", db.Path(), v, err)
+			}
+			return nil
+		})
+	}
 	c.Close()
 
-	setVersion("2")
+	setVersion(meta, "2")
 	_, err = Open(Options{Root: root})
 	var ne *schema.NewerError
 	if !errors.As(err, &ne) || ne.Path != meta || ne.Version != 2 || ne.Latest != 1 {
